@@ -1,0 +1,55 @@
+//! The one trait every engine (CPU, CUDA, grid) implements.
+
+use crate::error::Result;
+use crate::matrix::MatrixRef;
+use crate::metric::Kernel;
+
+/// One candidate computation: for every query, the `width` base points with the smallest
+/// kernel keys.
+#[derive(Clone, Copy, Debug)]
+pub struct CandidateRequest<'a> {
+    /// Base points (prepared data: the engine space of the metric).
+    pub base: MatrixRef<'a>,
+    /// Query points, same dimension.
+    pub queries: MatrixRef<'a>,
+    /// What to compute.
+    pub kernel: Kernel,
+    /// Candidates per query, `1 ≤ width ≤` the base points available to each query.
+    pub width: usize,
+    /// For self-joins: `exclude[i]` is the base id that query `i` must never return.
+    pub exclude: Option<&'a [u32]>,
+}
+
+impl CandidateRequest<'_> {
+    /// Base points each query may return (the base size, less one when excluding).
+    pub fn available(&self) -> usize {
+        self.base.rows() - usize::from(self.exclude.is_some())
+    }
+}
+
+/// An engine's answer: `rows × width` candidate ids and approximate keys, each row sorted by
+/// (key, id), and per row a `floor`: a lower bound on the exact kernel key of every base point
+/// that is *not* in the row (`+∞` when the row holds every available point).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidates {
+    /// Candidates per row.
+    pub width: usize,
+    /// `rows·width` base ids.
+    pub ids: Vec<u32>,
+    /// `rows·width` approximate kernel keys.
+    pub keys: Vec<f32>,
+    /// One per row.
+    pub floor: Vec<f32>,
+}
+
+/// A kNN engine: computes candidate lists; the shared pipeline ([`crate::search`]) re-ranks
+/// them exactly and asks again, wider, for the rows whose floor does not prove them complete.
+///
+/// Contract: row `i` holds the `width` smallest computed keys of query `i` (ties by smaller
+/// id), and `floor[i]` is a true lower bound on the exact key of every point left out.
+pub trait Engine: Sync {
+    /// Name for logs and tables, e.g. `cpu` or `cuda:0/fused`.
+    fn name(&self) -> String;
+    /// Computes the candidate lists.
+    fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates>;
+}

@@ -1,0 +1,33 @@
+//! # knn-core
+//!
+//! The shared vocabulary of the `knn` engine: row-major f32 matrices ([`MatrixRef`],
+//! [`Matrix`]), distances ([`Metric`], reduced to four engine [`Kernel`]s), results
+//! ([`Neighbors`]), running top-k selection ([`TopK`]), the [`Engine`] trait, the exact
+//! pipeline ([`search()`], [`graph()`]) and the f64 [`oracle()`] with its tie-aware [`check()`].
+//!
+//! ## Exactness
+//! Engines return candidate lists computed in fast, rounded arithmetic together with a proven
+//! floor for everything they left out. The pipeline re-ranks candidates in f64 and accepts a row
+//! only when its exact k-th key lies below that floor; other rows are asked again, wider, and
+//! finally scanned exactly. So every returned row is a true k-nearest set, sorted by
+//! (distance, id), whatever the engine's rounding.
+
+mod engine;
+mod error;
+mod matrix;
+mod metric;
+mod neighbors;
+mod oracle;
+pub mod prepare;
+mod search;
+pub mod synth;
+mod topk;
+
+pub use engine::{CandidateRequest, Candidates, Engine};
+pub use error::{KnnError, Result};
+pub use matrix::{Matrix, MatrixRef};
+pub use metric::{Covariance, Kernel, Metric};
+pub use neighbors::Neighbors;
+pub use oracle::{check, id_recall, oracle, CheckReport, DEFAULT_TOLERANCE};
+pub use search::{candidate_width, graph, search};
+pub use topk::TopK;

@@ -1,0 +1,244 @@
+//! Distance functions: what users ask for ([`Metric`]) and what engines compute ([`Kernel`]).
+//!
+//! Every metric is reduced to one of four kernels on *prepared* data (normalised, square-rooted
+//! or whitened as the metric needs), where a smaller kernel key is always a better neighbour.
+//! The reported distance is a monotone function of the kernel key ([`Metric::distance_from_key`]).
+
+use crate::error::{KnnError, Result};
+use crate::matrix::{Matrix, MatrixRef};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+/// A distance (or similarity) between two points `x`, `y` of dimension `d`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Metric {
+    /// Squared Euclidean: `Σ (xᵢ − yᵢ)²`.
+    SqL2,
+    /// Euclidean: `√Σ (xᵢ − yᵢ)²`.
+    L2,
+    /// Inner product `Σ xᵢ yᵢ`, a similarity: the **largest** come first; reported as is.
+    InnerProduct,
+    /// Cosine distance `1 − x·y / (‖x‖ ‖y‖)`, in `[0, 2]`. All-zero vectors are rejected.
+    Cosine,
+    /// Manhattan: `Σ |xᵢ − yᵢ|`.
+    L1,
+    /// Chebyshev: `maxᵢ |xᵢ − yᵢ|`.
+    Linf,
+    /// Hellinger, for non-negative inputs: `√(½ Σ (√xᵢ − √yᵢ)²)`.
+    Hellinger,
+    /// Mahalanobis: `√((x − y)ᵀ Σ⁻¹ (x − y))` for a covariance `Σ`, given or estimated from the
+    /// base set (unbiased, divisor n − 1).
+    Mahalanobis(Covariance),
+}
+
+/// Where the Mahalanobis covariance comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Covariance {
+    /// Estimated from the base points.
+    FromBase,
+    /// Given, `d × d`, row-major, symmetric positive definite.
+    Given(Arc<Matrix>),
+}
+
+/// What an engine computes on prepared data; smaller keys are better neighbours.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// `Σ (xᵢ − yᵢ)²`, usually through the GEMM form `‖x‖² + ‖y‖² − 2 x·y`.
+    SqL2,
+    /// `−Σ xᵢ yᵢ` (negated so that smaller is better), through GEMM.
+    NegDot,
+    /// `Σ |xᵢ − yᵢ|`, a direct kernel.
+    L1,
+    /// `maxᵢ |xᵢ − yᵢ|`, a direct kernel.
+    Linf,
+}
+
+impl Kernel {
+    /// `true` when the kernel is computed as a matrix product (GEMM form).
+    pub fn is_gemm(self) -> bool {
+        matches!(self, Kernel::SqL2 | Kernel::NegDot)
+    }
+
+    /// Rounding bound for f32 arithmetic: `|computed − exact| ≤ bound` for every pair whose
+    /// computed key is at most `worst_key`, where `qn = ‖q‖`, `bn_max = max ‖b‖` over the base
+    /// (norms of the data the engine saw), `d` the dimension and `u` the unit roundoff of the
+    /// arithmetic (2⁻²⁴ for f32). Uses `γ = (d+8)·u / (1 − (d+8)·u)`, which holds for any summation
+    /// order, plus slack for the preparation step (centring, normalising, square roots).
+    pub fn error_bound(self, d: usize, qn: f32, bn_max: f32, worst_key: f32, u: f64) -> f32 {
+        let n = (d + 8) as f64 * u;
+        let gamma = n / (1.0 - n);
+        let (qn, bn) = (qn as f64, bn_max as f64);
+        let b = match self {
+            Kernel::SqL2 => gamma * (qn + bn) * (qn + bn),
+            Kernel::NegDot => gamma * qn * bn,
+            Kernel::L1 | Kernel::Linf => gamma * (worst_key.abs() as f64),
+        };
+        // Round the bound itself up a little so it stays a bound once stored in f32.
+        (b * (1.0 + 1e-6) + f64::from(f32::MIN_POSITIVE)) as f32
+    }
+
+    /// The kernel key of `x`, `y` in f64 (exact up to f64 rounding).
+    pub fn exact(self, x: &[f32], y: &[f32]) -> f64 {
+        let pairs = x.iter().zip(y).map(|(&a, &b)| (a as f64, b as f64));
+        match self {
+            Kernel::SqL2 => pairs.map(|(a, b)| (a - b) * (a - b)).sum(),
+            Kernel::NegDot => -pairs.map(|(a, b)| a * b).sum::<f64>(),
+            Kernel::L1 => pairs.map(|(a, b)| (a - b).abs()).sum(),
+            Kernel::Linf => pairs.map(|(a, b)| (a - b).abs()).fold(0.0, f64::max),
+        }
+    }
+
+    /// The key in f32 computed directly (not in GEMM form): what simple engines use.
+    #[inline]
+    pub fn direct_f32(self, x: &[f32], y: &[f32]) -> f32 {
+        let pairs = x.iter().zip(y);
+        match self {
+            Kernel::SqL2 => pairs.map(|(a, b)| (a - b) * (a - b)).sum(),
+            Kernel::NegDot => -pairs.map(|(a, b)| a * b).sum::<f32>(),
+            Kernel::L1 => pairs.map(|(a, b)| (a - b).abs()).sum(),
+            Kernel::Linf => pairs.map(|(a, b)| (a - b).abs()).fold(0.0, f32::max),
+        }
+    }
+}
+
+impl Metric {
+    /// The kernel that engines compute for this metric.
+    pub fn kernel(&self) -> Kernel {
+        match self {
+            Metric::SqL2 | Metric::L2 | Metric::Hellinger | Metric::Mahalanobis(_) => Kernel::SqL2,
+            Metric::InnerProduct | Metric::Cosine => Kernel::NegDot,
+            Metric::L1 => Kernel::L1,
+            Metric::Linf => Kernel::Linf,
+        }
+    }
+
+    /// `true` for similarities (largest first): only the inner product.
+    pub fn is_similarity(&self) -> bool {
+        matches!(self, Metric::InnerProduct)
+    }
+
+    /// `true` when `dist(x, y) == dist(y, x)`: every metric here.
+    pub fn is_symmetric(&self) -> bool {
+        true
+    }
+
+    /// The reported distance for an exact kernel key computed in the metric's exact space
+    /// (see [`Metric::exact_key`]).
+    pub fn distance_from_key(&self, key: f64) -> f32 {
+        let d = match self {
+            Metric::SqL2 | Metric::L1 | Metric::Linf => key,
+            Metric::L2 | Metric::Mahalanobis(_) => key.max(0.0).sqrt(),
+            Metric::InnerProduct => -key,
+            Metric::Cosine => (1.0 + key).max(0.0),
+            Metric::Hellinger => (0.5 * key).max(0.0).sqrt(),
+        };
+        d as f32
+    }
+
+    /// The exact (f64) kernel key of two points of the metric's exact space: the original data,
+    /// except for Mahalanobis, whose exact space is the whitened data. Identical vectors give
+    /// exactly the key of distance 0.
+    pub fn exact_key(&self, x: &[f32], y: &[f32]) -> f64 {
+        match self {
+            Metric::Cosine => {
+                if x == y {
+                    return -1.0;
+                }
+                let (mut xy, mut xx, mut yy) = (0.0f64, 0.0f64, 0.0f64);
+                for (&a, &b) in x.iter().zip(y) {
+                    let (a, b) = (a as f64, b as f64);
+                    xy += a * b;
+                    xx += a * a;
+                    yy += b * b;
+                }
+                (-xy / (xx.sqrt() * yy.sqrt())).max(-1.0)
+            }
+            Metric::Hellinger => x
+                .iter()
+                .zip(y)
+                .map(|(&a, &b)| {
+                    let t = (a as f64).sqrt() - (b as f64).sqrt();
+                    t * t
+                })
+                .sum(),
+            m => m.kernel().exact(x, y),
+        }
+    }
+
+    /// Short name, as accepted by [`FromStr`].
+    pub fn name(&self) -> &'static str {
+        match self {
+            Metric::SqL2 => "sqeuclidean",
+            Metric::L2 => "l2",
+            Metric::InnerProduct => "ip",
+            Metric::Cosine => "cosine",
+            Metric::L1 => "l1",
+            Metric::Linf => "linf",
+            Metric::Hellinger => "hellinger",
+            Metric::Mahalanobis(_) => "mahalanobis",
+        }
+    }
+
+    /// Checks the inputs against the metric's domain (Hellinger: ≥ 0; cosine: no zero vector).
+    pub fn check_domain(&self, what: &str, m: MatrixRef<'_>) -> Result<()> {
+        match self {
+            Metric::Hellinger => {
+                if let Some(i) = m.as_slice().iter().position(|&v| v < 0.0) {
+                    return Err(KnnError::Negative {
+                        what: what.into(),
+                        row: i / m.dim(),
+                        col: i % m.dim(),
+                        value: m.as_slice()[i],
+                    });
+                }
+            }
+            Metric::Cosine => {
+                if let Some(r) = (0..m.rows()).find(|&r| m.row(r).iter().all(|&v| v == 0.0)) {
+                    return Err(KnnError::Option(format!(
+                        "{what}: row {r} is all zeros; the cosine distance is undefined for it"
+                    )));
+                }
+            }
+            Metric::Mahalanobis(Covariance::Given(c)) => {
+                if c.rows() != m.dim() || c.dim() != m.dim() {
+                    return Err(KnnError::Covariance(format!(
+                        "covariance is {}×{}, the data has d={}",
+                        c.rows(),
+                        c.dim(),
+                        m.dim()
+                    )));
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Metric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Metric {
+    type Err = KnnError;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "sqeuclidean" | "sql2" | "l2sq" | "squared_l2" => Metric::SqL2,
+            "l2" | "euclidean" => Metric::L2,
+            "ip" | "inner_product" | "dot" => Metric::InnerProduct,
+            "cosine" | "cos" => Metric::Cosine,
+            "l1" | "manhattan" | "cityblock" => Metric::L1,
+            "linf" | "chebyshev" | "l_inf" => Metric::Linf,
+            "hellinger" => Metric::Hellinger,
+            "mahalanobis" => Metric::Mahalanobis(Covariance::FromBase),
+            _ => {
+                return Err(KnnError::Option(format!(
+                    "unknown metric '{s}' (expected one of: sqeuclidean, l2, ip, cosine, l1, linf, hellinger, mahalanobis)"
+                )))
+            }
+        })
+    }
+}

@@ -1,0 +1,37 @@
+//! The result of a search: `n_q × k` ids and distances.
+
+/// `rows × k` neighbour ids and distances, row-major. Each row is ordered by (distance, id),
+/// smaller id first among equal distances; for similarities ([`crate::Metric::InnerProduct`])
+/// by decreasing similarity, then id.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Neighbors {
+    /// Neighbours per row.
+    pub k: usize,
+    /// Base-point ids, `rows·k`.
+    pub ids: Vec<u32>,
+    /// Distances (or similarities), `rows·k`.
+    pub distances: Vec<f32>,
+}
+
+impl Neighbors {
+    /// An empty result of `rows × k`, ids 0 and distances NaN until written.
+    pub fn with_shape(rows: usize, k: usize) -> Self {
+        Self {
+            k,
+            ids: vec![0; rows * k],
+            distances: vec![f32::NAN; rows * k],
+        }
+    }
+    /// Number of query rows.
+    pub fn rows(&self) -> usize {
+        self.ids.len().checked_div(self.k).unwrap_or(0)
+    }
+    /// Ids of row `i`.
+    pub fn ids_of(&self, i: usize) -> &[u32] {
+        &self.ids[i * self.k..(i + 1) * self.k]
+    }
+    /// Distances of row `i`.
+    pub fn distances_of(&self, i: usize) -> &[f32] {
+        &self.distances[i * self.k..(i + 1) * self.k]
+    }
+}

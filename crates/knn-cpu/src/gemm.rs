@@ -1,0 +1,136 @@
+//! GEMM-form kernels: `key(q, b) = ‖b‖² − 2 q·b` (squared L2 less the constant ‖q‖²) or
+//! `−q·b`, one `QUERY_TILE × BASE_TILE` block at a time, folded into running top-k lists.
+
+use crate::engine::BASE_TILE;
+use faer::{Accum, MatMut, MatRef, Par};
+use knn_core::{CandidateRequest, Kernel, MatrixRef, TopK};
+use multiversion::multiversion;
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// Squared norms of the base points and the largest norm (for error bounds).
+pub(crate) struct BaseNorms {
+    pub sq: Vec<f32>,
+    pub max_norm: f32,
+}
+
+/// `Σ xᵢ²` in f32 with 16 independent lanes.
+#[multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2+fma"))]
+pub(crate) fn sq_norm(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let chunks = x.chunks_exact(16);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for l in 0..16 {
+            acc[l] += c[l] * c[l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for v in rest {
+        s += v * v;
+    }
+    s
+}
+
+pub(crate) fn sq_norms(base: MatrixRef<'_>) -> BaseNorms {
+    let sq: Vec<f32> = (0..base.rows())
+        .into_par_iter()
+        .map(|i| sq_norm(base.row(i)))
+        .collect();
+    // Norm bound in f64 so the error bound stays a bound.
+    let max_norm = (0..base.rows())
+        .into_par_iter()
+        .map(|i| {
+            base.row(i)
+                .iter()
+                .map(|&v| (v as f64) * (v as f64))
+                .sum::<f64>()
+        })
+        .reduce(|| 0.0, f64::max)
+        .sqrt();
+    BaseNorms {
+        sq,
+        max_norm: (max_norm * (1.0 + 1e-6)) as f32,
+    }
+}
+
+/// Folds the keys of `queries[qr] × base[br]` into `tops` (one per query of `qr`).
+pub(crate) fn fold_unit(
+    req: &CandidateRequest<'_>,
+    norms: &BaseNorms,
+    qr: Range<usize>,
+    br: Range<usize>,
+    tops: &mut [TopK],
+) {
+    let d = req.base.dim();
+    let nq = qr.len();
+    let q = &req.queries.as_slice()[qr.start * d..qr.end * d];
+    let mut block = vec![0.0f32; nq * BASE_TILE];
+    let zeros = vec![0.0f32; BASE_TILE];
+    let mut b0 = br.start;
+    while b0 < br.end {
+        let b1 = (b0 + BASE_TILE).min(br.end);
+        let nb = b1 - b0;
+        let b = &req.base.as_slice()[b0 * d..b1 * d];
+        let out = &mut block[..nq * nb];
+        // block = −2 · Q · Bᵀ (or −Q·Bᵀ for the inner product).
+        let alpha = if req.kernel == Kernel::SqL2 {
+            -2.0f32
+        } else {
+            -1.0
+        };
+        faer::linalg::matmul::matmul(
+            MatMut::from_row_major_slice_mut(out, nq, nb),
+            Accum::Replace,
+            MatRef::from_row_major_slice(q, nq, d),
+            MatRef::from_column_major_slice(b, d, nb),
+            alpha,
+            Par::Seq,
+        );
+        let add: &[f32] = if req.kernel == Kernel::SqL2 {
+            &norms.sq[b0..b1]
+        } else {
+            &zeros[..nb]
+        };
+        for (i, top) in tops.iter_mut().enumerate() {
+            let skip = req.exclude.map(|e| e[qr.start + i]);
+            scan_row(&out[i * nb..(i + 1) * nb], add, b0 as u32, skip, top);
+        }
+        b0 = b1;
+    }
+}
+
+/// Pushes `row[j] + add[j]` for every j (id `first + j`) that beats the current threshold.
+/// Ids rise along the row, so `key < threshold` alone decides ties correctly.
+#[multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2+fma"))]
+fn scan_row(row: &[f32], add: &[f32], first: u32, skip: Option<u32>, top: &mut TopK) {
+    let mut thr = top.threshold();
+    let n = row.len();
+    let mut j = 0;
+    while j + 16 <= n {
+        let mut keys = [0.0f32; 16];
+        let mut hit = false;
+        for l in 0..16 {
+            keys[l] = row[j + l] + add[j + l];
+            hit |= keys[l] < thr;
+        }
+        if hit {
+            for (l, &k) in keys.iter().enumerate() {
+                let id = first + (j + l) as u32;
+                if k < thr && Some(id) != skip {
+                    top.push(k, id);
+                    thr = top.threshold();
+                }
+            }
+        }
+        j += 16;
+    }
+    for jj in j..n {
+        let k = row[jj] + add[jj];
+        let id = first + jj as u32;
+        if k < thr && Some(id) != skip {
+            top.push(k, id);
+            thr = top.threshold();
+        }
+    }
+}
