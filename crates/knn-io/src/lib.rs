@@ -1,0 +1,268 @@
+//! Reading and writing the vector file formats users of a kNN engine have.
+//!
+//! | call | use |
+//! |---|---|
+//! | [`read_f32`]`(path, None)` | a data or query matrix, as `f32` rows |
+//! | [`read_i64`]`(path, None)` | ground-truth ids or class labels |
+//! | [`write_f32`]`(path, None, &table)` | distances, generated data |
+//! | [`write_i64`]`(path, None, &table)` | neighbour ids, labels |
+//! | [`read_f32_from_bytes`], [`read_i64_from_bytes`] | the same parsers on bytes in memory |
+//!
+//! `None` picks the [`Format`] from the extension; `Some(format)` overrides it. Results are
+//! a row-major [`Table`]. Path readers memory-map the file and convert straight from the mapped
+//! bytes into the output (one copy for fvecs and `<f4` npy). Writers write a temporary file in the
+//! target's directory and rename it into place once complete, so a failed write leaves no partial
+//! output and keeps any existing file; a successful one replaces it (callers that must not
+//! overwrite check first).
+//!
+//! # Formats
+//! - **fvecs / ivecs / bvecs** (TEXMEX, as in ANN_SIFT1M): records of a little-endian `i32`
+//!   dimension `d >= 1` followed by `d` values, `f32` / `i32` / `u8`, all little-endian. Every
+//!   record must have the first record's `d`. An empty file reads as a 0 x 0 table (callers
+//!   decide whether that is an error). Errors give the record (from 0) and its byte offset:
+//!   `data.fvecs: record 17 at byte 8772: dimension 64 differs from the first record's 128`,
+//!   `data.fvecs: truncated: record 3 at byte 1040 needs 516 bytes, 200 remain`.
+//! - **npy** (NumPy, versions 1.0, 2.0, 3.0): the header dict is parsed as a Python literal.
+//!   Element types `b1`, `i1` `i2` `i4` `i8`, `u1` `u2` `u4` `u8`, `f2` `f4` `f8`, little- or
+//!   big-endian. A 1-D array of `n` reads as `n` rows of 1 column, a 2-D array as it is; other
+//!   ranks are an error. `fortran_order: True` is read correctly (transposed into row-major).
+//!   The header's shape is checked against the file length before anything is allocated; data
+//!   that is short or has bytes left over is an error with the expected and actual byte counts.
+//!   An empty file is an error (an npy file always has a header). Written files are 2-D,
+//!   C order, version 1.0, `<f4` for `f32` and `<i8` for `i64`.
+//! - **CSV** (`.csv`, `.txt`): comma-separated numbers, one row per line, optional spaces or
+//!   quotes around values, `\n` or `\r\n` line ends. If the first line has a cell that is not
+//!   empty and not a number it is a header and is skipped. Blank lines are skipped. Every row
+//!   must have as many cells as the first. `NaN`, `inf`, `-inf` (any case) are read as those
+//!   values; cells that do not parse are errors with line and column (both from 1):
+//!   `x.csv: line 5, column 3: 'abc' is not a number`. An input without data lines reads as 0
+//!   rows. Written files have no header; `f32` values are written in the shortest form that
+//!   reads back to the same value.
+//!
+//! # Value conversions
+//! - Into `f32` ([`read_f32`]): `f32` and `f16` exactly; `f64` rounded to nearest, values beyond
+//!   the `f32` range are an error naming the element (NaN and ±inf pass through: the engine
+//!   rejects them later with row and column); `u8`, `i8`, `u16`, `i16`, bool exactly; `i32`,
+//!   `u32`, `i64`, `u64` (ivecs included) exactly when `|v| <= 2^24`, otherwise an error.
+//! - Into `i64` ([`read_i64`]): every integer type, `u64` above `i64::MAX` an error; ivecs and
+//!   bvecs; CSV cells must be decimal integers. Floating-point data is refused.
+//!
+//! Sizes use 64-bit, overflow-checked arithmetic: tables with `rows * cols` beyond 2^31 work.
+//! No input panics; every error is an [`IoError`] whose message starts with the file name.
+//!
+//! # Example
+//! ```
+//! use knn_io::{read_f32_from_bytes, Format};
+//!
+//! let t = read_f32_from_bytes(b"x,y\n1,2\n3,4.5\n", Format::Csv, "points.csv")?;
+//! assert_eq!((t.rows, t.cols), (2, 2));
+//! assert_eq!(t.row(1), [3.0, 4.5]);
+//!
+//! let e = read_f32_from_bytes(b"1,2\n3,abc\n", Format::Csv, "points.csv").unwrap_err();
+//! assert_eq!(e.to_string(), "points.csv: line 2, column 2: 'abc' is not a number");
+//! # Ok::<(), knn_io::IoError>(())
+//! ```
+
+#![warn(missing_docs)]
+
+mod csv_text;
+mod dtype;
+mod error;
+mod format;
+mod input;
+mod npy;
+mod output;
+mod vecs;
+
+use std::path::Path;
+
+pub use error::{IoError, ParseFormatError};
+pub use format::Format;
+
+use dtype::Element;
+use input::FileBytes;
+use output::write_atomically;
+
+/// A dense row-major table: `rows` records of `cols` values each, `data.len() == rows * cols`;
+/// value `(i, j)` is `data[i * cols + j]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Table<T> {
+    /// The values, row after row.
+    pub data: Vec<T>,
+    /// Number of rows (records, points).
+    pub rows: usize,
+    /// Number of values per row (the dimension).
+    pub cols: usize,
+}
+
+impl<T> Table<T> {
+    pub(crate) fn new(data: Vec<T>, rows: usize, cols: usize) -> Table<T> {
+        debug_assert_eq!(Some(data.len()), rows.checked_mul(cols));
+        Table { data, rows, cols }
+    }
+
+    /// Row `i` as a slice of `cols` values. Panics if `i >= rows` or the table is inconsistent,
+    /// like slice indexing.
+    pub fn row(&self, i: usize) -> &[T] {
+        &self.data[i * self.cols..(i + 1) * self.cols]
+    }
+
+    /// Whether `data.len() == rows * cols` (the fields are public, so a table built by hand
+    /// may not be; the writers check this and return an error).
+    pub fn is_consistent(&self) -> bool {
+        self.rows.checked_mul(self.cols) == Some(self.data.len())
+    }
+}
+
+/// The format to use: the one given, else the one the extension names.
+fn resolve(path: &Path, format: Option<Format>) -> Result<Format, IoError> {
+    match format {
+        Some(f) => Ok(f),
+        None => Format::from_path(path),
+    }
+}
+
+fn read_from_bytes<T: Element + csv_text::CsvCell>(
+    bytes: &[u8],
+    format: Format,
+    name: &str,
+) -> Result<Table<T>, IoError> {
+    match format {
+        Format::Fvecs | Format::Ivecs | Format::Bvecs => vecs::read(bytes, format, name),
+        Format::Npy => npy::read(bytes, name),
+        Format::Csv => csv_text::read(bytes, name),
+    }
+}
+
+fn read_path<T: Element + csv_text::CsvCell>(
+    path: &Path,
+    format: Option<Format>,
+) -> Result<Table<T>, IoError> {
+    let format = resolve(path, format)?;
+    let name = path.display().to_string();
+    let file = FileBytes::open(path, &name)?;
+    read_from_bytes(file.bytes(), format, &name)
+}
+
+/// Reads a matrix of numbers as `f32` from `path`, in `format` or (when `None`) the format
+/// named by the extension.
+///
+/// fvecs as is; bvecs `u8` converted; ivecs `i32` converted exactly when `|v| <= 2^24`, else an
+/// error; npy of any numeric dtype (see the crate docs for the range rules); CSV numbers.
+/// An empty fvecs/ivecs/bvecs or CSV file is `Ok` with 0 rows.
+pub fn read_f32(path: &Path, format: Option<Format>) -> Result<Table<f32>, IoError> {
+    read_path(path, format)
+}
+
+/// Reads integer ids or labels as `i64` from `path`: ivecs, bvecs, npy of any integer dtype
+/// (range-checked), or CSV of decimal integers. fvecs and floating-point npy are refused.
+pub fn read_i64(path: &Path, format: Option<Format>) -> Result<Table<i64>, IoError> {
+    read_path(path, format)
+}
+
+/// [`read_f32`] on the bytes of a file already in memory; `name_for_errors` starts every error
+/// message. This is the parser the path readers use, for tests, fuzzing and non-file sources.
+pub fn read_f32_from_bytes(
+    bytes: &[u8],
+    format: Format,
+    name_for_errors: &str,
+) -> Result<Table<f32>, IoError> {
+    read_from_bytes(bytes, format, name_for_errors)
+}
+
+/// [`read_i64`] on the bytes of a file already in memory; `name_for_errors` starts every error
+/// message.
+pub fn read_i64_from_bytes(
+    bytes: &[u8],
+    format: Format,
+    name_for_errors: &str,
+) -> Result<Table<i64>, IoError> {
+    read_from_bytes(bytes, format, name_for_errors)
+}
+
+fn check_consistent<T>(t: &Table<T>, name: &str) -> Result<(), IoError> {
+    if t.is_consistent() {
+        Ok(())
+    } else {
+        Err(IoError::invalid(
+            name,
+            format!(
+                "cannot write a table of {} x {} with {} values",
+                t.rows,
+                t.cols,
+                t.data.len()
+            ),
+        ))
+    }
+}
+
+fn check_csv_writable<T>(t: &Table<T>, name: &str) -> Result<(), IoError> {
+    if t.rows > 0 && t.cols == 0 {
+        return Err(IoError::invalid(
+            name,
+            "format csv cannot hold rows of 0 values".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// Writes `t` to `path` as `f32` rows: fvecs, npy (`<f4`, 2-D) or CSV (no header).
+/// bvecs and ivecs cannot hold `f32` and are an error. The file is replaced atomically
+/// (temporary file and rename); on error nothing at `path` changes.
+pub fn write_f32(path: &Path, format: Option<Format>, t: &Table<f32>) -> Result<(), IoError> {
+    let format = resolve(path, format)?;
+    let name = path.display().to_string();
+    check_consistent(t, &name)?;
+    match format {
+        Format::Fvecs => {
+            vecs::check_writable(t, format, &name)?;
+            write_atomically(path, &name, |w| vecs::write(w, t, f32::to_le_bytes))
+        }
+        Format::Ivecs | Format::Bvecs => Err(IoError::invalid(
+            &name,
+            format!("format {format} cannot hold f32 values"),
+        )),
+        Format::Npy => write_atomically(path, &name, |w| npy::write_f32(w, t)),
+        Format::Csv => {
+            check_csv_writable(t, &name)?;
+            write_atomically(path, &name, |w| csv_text::write_f32(w, t))
+        }
+    }
+}
+
+/// Writes `t` to `path` as integer rows: ivecs (every value must fit in `i32`, else an error
+/// naming its row and column, counted from 0), npy (`<i8`, 2-D) or CSV (no header). fvecs and bvecs are an
+/// error. The file is replaced atomically; on error nothing at `path` changes.
+pub fn write_i64(path: &Path, format: Option<Format>, t: &Table<i64>) -> Result<(), IoError> {
+    let format = resolve(path, format)?;
+    let name = path.display().to_string();
+    check_consistent(t, &name)?;
+    match format {
+        Format::Ivecs => {
+            vecs::check_writable(t, format, &name)?;
+            if let Some(k) = t.data.iter().position(|&v| i32::try_from(v).is_err()) {
+                return Err(IoError::invalid(
+                    &name,
+                    format!(
+                        "row {}, column {}: value {} does not fit in i32 (format ivecs)",
+                        k / t.cols,
+                        k % t.cols,
+                        t.data[k]
+                    ),
+                ));
+            }
+            write_atomically(path, &name, |w| {
+                vecs::write(w, t, |v| (v as i32).to_le_bytes())
+            })
+        }
+        Format::Fvecs | Format::Bvecs => Err(IoError::invalid(
+            &name,
+            format!("format {format} cannot hold i64 values"),
+        )),
+        Format::Npy => write_atomically(path, &name, |w| npy::write_i64(w, t)),
+        Format::Csv => {
+            check_csv_writable(t, &name)?;
+            write_atomically(path, &name, |w| csv_text::write_i64(w, t))
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! NumPy `.npy` files (format versions 1.0, 2.0, 3.0).
+//!
+//! Layout: the magic `\x93NUMPY`, one byte major and one byte minor version, the header length
+//! (little-endian `u16` in version 1, `u32` in versions 2 and 3), the header (a Python dict
+//! literal with `descr`, `fortran_order` and `shape`, see [`header`]), then the raw elements.
+
+mod header;
+
+use std::io::Write;
+
+use crate::dtype::{DType, Element, Scalar};
+use crate::output::write_encoded;
+use crate::{IoError, Table};
+
+const MAGIC: &[u8; 6] = b"\x93NUMPY";
+
+/// Side of the square blocks used to transpose Fortran-order data.
+const TRANSPOSE_BLOCK: usize = 64;
+
+/// Reads a 1-D (`n` rows of 1) or 2-D `.npy` array into `T`.
+pub(crate) fn read<T: Element>(bytes: &[u8], name: &str) -> Result<Table<T>, IoError> {
+    let invalid = |msg: String| IoError::invalid(name, msg);
+    if bytes.is_empty() {
+        return Err(invalid(
+            "file is empty, but an npy file starts with a header".to_owned(),
+        ));
+    }
+    let magic_len = bytes.len().min(MAGIC.len());
+    if bytes[..magic_len] != MAGIC[..magic_len] {
+        return Err(invalid(
+            "not an npy file (it does not start with \\x93NUMPY)".to_owned(),
+        ));
+    }
+    let (major, minor) = match (bytes.get(6), bytes.get(7)) {
+        (Some(&a), Some(&b)) => (a, b),
+        _ => {
+            return Err(invalid(format!(
+                "truncated: the npy preamble needs 10 bytes, {} remain",
+                bytes.len()
+            )))
+        }
+    };
+    let (header_len, header_start) = match (major, minor) {
+        (1, 0) => match bytes.get(8..10) {
+            Some(b) => (usize::from(u16::from_le_bytes([b[0], b[1]])), 10usize),
+            None => {
+                return Err(invalid(format!(
+                    "truncated: the npy 1.0 preamble needs 10 bytes, {} remain",
+                    bytes.len()
+                )))
+            }
+        },
+        (2 | 3, 0) => match bytes.get(8..12) {
+            Some(b) => {
+                let n = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                let n = usize::try_from(n)
+                    .map_err(|_| invalid(format!("npy header length {n} is too large")))?;
+                (n, 12usize)
+            }
+            None => {
+                return Err(invalid(format!(
+                    "truncated: the npy {major}.0 preamble needs 12 bytes, {} remain",
+                    bytes.len()
+                )))
+            }
+        },
+        _ => {
+            return Err(invalid(format!(
+                "npy format version {major}.{minor} is not supported (1.0, 2.0 and 3.0 are)"
+            )))
+        }
+    };
+    let remaining = bytes.len() - header_start;
+    if header_len > remaining {
+        return Err(invalid(format!(
+            "truncated: the npy header at byte {header_start} needs {header_len} bytes, \
+             {remaining} remain"
+        )));
+    }
+    let data_start = header_start + header_len;
+    let hd = header::parse(&bytes[header_start..data_start])
+        .map_err(|e| invalid(format!("bad npy header: {e}")))?;
+    let (rows, cols) = match hd.shape[..] {
+        [n] => (n, 1),
+        [r, c] => (r, c),
+        _ => {
+            return Err(invalid(format!(
+                "the array has {} dimensions (shape {:?}); only 1-D and 2-D arrays can be read",
+                hd.shape.len(),
+                hd.shape
+            )))
+        }
+    };
+    let shape_text = if hd.shape.len() == 1 {
+        format!("({rows},)")
+    } else {
+        format!("({rows}, {cols})")
+    };
+    let too_large = || invalid(format!("shape {shape_text} is too large for this machine"));
+    let rows = usize::try_from(rows).map_err(|_| too_large())?;
+    let cols = usize::try_from(cols).map_err(|_| too_large())?;
+    let size = hd.dtype.scalar.size();
+    let count = rows.checked_mul(cols).ok_or_else(too_large)?;
+    let needed = count.checked_mul(size).ok_or_else(too_large)?;
+    let data = &bytes[data_start..];
+    // Checked before allocating: the output is bounded by the file, whatever the header says.
+    if data.len() < needed {
+        return Err(invalid(format!(
+            "truncated: data of shape {shape_text} and dtype '{}' at byte {data_start} needs \
+             {needed} bytes, {} remain",
+            hd.dtype,
+            data.len()
+        )));
+    }
+    if data.len() > needed {
+        return Err(invalid(format!(
+            "{} unexpected bytes after the data (shape {shape_text} and dtype '{}' at byte \
+             {data_start} need {needed} bytes)",
+            data.len() - needed,
+            hd.dtype
+        )));
+    }
+    if !T::accepts(hd.dtype.scalar) {
+        return Err(invalid(format!(
+            "dtype '{}' holds floating-point values; reading {} needs an integer dtype",
+            hd.dtype,
+            T::WHAT
+        )));
+    }
+    let one_d = hd.shape.len() == 1;
+    let at = |i: usize, j: usize, k: usize| {
+        let index = if one_d {
+            format!("[{i}]")
+        } else {
+            format!("[{i}, {j}]")
+        };
+        format!("element {index} at byte {}", data_start + k * size)
+    };
+    let file_order_is_c = !hd.fortran_order || rows <= 1 || cols <= 1;
+    let mut out = Vec::with_capacity(count);
+    if file_order_is_c {
+        T::convert(hd.dtype, data, &mut out)
+            .map_err(|(k, bad)| invalid(format!("{}: {bad}", at(k / cols, k % cols, k))))?;
+        return Ok(Table::new(out, rows, cols));
+    }
+    // Fortran order: the file holds column 0, then column 1, ...; convert, then transpose.
+    let mut by_column = Vec::with_capacity(count);
+    T::convert(hd.dtype, data, &mut by_column)
+        .map_err(|(k, bad)| invalid(format!("{}: {bad}", at(k % rows, k / rows, k))))?;
+    out.extend_from_slice(&by_column);
+    for jb in (0..cols).step_by(TRANSPOSE_BLOCK) {
+        for ib in (0..rows).step_by(TRANSPOSE_BLOCK) {
+            for j in jb..(jb + TRANSPOSE_BLOCK).min(cols) {
+                for i in ib..(ib + TRANSPOSE_BLOCK).min(rows) {
+                    out[i * cols + j] = by_column[j * rows + i];
+                }
+            }
+        }
+    }
+    Ok(Table::new(out, rows, cols))
+}
+
+/// Writes the preamble and header of a 2-D C-order array: version 1.0, padded with spaces
+/// and a newline so the data starts at a multiple of 64 bytes, as numpy does.
+fn write_header(w: &mut impl Write, dtype: DType, rows: usize, cols: usize) -> std::io::Result<()> {
+    let dict = header::format_dict(dtype, rows, cols);
+    // Preamble of 10 bytes (version 1.0) or 12 (2.0, for headers over 65535 bytes).
+    let padded = |preamble: usize| (preamble + dict.len() + 1).div_ceil(64) * 64 - preamble;
+    let (version, preamble) = if padded(10) <= usize::from(u16::MAX) {
+        (1u8, 10)
+    } else {
+        (2u8, 12)
+    };
+    let header_len = padded(preamble);
+    let mut head = Vec::with_capacity(preamble + header_len);
+    head.extend_from_slice(MAGIC);
+    head.extend_from_slice(&[version, 0]);
+    if version == 1 {
+        head.extend_from_slice(&(header_len as u16).to_le_bytes());
+    } else {
+        head.extend_from_slice(&(header_len as u32).to_le_bytes());
+    }
+    head.extend_from_slice(dict.as_bytes());
+    head.resize(preamble + header_len - 1, b' ');
+    head.push(b'\n');
+    w.write_all(&head)
+}
+
+/// Writes `t` as a 2-D little-endian `<f4` array.
+pub(crate) fn write_f32(w: &mut impl Write, t: &Table<f32>) -> std::io::Result<()> {
+    write_header(w, DType::le(Scalar::F32), t.rows, t.cols)?;
+    write_encoded(w, &t.data, f32::to_le_bytes)
+}
+
+/// Writes `t` as a 2-D little-endian `<i8` (int64) array.
+pub(crate) fn write_i64(w: &mut impl Write, t: &Table<i64>) -> std::io::Result<()> {
+    write_header(w, DType::le(Scalar::I64), t.rows, t.cols)?;
+    write_encoded(w, &t.data, i64::to_le_bytes)
+}

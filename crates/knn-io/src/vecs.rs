@@ -1,0 +1,160 @@
+//! fvecs, ivecs and bvecs: the TEXMEX / ANN_SIFT1M record formats.
+//!
+//! Each record is a little-endian `i32` dimension `d` followed by `d` values: `f32` (fvecs),
+//! `i32` (ivecs) or `u8` (bvecs). All records of a file have the same `d >= 1`.
+
+use std::io::Write;
+
+use crate::dtype::{DType, Element, Scalar};
+use crate::{Format, IoError, Table};
+
+/// Bytes buffered before a `write` call while encoding records.
+const WRITE_CHUNK_BYTES: usize = 1 << 20;
+
+/// The element type a vecs format stores.
+fn scalar_of(format: Format) -> Scalar {
+    match format {
+        Format::Ivecs => Scalar::I32,
+        Format::Bvecs => Scalar::U8,
+        _ => Scalar::F32,
+    }
+}
+
+/// Reads a whole fvecs/ivecs/bvecs file. An empty input is a 0 x 0 table.
+pub(crate) fn read<T: Element>(
+    bytes: &[u8],
+    format: Format,
+    name: &str,
+) -> Result<Table<T>, IoError> {
+    let scalar = scalar_of(format);
+    if !T::accepts(scalar) {
+        return Err(IoError::invalid(
+            name,
+            format!(
+                "format {format} holds floating-point values; {} need ivecs, bvecs, an \
+                 integer npy or CSV",
+                T::WHAT
+            ),
+        ));
+    }
+    if bytes.is_empty() {
+        return Ok(Table::new(Vec::new(), 0, 0));
+    }
+    let elem = scalar.size();
+    let dim_at = |offset: usize| -> Option<i32> {
+        let b = bytes.get(offset..offset.checked_add(4)?)?;
+        Some(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let Some(first) = dim_at(0) else {
+        return Err(IoError::invalid(
+            name,
+            format!(
+                "truncated: record 0 at byte 0 needs at least 4 bytes, {} remain",
+                bytes.len()
+            ),
+        ));
+    };
+    if first < 1 {
+        return Err(IoError::invalid(
+            name,
+            format!("record 0 at byte 0: dimension {first} is not positive"),
+        ));
+    }
+    // d <= i32::MAX, so 4 + d * 8 cannot overflow a 64-bit usize; checked for 32-bit targets.
+    let cols = first as usize;
+    let record = cols
+        .checked_mul(elem)
+        .and_then(|n| n.checked_add(4))
+        .ok_or_else(|| {
+            IoError::invalid(
+                name,
+                format!("record 0 at byte 0: dimension {first} is too large for this machine"),
+            )
+        })?;
+    let rows = bytes.len() / record;
+    let tail = bytes.len() % record;
+    // rows * cols * elem <= bytes.len(): the allocation is bounded by the input.
+    let mut data = Vec::with_capacity(rows * cols);
+    let dtype = DType::le(scalar);
+    for (r, rec) in bytes.chunks_exact(record).enumerate() {
+        let offset = r * record;
+        let d = i32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]);
+        if d != first {
+            return Err(dimension_mismatch(name, r, offset, d, first));
+        }
+        T::convert(dtype, &rec[4..], &mut data).map_err(|(i, bad)| {
+            IoError::invalid(
+                name,
+                format!(
+                    "record {r} at byte {offset}, element {i} (byte {}): {bad}",
+                    offset + 4 + i * elem
+                ),
+            )
+        })?;
+    }
+    if tail != 0 {
+        let offset = rows * record;
+        if let Some(d) = dim_at(offset) {
+            if d != first {
+                return Err(dimension_mismatch(name, rows, offset, d, first));
+            }
+        }
+        return Err(IoError::invalid(
+            name,
+            format!(
+                "truncated: record {rows} at byte {offset} needs {record} bytes, {tail} remain"
+            ),
+        ));
+    }
+    Ok(Table::new(data, rows, cols))
+}
+
+fn dimension_mismatch(name: &str, r: usize, offset: usize, d: i32, first: i32) -> IoError {
+    IoError::invalid(
+        name,
+        format!(
+            "record {r} at byte {offset}: dimension {d} differs from the first record's {first}"
+        ),
+    )
+}
+
+/// Checks that `t` can be stored as records: a 0-row table is an empty file; otherwise every
+/// record needs a dimension in `1..=i32::MAX`.
+pub(crate) fn check_writable<T>(t: &Table<T>, format: Format, name: &str) -> Result<(), IoError> {
+    if t.rows > 0 && (t.cols == 0 || i32::try_from(t.cols).is_err()) {
+        return Err(IoError::invalid(
+            name,
+            format!(
+                "format {format} cannot hold rows of {} values (the dimension must be 1..=2^31-1)",
+                t.cols
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Writes `t` as records, each value encoded by `encode`. `check_writable` must have passed.
+pub(crate) fn write<T: Copy, const N: usize>(
+    w: &mut impl Write,
+    t: &Table<T>,
+    encode: impl Fn(T) -> [u8; N],
+) -> std::io::Result<()> {
+    if t.rows == 0 || t.cols == 0 {
+        return Ok(());
+    }
+    let dim = (t.cols as u32).to_le_bytes();
+    let mut buf: Vec<u8> = Vec::with_capacity(WRITE_CHUNK_BYTES + 4 + N * 1024);
+    for row in t.data.chunks_exact(t.cols) {
+        buf.extend_from_slice(&dim);
+        for part in row.chunks(1024) {
+            for &v in part {
+                buf.extend_from_slice(&encode(v));
+            }
+            if buf.len() >= WRITE_CHUNK_BYTES {
+                w.write_all(&buf)?;
+                buf.clear();
+            }
+        }
+    }
+    w.write_all(&buf)
+}

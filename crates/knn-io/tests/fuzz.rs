@@ -1,0 +1,242 @@
+//! Properties: any bytes give `Ok` or `Err`, never a panic, and an `Ok` table is consistent;
+//! valid files read back what was written into them.
+
+mod common;
+
+use knn_io::{read_f32_from_bytes, read_i64_from_bytes, Format};
+use proptest::prelude::*;
+
+/// Runs both readers on `bytes` in `format`; any `Ok` must be a consistent table.
+fn read_all_ways(bytes: &[u8], format: Format) {
+    if let Ok(t) = read_f32_from_bytes(bytes, format, "fuzz") {
+        assert!(
+            t.is_consistent(),
+            "{format}: {} x {} with {}",
+            t.rows,
+            t.cols,
+            t.data.len()
+        );
+    }
+    if let Ok(t) = read_i64_from_bytes(bytes, format, "fuzz") {
+        assert!(
+            t.is_consistent(),
+            "{format}: {} x {} with {}",
+            t.rows,
+            t.cols,
+            t.data.len()
+        );
+    }
+    for result in [
+        read_f32_from_bytes(bytes, format, "fuzz").err(),
+        read_i64_from_bytes(bytes, format, "fuzz").err(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        assert!(result.to_string().starts_with("fuzz: "), "{result}");
+    }
+}
+
+fn format() -> impl Strategy<Value = Format> {
+    prop::sample::select(Format::ALL.to_vec())
+}
+
+const NPY_DTYPES: [&str; 16] = [
+    "<f4", ">f4", "<f8", ">f8", "<f2", "|u1", "|i1", "|b1", "<i2", ">u2", "<i4", ">i4", "<i8",
+    ">i8", "<u4", "<u8",
+];
+
+/// A valid file of a random format, shape and content (small integer values, so that every
+/// dtype holds them exactly), with the values it holds and whether it holds integers.
+fn valid_file() -> impl Strategy<Value = (Format, Vec<u8>, Vec<f64>, bool)> {
+    (
+        format(),
+        0usize..5,
+        1usize..5,
+        prop::sample::select(NPY_DTYPES.to_vec()),
+        prop::sample::select(vec![1u8, 2, 3]),
+        any::<bool>(),
+        any::<bool>(),
+        prop::collection::vec(0u8..100, 25),
+    )
+        .prop_map(|(format, rows, cols, descr, major, fortran, one_d, pool)| {
+            let cols = if one_d && format == Format::Npy {
+                1
+            } else {
+                cols
+            };
+            let values: Vec<f64> = pool[..rows * cols].iter().map(|&v| f64::from(v)).collect();
+            let rows_of = |f: &dyn Fn(f64) -> Vec<u8>| -> Vec<u8> {
+                values
+                    .chunks(cols)
+                    .flat_map(|r| {
+                        let payload: Vec<u8> = r.iter().flat_map(|&v| f(v)).collect();
+                        common::record(cols as i32, &payload)
+                    })
+                    .collect()
+            };
+            let bytes = match format {
+                Format::Fvecs => rows_of(&|v| (v as f32).to_le_bytes().to_vec()),
+                Format::Ivecs => rows_of(&|v| (v as i32).to_le_bytes().to_vec()),
+                Format::Bvecs => rows_of(&|v| vec![v as u8]),
+                Format::Npy => {
+                    let stored = if descr == "|b1" {
+                        values
+                            .iter()
+                            .map(|&v| f64::from(u8::from(v != 0.0)))
+                            .collect()
+                    } else {
+                        values.clone()
+                    };
+                    let order: Vec<f64> = if fortran {
+                        // Column-major: element k of the file is (k % rows, k / rows).
+                        (0..rows * cols)
+                            .map(|k| stored[(k % rows) * cols + k / rows])
+                            .collect()
+                    } else {
+                        stored
+                    };
+                    let shape = if one_d {
+                        format!("({rows},)")
+                    } else {
+                        format!("({rows}, {cols})")
+                    };
+                    let data = common::encode(descr, &order);
+                    common::npy(major, &common::dict(descr, fortran, &shape), &data)
+                }
+                Format::Csv => values
+                    .chunks(cols)
+                    .map(|r| {
+                        r.iter()
+                            .map(|v| v.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                            + "\n"
+                    })
+                    .collect::<String>()
+                    .into_bytes(),
+            };
+            let values = if format == Format::Npy && descr == "|b1" {
+                values
+                    .iter()
+                    .map(|&v| f64::from(u8::from(v != 0.0)))
+                    .collect()
+            } else {
+                values
+            };
+            let integers = match format {
+                Format::Fvecs => false,
+                Format::Npy => !descr.contains('f'),
+                _ => true,
+            };
+            (format, bytes, values, integers)
+        })
+}
+
+#[derive(Debug, Clone)]
+enum Mutation {
+    Flip(usize, u8),
+    Truncate(usize),
+    Insert(usize, u8),
+    Remove(usize),
+    SetI32(usize, i32),
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    // Bytes that matter to the parsers: header punctuation, digits, quotes, newlines.
+    let interesting =
+        prop::sample::select(b"(){}[],:'\" 0123456789-eE.TF\n\r<>|=fiubLx\x00\xff".to_vec());
+    let ints = prop::sample::select(vec![
+        0,
+        -1,
+        1,
+        2,
+        3,
+        127,
+        1 << 24,
+        (1 << 24) + 1,
+        i32::MAX,
+        i32::MIN,
+    ]);
+    prop_oneof![
+        (any::<usize>(), 1u8..=255).prop_map(|(p, x)| Mutation::Flip(p, x)),
+        any::<usize>().prop_map(Mutation::Truncate),
+        (any::<usize>(), interesting).prop_map(|(p, b)| Mutation::Insert(p, b)),
+        any::<usize>().prop_map(Mutation::Remove),
+        (any::<usize>(), ints).prop_map(|(p, v)| Mutation::SetI32(p, v)),
+    ]
+}
+
+fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
+    let len = bytes.len();
+    match *m {
+        Mutation::Flip(p, x) if len > 0 => bytes[p % len] ^= x,
+        Mutation::Truncate(p) => bytes.truncate(p % (len + 1)),
+        Mutation::Insert(p, b) => bytes.insert(p % (len + 1), b),
+        Mutation::Remove(p) if len > 0 => {
+            bytes.remove(p % len);
+        }
+        Mutation::SetI32(p, v) if len >= 4 => {
+            let at = p % (len - 3);
+            bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
+        }
+        _ => {}
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..600), f in format()) {
+        read_all_ways(&bytes, f);
+    }
+
+    #[test]
+    fn random_npy_after_a_valid_preamble(
+        major in 0u8..5,
+        len in any::<u16>(),
+        tail in prop::collection::vec(any::<u8>(), 0..300),
+    ) {
+        let mut bytes = b"\x93NUMPY".to_vec();
+        bytes.extend_from_slice(&[major, 0]);
+        bytes.extend_from_slice(&len.to_le_bytes());
+        bytes.extend_from_slice(&tail);
+        read_all_ways(&bytes, Format::Npy);
+    }
+
+    #[test]
+    fn random_text_never_panics(
+        text in "[0-9a-zA-Z ,.\\-+eE\"\t\r\n]{0,200}",
+        f in format(),
+    ) {
+        read_all_ways(text.as_bytes(), f);
+    }
+
+    #[test]
+    fn valid_files_read_back((format, bytes, values, integers) in valid_file()) {
+        let t = read_f32_from_bytes(&bytes, format, "ok").unwrap();
+        prop_assert!(t.is_consistent());
+        let want: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+        prop_assert_eq!(&t.data, &want);
+        let ids = read_i64_from_bytes(&bytes, format, "ok");
+        if integers {
+            let want: Vec<i64> = values.iter().map(|&v| v as i64).collect();
+            prop_assert_eq!(ids.unwrap().data, want);
+        } else {
+            prop_assert!(ids.is_err());
+        }
+    }
+
+    #[test]
+    fn mutated_valid_files_never_panic(
+        (format, bytes, _, _) in valid_file(),
+        mutations in prop::collection::vec(mutation(), 1..6),
+    ) {
+        let mut bytes = bytes;
+        for m in &mutations {
+            apply(&mut bytes, m);
+        }
+        read_all_ways(&bytes, format);
+    }
+}
