@@ -28,6 +28,8 @@ pub use error::{KnnError, Result};
 pub use matrix::{Matrix, MatrixRef};
 pub use metric::{Covariance, Kernel, Metric};
 pub use neighbors::Neighbors;
-pub use oracle::{check, id_recall, oracle, CheckReport, DEFAULT_TOLERANCE};
-pub use search::{candidate_width, graph, search};
+pub use oracle::{check, check_with_truth, id_recall, oracle, CheckReport, DEFAULT_TOLERANCE};
+pub use search::{
+    candidate_width, graph, graph_with_progress, search, search_with_progress, ProgressFn,
+};
 pub use topk::TopK;

@@ -83,6 +83,20 @@ pub fn check(
     tol: f64,
 ) -> Result<CheckReport> {
     let truth = oracle(base, queries, k, metric)?;
+    check_with_truth(base, queries, k, metric, result, &truth, tol)
+}
+
+/// [`check`] against an oracle answer computed once (by [`oracle`] on the same arguments), for
+/// checking several results of the same problem.
+pub fn check_with_truth(
+    base: MatrixRef<'_>,
+    queries: Option<MatrixRef<'_>>,
+    k: usize,
+    metric: &Metric,
+    result: &Neighbors,
+    truth: &Neighbors,
+    tol: f64,
+) -> Result<CheckReport> {
     let prep = prepare(metric, base, queries)?;
     let xb = prep.exact_base.view();
     let xq = prep.exact_queries().unwrap_or(xb);

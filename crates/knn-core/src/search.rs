@@ -70,6 +70,9 @@ fn validate(
     Ok(available)
 }
 
+/// Called with (queries done, queries in all) as work completes.
+pub type ProgressFn<'a> = &'a (dyn Fn(usize, usize) + Sync);
+
 /// Exact k nearest base points of every query under `metric`, computed by `engine`.
 pub fn search(
     engine: &dyn Engine,
@@ -78,8 +81,20 @@ pub fn search(
     k: usize,
     metric: &Metric,
 ) -> Result<Neighbors> {
+    search_with_progress(engine, base, queries, k, metric, &|_, _| {})
+}
+
+/// [`search`], reporting progress.
+pub fn search_with_progress(
+    engine: &dyn Engine,
+    base: MatrixRef<'_>,
+    queries: MatrixRef<'_>,
+    k: usize,
+    metric: &Metric,
+    progress: ProgressFn<'_>,
+) -> Result<Neighbors> {
     let available = validate(metric, base, Some(queries), k)?;
-    run(engine, base, Some(queries), k, metric, available)
+    run(engine, base, Some(queries), k, metric, available, progress)
 }
 
 /// Exact kNN graph: the k nearest other points of every point (its own id excluded; duplicates
@@ -90,9 +105,24 @@ pub fn graph(
     k: usize,
     metric: &Metric,
 ) -> Result<Neighbors> {
-    let available = validate(metric, points, None, k)?;
-    run(engine, points, None, k, metric, available)
+    graph_with_progress(engine, points, k, metric, &|_, _| {})
 }
+
+/// [`graph`], reporting progress.
+pub fn graph_with_progress(
+    engine: &dyn Engine,
+    points: MatrixRef<'_>,
+    k: usize,
+    metric: &Metric,
+    progress: ProgressFn<'_>,
+) -> Result<Neighbors> {
+    let available = validate(metric, points, None, k)?;
+    run(engine, points, None, k, metric, available, progress)
+}
+
+/// Queries per round when reporting progress: small enough for a smooth bar, large enough to
+/// keep every engine's tiles full.
+const MIN_ROUND: usize = 4096;
 
 fn run(
     engine: &dyn Engine,
@@ -101,6 +131,7 @@ fn run(
     k: usize,
     metric: &Metric,
     available: usize,
+    progress: ProgressFn<'_>,
 ) -> Result<Neighbors> {
     let prep = prepare(metric, base, queries)?;
     let eb = prep.engine_base();
@@ -111,7 +142,9 @@ fn run(
     let nq = eq.rows();
     let mut out = Neighbors::with_shape(nq, k);
     let width0 = candidate_width(k, available);
-    let per_round = (CANDIDATE_BYTES_PER_ROUND / (8 * width0)).max(1024);
+    let per_round = (CANDIDATE_BYTES_PER_ROUND / (8 * width0))
+        .max(1024)
+        .min((nq / 32).max(MIN_ROUND));
     let kernel = metric.kernel();
 
     for start in (0..nq).step_by(per_round) {
@@ -196,6 +229,7 @@ fn run(
                 break;
             }
         }
+        progress(end, nq);
     }
     if let Some(i) = out.distances.iter().position(|d| !d.is_finite()) {
         return Err(KnnError::Overflow {
