@@ -25,8 +25,8 @@
 
 pub use knn_core::synth;
 pub use knn_core::{
-    check, check_with_truth, id_recall, oracle, CheckReport, Covariance, Engine, Kernel, KnnError, Matrix, MatrixRef,
-    Metric, Neighbors, Result, DEFAULT_TOLERANCE,
+    check, check_with_truth, id_recall, oracle, CheckReport, Covariance, Engine, Kernel, KnnError,
+    Matrix, MatrixRef, Metric, Neighbors, Result, DEFAULT_TOLERANCE,
 };
 pub use knn_cpu::CpuEngine;
 
@@ -187,11 +187,29 @@ pub fn graph(points: MatrixRef<'_>, k: usize, metric: &Metric) -> Result<Neighbo
     Knn::new(&Options::default())?.graph(points, k, metric)
 }
 
+/// Usable CUDA devices: (ordinal, description).
+pub fn gpu_devices() -> Vec<(usize, String)> {
+    gpu::devices()
+}
+
+/// Why no GPU is usable (or "ok").
+pub fn gpu_status() -> String {
+    gpu::status()
+}
+
 /// GPU engines, when this build has them.
 mod gpu {
     use super::*;
 
     pub(super) fn engine(_ordinal: usize, _opts: &Options) -> Result<Box<dyn Engine>> {
         Err(KnnError::Device("this build has no CUDA engine".into()))
+    }
+
+    pub(super) fn devices() -> Vec<(usize, String)> {
+        Vec::new()
+    }
+
+    pub(super) fn status() -> String {
+        "this build has no CUDA engine".into()
     }
 }

@@ -1,0 +1,217 @@
+//! Command-line arguments: every flag documented here is what `--help` shows.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// Exact k-nearest neighbours on CPUs and NVIDIA GPUs.
+///
+/// Every answer is exact: each row holds a true k-nearest set, ordered by (distance, id),
+/// the same on every device and thread count. With no command, runs `knn bench`.
+#[derive(Parser, Debug)]
+#[command(name = "knn", version, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// No progress bar and no summary line.
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// k nearest base points of every query.
+    Search(SearchArgs),
+    /// kNN graph: the k nearest other points of every point (its own id excluded).
+    Graph(GraphArgs),
+    /// Write synthetic data (uniform, gaussian, clustered) in any supported format.
+    Generate(GenerateArgs),
+    /// Compare a result file with ground truth (ids file, or recomputed exactly from the data).
+    Verify(VerifyArgs),
+    /// The seed-000 experiment: one row per method and device, timed and checked.
+    Bench(BenchArgs),
+    /// Version, devices, SIMD level, threads.
+    Info,
+}
+
+/// Where and how to compute.
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// Device: auto (a GPU if usable, else the CPU), cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// CPU threads (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// GPU method: fused (fast, default), or the seed-000 baselines global, texture, cublas.
+    #[arg(long)]
+    pub gpu_method: Option<String>,
+}
+
+/// The distance.
+#[derive(Args, Debug, Clone)]
+pub struct MetricArgs {
+    /// Metric: l2 (euclidean), sqeuclidean, ip (inner product, largest first), cosine,
+    /// l1 (manhattan), linf (chebyshev), hellinger (inputs >= 0), mahalanobis.
+    #[arg(long, short = 'm', default_value = "l2")]
+    pub metric: String,
+    /// For mahalanobis: a d×d covariance file (default: estimated from the base points).
+    #[arg(long)]
+    pub covariance: Option<PathBuf>,
+}
+
+/// Where results go.
+#[derive(Args, Debug, Clone)]
+pub struct OutputArgs {
+    /// Output file for the neighbour ids (.npy int64, .ivecs or .csv). Distances go to
+    /// `--distances`, by default next to it as <stem>.dist.npy / <stem>.fvecs / <stem>.dist.csv.
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
+    /// Output file for the distances (.npy float32, .fvecs or .csv).
+    #[arg(long)]
+    pub distances: Option<PathBuf>,
+    /// Output format, overriding the extension (npy, ivecs, csv).
+    #[arg(long)]
+    pub output_format: Option<String>,
+    /// Replace output files that already exist (never an input file).
+    #[arg(long)]
+    pub force: bool,
+    /// Run the computation N times and report the median (files are read once).
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
+    /// Write {"median_ms": .., "times_ms": [..]} of the computation to this file.
+    #[arg(long)]
+    pub timing_json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct SearchArgs {
+    /// Base points (.fvecs, .bvecs, .ivecs, .npy, .csv).
+    #[arg(long, short = 'b')]
+    pub base: PathBuf,
+    /// Query points, same dimension as the base.
+    #[arg(long, short = 'q')]
+    pub queries: PathBuf,
+    /// Neighbours per query (1 ..= number of base points).
+    #[arg(short = 'k', long)]
+    pub k: usize,
+    /// Input format, overriding the extensions (fvecs, ivecs, bvecs, npy, csv).
+    #[arg(long)]
+    pub input_format: Option<String>,
+    #[command(flatten)]
+    pub metric: MetricArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[command(flatten)]
+    pub out: OutputArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct GraphArgs {
+    /// The points (.fvecs, .bvecs, .ivecs, .npy, .csv).
+    #[arg(long, short = 'p')]
+    pub points: PathBuf,
+    /// Neighbours per point (1 ..= points − 1).
+    #[arg(short = 'k', long)]
+    pub k: usize,
+    /// Input format, overriding the extension.
+    #[arg(long)]
+    pub input_format: Option<String>,
+    #[command(flatten)]
+    pub metric: MetricArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[command(flatten)]
+    pub out: OutputArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// Number of points.
+    #[arg(long, short = 'n')]
+    pub rows: usize,
+    /// Dimension.
+    #[arg(long, short = 'd')]
+    pub dim: usize,
+    /// uniform (in [0,1)), gaussian (standard normal) or clustered (100 gaussian blobs, sd 0.01).
+    #[arg(long, default_value = "uniform")]
+    pub distribution: String,
+    /// Random seed (same seed, same data, on every machine).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Output file (.fvecs, .npy, .csv).
+    #[arg(long, short = 'o')]
+    pub output: PathBuf,
+    /// Output format, overriding the extension.
+    #[arg(long)]
+    pub format: Option<String>,
+    /// Replace the output file if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// Result ids to check (as written by `knn search -o`).
+    #[arg(long, short = 'r')]
+    pub result: PathBuf,
+    /// Result distances (default: next to the ids, as written by `knn search`).
+    #[arg(long)]
+    pub result_distances: Option<PathBuf>,
+    /// Ground-truth ids (.ivecs or .npy): plain id recall of the first k columns.
+    #[arg(long, short = 't')]
+    pub truth: Option<PathBuf>,
+    /// Base points: recompute the truth exactly (f64 oracle) and check tie-aware.
+    #[arg(long, short = 'b')]
+    pub base: Option<PathBuf>,
+    /// Query points (with --base); omit for a graph (self-join) result.
+    #[arg(long, short = 'q')]
+    pub queries: Option<PathBuf>,
+    /// Required recall (0..1) for exit code 0.
+    #[arg(long, default_value_t = 1.0)]
+    pub min_recall: f64,
+    #[command(flatten)]
+    pub metric: MetricArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Reference (base) points.
+    #[arg(long, default_value_t = 16384)]
+    pub refs: usize,
+    /// Query points.
+    #[arg(long, default_value_t = 4096)]
+    pub queries: usize,
+    /// Dimension.
+    #[arg(long, short = 'd', default_value_t = 128)]
+    pub dim: usize,
+    /// Neighbours.
+    #[arg(short = 'k', long, default_value_t = 16)]
+    pub k: usize,
+    /// Timed runs per method (median reported), after one warm-up.
+    #[arg(long, default_value_t = 5)]
+    pub repeat: usize,
+    /// Metric (the seed uses l2).
+    #[arg(long, short = 'm', default_value = "l2")]
+    pub metric: String,
+    /// Which devices: all (every usable one), cpu, cuda.
+    #[arg(long, default_value = "all")]
+    pub devices: String,
+    /// Random seed of the data.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl Default for BenchArgs {
+    fn default() -> Self {
+        BenchArgs {
+            refs: 16384,
+            queries: 4096,
+            dim: 128,
+            k: 16,
+            repeat: 5,
+            metric: "l2".into(),
+            devices: "all".into(),
+            seed: 0,
+        }
+    }
+}

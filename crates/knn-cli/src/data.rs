@@ -1,0 +1,126 @@
+//! Reading inputs, writing results, and `knn generate`.
+
+use crate::args::GenerateArgs;
+use anyhow::{bail, Result};
+use knn::synth::{generate as synth, Distribution};
+use knn::{Matrix, Neighbors};
+use knn_io::{Format, Table};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+pub fn parse_format(s: &Option<String>) -> Result<Option<Format>> {
+    s.as_deref()
+        .map(|f| f.parse::<Format>().map_err(|e| anyhow::anyhow!("{e}")))
+        .transpose()
+}
+
+/// Reads a matrix of points, validated (NaN/inf named by file, row, column).
+pub fn load_points(path: &Path, format: Option<Format>) -> Result<Matrix> {
+    let t = knn_io::read_f32(path, format)?;
+    let name = path.display().to_string();
+    if t.rows == 0 {
+        bail!("{name}: no points in the file");
+    }
+    Ok(Matrix::new(&name, t.data, t.cols)?)
+}
+
+/// Refuses to replace an existing file unless `force`, and never replaces an input.
+pub fn check_output(path: &Path, force: bool, inputs: &[&Path]) -> Result<()> {
+    let canon = |p: &Path| std::fs::canonicalize(p).ok();
+    if let Some(c) = canon(path) {
+        if inputs.iter().any(|i| canon(i) == Some(c.clone())) {
+            bail!("{}: refusing to overwrite an input file", path.display());
+        }
+        if !force {
+            bail!(
+                "{}: file exists (use --force to replace it)",
+                path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Default distances path next to the ids: `x.npy` → `x.dist.npy`, `x.ivecs` → `x.fvecs`,
+/// `x.csv` → `x.dist.csv`.
+pub fn distances_path(ids: &Path, format: Format) -> PathBuf {
+    let stem = ids
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = match format {
+        Format::Ivecs | Format::Fvecs => format!("{stem}.fvecs"),
+        Format::Npy => format!("{stem}.dist.npy"),
+        _ => format!("{stem}.dist.csv"),
+    };
+    ids.with_file_name(name)
+}
+
+/// Writes ids and distances. Returns the two paths written.
+pub fn write_neighbors(
+    nn: &Neighbors,
+    ids_path: &Path,
+    dist_path: Option<&Path>,
+    format: Option<Format>,
+    force: bool,
+    inputs: &[&Path],
+) -> Result<(PathBuf, PathBuf)> {
+    let ids_format = match format {
+        Some(f) => f,
+        None => Format::from_path(ids_path)?,
+    };
+    let dist_path = dist_path
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| distances_path(ids_path, ids_format));
+    let dist_format = match (format, ids_format) {
+        (Some(Format::Ivecs), _) => Format::Fvecs,
+        (Some(f), _) => f,
+        _ => Format::from_path(&dist_path)?,
+    };
+    check_output(ids_path, force, inputs)?;
+    check_output(&dist_path, force, inputs)?;
+    let rows = nn.rows();
+    let ids = Table {
+        data: nn.ids.iter().map(|&i| i as i64).collect(),
+        rows,
+        cols: nn.k,
+    };
+    knn_io::write_i64(ids_path, Some(ids_format), &ids)?;
+    let d = Table {
+        data: nn.distances.clone(),
+        rows,
+        cols: nn.k,
+    };
+    knn_io::write_f32(&dist_path, Some(dist_format), &d)?;
+    Ok((ids_path.to_path_buf(), dist_path))
+}
+
+/// `knn generate`.
+pub fn generate(a: &GenerateArgs, quiet: bool) -> Result<ExitCode> {
+    let dist: Distribution = a.distribution.parse().map_err(anyhow::Error::msg)?;
+    if a.dim == 0 {
+        bail!("--dim must be at least 1");
+    }
+    let format = match parse_format(&a.format)? {
+        Some(f) => f,
+        None => Format::from_path(&a.output)?,
+    };
+    check_output(&a.output, a.force, &[])?;
+    let t = Table {
+        data: synth(dist, a.rows, a.dim, a.seed),
+        rows: a.rows,
+        cols: a.dim,
+    };
+    knn_io::write_f32(&a.output, Some(format), &t)?;
+    if !quiet {
+        eprintln!(
+            "generate: {} {} points of dimension {} (seed {}) written to {}",
+            a.rows,
+            a.distribution,
+            a.dim,
+            a.seed,
+            a.output.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,36 @@
+//! `knn`: exact k-nearest neighbours from the command line.
+//!
+//! With no arguments it runs `knn bench` (the seed-000 experiment on built-in random data).
+
+mod args;
+mod bench;
+mod data;
+mod info;
+mod progress;
+mod run;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = args::Cli::parse();
+    let quiet = cli.quiet;
+    let result = match cli
+        .command
+        .unwrap_or(args::Command::Bench(args::BenchArgs::default()))
+    {
+        args::Command::Search(a) => run::search(&a, quiet),
+        args::Command::Graph(a) => run::graph(&a, quiet),
+        args::Command::Generate(a) => data::generate(&a, quiet),
+        args::Command::Verify(a) => run::verify(&a, quiet),
+        args::Command::Bench(a) => bench::bench(&a, quiet),
+        args::Command::Info => info::info(),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! `knn search`, `knn graph` and `knn verify`.
+
+use crate::args::{EngineArgs, GraphArgs, MetricArgs, OutputArgs, SearchArgs, VerifyArgs};
+use crate::data::{distances_path, load_points, parse_format, write_neighbors};
+use crate::progress::Progress;
+use anyhow::{bail, Context, Result};
+use knn::{Covariance, Device, Knn, Matrix, Metric, Neighbors, Options};
+use knn_io::Format;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub fn metric(a: &MetricArgs) -> Result<Metric> {
+    let m: Metric = a.metric.parse()?;
+    match (&m, &a.covariance) {
+        (Metric::Mahalanobis(_), Some(p)) => {
+            let c = load_points(p, None).context("covariance")?;
+            Ok(Metric::Mahalanobis(Covariance::Given(Arc::new(c))))
+        }
+        (_, Some(_)) => bail!("--covariance is only for --metric mahalanobis"),
+        _ => Ok(m),
+    }
+}
+
+pub fn engine(a: &EngineArgs) -> Result<Knn> {
+    let device: Device = a.device.parse()?;
+    let knn = Knn::new(&Options {
+        device,
+        threads: a.threads,
+        gpu_method: a.gpu_method.clone(),
+    })?;
+    if device == Device::Auto && knn.device() == Device::Cpu && a.gpu_method.is_some() {
+        eprintln!("note: no usable GPU, --gpu-method ignored; running on the CPU");
+    }
+    Ok(knn)
+}
+
+/// Runs `f` `repeat` times; returns the last result and every time in ms.
+fn timed(
+    repeat: usize,
+    mut f: impl FnMut() -> knn::Result<Neighbors>,
+) -> Result<(Neighbors, Vec<f64>)> {
+    let mut times = Vec::new();
+    let mut last = None;
+    for _ in 0..repeat.max(1) {
+        let t = Instant::now();
+        last = Some(f()?);
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok((last.expect("at least one run"), times))
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+fn finish(
+    what: &str,
+    nn: &Neighbors,
+    times: &[f64],
+    out: &OutputArgs,
+    inputs: &[&Path],
+    quiet: bool,
+    describe: String,
+) -> Result<ExitCode> {
+    let med = median(times);
+    if let Some(p) = &out.timing_json {
+        let list: Vec<String> = times.iter().map(|t| format!("{t:.4}")).collect();
+        std::fs::write(
+            p,
+            format!(
+                "{{\"median_ms\": {med:.4}, \"times_ms\": [{}]}}\n",
+                list.join(", ")
+            ),
+        )
+        .with_context(|| format!("writing {}", p.display()))?;
+    }
+    let written = match &out.output {
+        Some(o) => Some(write_neighbors(
+            nn,
+            o,
+            out.distances.as_deref(),
+            parse_format(&out.output_format)?,
+            out.force,
+            inputs,
+        )?),
+        None => None,
+    };
+    if !quiet {
+        let rate = nn.rows() as f64 / (med / 1e3);
+        let runs = if times.len() > 1 {
+            format!(" (median of {})", times.len())
+        } else {
+            String::new()
+        };
+        eprintln!("{what}: {describe}: {med:.1} ms{runs}, {rate:.0} queries/s");
+        match written {
+            Some((i, d)) => eprintln!(
+                "{what}: ids in {}, distances in {}",
+                i.display(),
+                d.display()
+            ),
+            None => eprintln!("{what}: no --output given, results not written"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn search(a: &SearchArgs, quiet: bool) -> Result<ExitCode> {
+    let fmt = parse_format(&a.input_format)?;
+    let base = load_points(&a.base, fmt)?;
+    let queries = load_points(&a.queries, fmt)?;
+    let metric = metric(&a.metric)?;
+    let knn = engine(&a.engine)?;
+    let progress = Progress::new("search", queries.rows(), quiet);
+    let (nn, times) = timed(a.out.repeat, || {
+        knn.search_with_progress(base.view(), queries.view(), a.k, &metric, &|d, t| {
+            progress.update(d, t)
+        })
+    })?;
+    progress.finish();
+    let describe = format!(
+        "{} queries × {} base (d={}), k={}, {} on {}",
+        queries.rows(),
+        base.rows(),
+        base.dim(),
+        a.k,
+        metric,
+        knn.engine_name()
+    );
+    finish(
+        "search",
+        &nn,
+        &times,
+        &a.out,
+        &[&a.base, &a.queries],
+        quiet,
+        describe,
+    )
+}
+
+pub fn graph(a: &GraphArgs, quiet: bool) -> Result<ExitCode> {
+    let points = load_points(&a.points, parse_format(&a.input_format)?)?;
+    let metric = metric(&a.metric)?;
+    let knn = engine(&a.engine)?;
+    let progress = Progress::new("graph", points.rows(), quiet);
+    let (nn, times) = timed(a.out.repeat, || {
+        knn.graph_with_progress(points.view(), a.k, &metric, &|d, t| progress.update(d, t))
+    })?;
+    progress.finish();
+    let describe = format!(
+        "{} points (d={}), k={}, {} on {}",
+        points.rows(),
+        points.dim(),
+        a.k,
+        metric,
+        knn.engine_name()
+    );
+    finish("graph", &nn, &times, &a.out, &[&a.points], quiet, describe)
+}
+
+fn read_result(ids: &Path, dists: Option<&Path>) -> Result<Neighbors> {
+    let t = knn_io::read_i64(ids, None)?;
+    let ids_format = Format::from_path(ids)?;
+    let dpath = dists
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| distances_path(ids, ids_format));
+    let d = knn_io::read_f32(&dpath, None)
+        .with_context(|| format!("result distances {}", dpath.display()))?;
+    if (d.rows, d.cols) != (t.rows, t.cols) {
+        bail!(
+            "{} is {}×{} but {} is {}×{}",
+            ids.display(),
+            t.rows,
+            t.cols,
+            dpath.display(),
+            d.rows,
+            d.cols
+        );
+    }
+    let mut out = Vec::with_capacity(t.data.len());
+    for (i, &v) in t.data.iter().enumerate() {
+        let id = u32::try_from(v).map_err(|_| {
+            anyhow::anyhow!(
+                "{}: row {}, column {}: id {v} is not a valid point id",
+                ids.display(),
+                i / t.cols.max(1),
+                i % t.cols.max(1)
+            )
+        })?;
+        out.push(id);
+    }
+    Ok(Neighbors {
+        k: t.cols,
+        ids: out,
+        distances: d.data,
+    })
+}
+
+pub fn verify(a: &VerifyArgs, quiet: bool) -> Result<ExitCode> {
+    let result = read_result(&a.result, a.result_distances.as_deref())?;
+    let k = result.k;
+    let mut ok = true;
+    if let Some(t) = &a.truth {
+        let truth = knn_io::read_i64(t, None)?;
+        if truth.rows != result.rows() || truth.cols < k {
+            bail!(
+                "{} has {} rows of {} ids; the result has {} rows of k={}",
+                t.display(),
+                truth.rows,
+                truth.cols,
+                result.rows(),
+                k
+            );
+        }
+        let ids: Vec<u32> = truth
+            .data
+            .iter()
+            .map(|&v| v.clamp(0, u32::MAX as i64) as u32)
+            .collect();
+        let recall = knn::id_recall(&result, &ids, truth.cols);
+        ok &= recall >= a.min_recall;
+        println!(
+            "id recall against {}: {recall:.6} (ties not recognised without the data)",
+            t.display()
+        );
+    }
+    if let Some(b) = &a.base {
+        let base: Matrix = load_points(b, None)?;
+        let queries = a
+            .queries
+            .as_ref()
+            .map(|q| load_points(q, None))
+            .transpose()?;
+        let metric = metric(&a.metric)?;
+        let t0 = Instant::now();
+        let rep = knn::check(
+            base.view(),
+            queries.as_ref().map(|q| q.view()),
+            k,
+            &metric,
+            &result,
+            knn::DEFAULT_TOLERANCE,
+        )?;
+        ok &= rep.passed() && rep.recall >= a.min_recall;
+        println!(
+            "exact check ({} rows, {metric}, f64 oracle, {:.1} s): tie-aware recall {:.6}, worst distance error {:.3e} (relative), {} bad rows{}",
+            rep.rows,
+            t0.elapsed().as_secs_f64(),
+            rep.recall,
+            rep.max_distance_error,
+            rep.bad_rows,
+            rep.first_problem.map(|p| format!("; first: {p}")).unwrap_or_default()
+        );
+    }
+    if a.truth.is_none() && a.base.is_none() {
+        bail!("give --truth (ids) or --base [--queries] (recompute exactly) to verify against");
+    }
+    if !quiet {
+        eprintln!("verify: {}", if ok { "PASSED" } else { "FAILED" });
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
