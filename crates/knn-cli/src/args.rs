@@ -13,7 +13,7 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
     /// No progress bar and no summary line.
-    #[arg(long, short, global = true)]
+    #[arg(long, global = true)]
     pub quiet: bool,
 }
 

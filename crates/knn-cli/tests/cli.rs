@@ -1,0 +1,241 @@
+//! The `knn` binary end to end on small files.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn knn(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_knn"))
+        .args(args)
+        .output()
+        .expect("run knn")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = knn(args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "knn {args:?} failed:\n{text}");
+    text
+}
+
+fn fails(args: &[&str], code: i32) -> String {
+    let o = knn(args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.status.code(), Some(code), "knn {args:?}:\n{text}");
+    text
+}
+
+fn p(dir: &Path, name: &str) -> String {
+    dir.join(name).display().to_string()
+}
+
+fn generate(dir: &Path, name: &str, rows: usize, dim: usize, seed: u64) -> String {
+    let f = p(dir, name);
+    ok(&[
+        "generate",
+        "-n",
+        &rows.to_string(),
+        "-d",
+        &dim.to_string(),
+        "--seed",
+        &seed.to_string(),
+        "-o",
+        &f,
+        "--quiet",
+    ]);
+    f
+}
+
+#[test]
+fn search_then_verify_npy() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = generate(dir.path(), "b.npy", 500, 16, 1);
+    let q = generate(dir.path(), "q.npy", 40, 16, 2);
+    let out = p(dir.path(), "nn.npy");
+    let msg = ok(&[
+        "search", "-b", &b, "-q", &q, "-k", "7", "--device", "cpu", "-o", &out,
+    ]);
+    assert!(msg.contains("40 queries × 500 base"), "{msg}");
+    assert!(PathBuf::from(p(dir.path(), "nn.dist.npy")).exists());
+    let v = ok(&["verify", "-r", &out, "-b", &b, "-q", &q]);
+    assert!(
+        v.contains("tie-aware recall 1.000000") && v.contains("PASSED"),
+        "{v}"
+    );
+    // Refuses to overwrite without --force, then replaces with it.
+    let again = fails(
+        &[
+            "search", "-b", &b, "-q", &q, "-k", "7", "--device", "cpu", "-o", &out,
+        ],
+        2,
+    );
+    assert!(again.contains("exists"), "{again}");
+    ok(&[
+        "search", "-b", &b, "-q", &q, "-k", "7", "--device", "cpu", "-o", &out, "--force",
+        "--quiet",
+    ]);
+    // Never over an input, even with --force.
+    let input = fails(
+        &["search", "-b", &b, "-q", &q, "-k", "7", "-o", &b, "--force"],
+        2,
+    );
+    assert!(input.contains("input"), "{input}");
+}
+
+#[test]
+fn verify_catches_a_wrong_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = generate(dir.path(), "b.fvecs", 300, 8, 3);
+    let q = generate(dir.path(), "q.fvecs", 20, 8, 4);
+    let out = p(dir.path(), "nn.ivecs");
+    ok(&[
+        "search", "-b", &b, "-q", &q, "-k", "5", "--device", "cpu", "-o", &out, "--quiet",
+    ]);
+    assert!(PathBuf::from(p(dir.path(), "nn.fvecs")).exists());
+    ok(&["verify", "-r", &out, "--truth", &out]);
+    // Swap one id for a far point: both checks must fail.
+    let mut bytes = std::fs::read(&out).unwrap();
+    bytes[4..8].copy_from_slice(&299i32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&298i32.to_le_bytes());
+    std::fs::write(&out, bytes).unwrap();
+    let v = fails(&["verify", "-r", &out, "-b", &b, "-q", &q], 1);
+    assert!(v.contains("FAILED"), "{v}");
+}
+
+#[test]
+fn graph_csv_and_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let pts = generate(dir.path(), "p.csv", 120, 5, 5);
+    for m in [
+        "l2",
+        "sqeuclidean",
+        "ip",
+        "cosine",
+        "l1",
+        "linf",
+        "hellinger",
+        "mahalanobis",
+    ] {
+        let out = p(dir.path(), &format!("g_{m}.csv"));
+        ok(&[
+            "graph", "-p", &pts, "-k", "4", "-m", m, "--device", "cpu", "-o", &out, "--quiet",
+        ]);
+        ok(&["verify", "-r", &out, "-b", &pts, "-m", m, "--quiet"]);
+    }
+    let text = std::fs::read_to_string(p(dir.path(), "g_l2.csv")).unwrap();
+    assert_eq!(text.lines().count(), 120);
+}
+
+#[test]
+fn bad_input_errors_name_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let nan = p(dir.path(), "nan.csv");
+    std::fs::write(&nan, "1,2,3\n4,nan,6\n").unwrap();
+    let good = p(dir.path(), "good.csv");
+    std::fs::write(&good, "1,2,3\n4,5,6\n").unwrap();
+    let e = fails(
+        &[
+            "search", "-b", &good, "-q", &nan, "-k", "1", "--device", "cpu",
+        ],
+        2,
+    );
+    assert!(
+        e.contains("nan.csv") && e.contains("row 1") && e.contains("column 1"),
+        "{e}"
+    );
+    let e = fails(
+        &[
+            "search", "-b", &good, "-q", &good, "-k", "3", "--device", "cpu",
+        ],
+        2,
+    );
+    assert!(e.contains("k=3") && e.contains('2'), "{e}");
+    let two = p(dir.path(), "two.csv");
+    std::fs::write(&two, "1,2\n").unwrap();
+    let e = fails(
+        &[
+            "search", "-b", &good, "-q", &two, "-k", "1", "--device", "cpu",
+        ],
+        2,
+    );
+    assert!(e.contains("dimension mismatch"), "{e}");
+    let ragged = p(dir.path(), "ragged.csv");
+    std::fs::write(&ragged, "1,2,3\n4,5\n").unwrap();
+    let e = fails(&["graph", "-p", &ragged, "-k", "1"], 2);
+    assert!(e.contains("ragged.csv") && e.contains("line 2"), "{e}");
+    let e = fails(
+        &["search", "-b", &good, "-q", &good, "-k", "1", "-m", "nope"],
+        2,
+    );
+    assert!(e.contains("unknown metric"), "{e}");
+    let e = fails(
+        &[
+            "search", "-b", &good, "-q", &good, "-k", "1", "--device", "cuda:7",
+        ],
+        2,
+    );
+    assert!(
+        e.to_lowercase().contains("cuda") || e.contains("device"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bench_small_and_info() {
+    let t = ok(&[
+        "bench",
+        "--refs",
+        "300",
+        "--queries",
+        "50",
+        "-d",
+        "8",
+        "-k",
+        "5",
+        "--repeat",
+        "1",
+        "--devices",
+        "cpu",
+    ]);
+    assert!(
+        t.contains("cpu") && t.contains("PASSED") && !t.contains("FAILED"),
+        "{t}"
+    );
+    let i = ok(&["info"]);
+    assert!(i.contains("knn ") && i.contains("threads"), "{i}");
+}
+
+#[test]
+fn repeat_and_timing_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = generate(dir.path(), "b.npy", 200, 4, 9);
+    let t = p(dir.path(), "t.json");
+    ok(&[
+        "search",
+        "-b",
+        &b,
+        "-q",
+        &b,
+        "-k",
+        "3",
+        "--device",
+        "cpu",
+        "--repeat",
+        "3",
+        "--timing-json",
+        &t,
+        "--quiet",
+    ]);
+    let j = std::fs::read_to_string(&t).unwrap();
+    assert!(
+        j.contains("median_ms") && j.matches(',').count() >= 3,
+        "{j}"
+    );
+}
