@@ -1,0 +1,74 @@
+//! Times the CUDA engine on the seed-000 size (16384 base × 4096 queries, d = 128, k = 16):
+//! the fused kernels alone (CUDA events), `candidates` and the full exact `search` (wall clock,
+//! synchronous), median of repeated runs after warm-up, for every method and for L1.
+//! Usage: cargo run --release -p knn-cuda --example bench_cuda [nb nq d k [reps]]
+
+use knn_core::synth::{generate, Distribution};
+use knn_core::{search, Matrix, Metric};
+use knn_cuda::{CudaEngine, Method};
+use std::time::Instant;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let a: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    let (nb, nq, d, k) = (
+        *a.first().unwrap_or(&16384),
+        *a.get(1).unwrap_or(&4096),
+        *a.get(2).unwrap_or(&128),
+        *a.get(3).unwrap_or(&16),
+    );
+    let reps = *a.get(4).unwrap_or(&10);
+    if !CudaEngine::available() {
+        eprintln!("no CUDA device");
+        std::process::exit(1);
+    }
+    let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
+    let base = Matrix::new("base", generate(u, nb, d, 1), d).unwrap();
+    let queries = Matrix::new("queries", generate(u, nq, d, 2), d).unwrap();
+    let floor_ms = 2.0 * nq as f64 * nb as f64 * d as f64 / 51e12 * 1e3;
+    println!("nb={nb} nq={nq} d={d} k={k}; FP32 floor {floor_ms:.3} ms (51 TFLOP/s)");
+    for (metric, methods) in [
+        (Metric::SqL2, &Method::ALL[..]),
+        (Metric::L1, &[Method::Fused][..]),
+    ] {
+        for &m in methods {
+            let e = CudaEngine::new(0, m).unwrap();
+            let mut kern = Vec::new();
+            let mut wall = Vec::new();
+            let r = if m == Method::Fused {
+                reps
+            } else {
+                reps.min(3)
+            };
+            for i in 0..r + 2 {
+                let t = Instant::now();
+                let res = search(&e, base.view(), queries.view(), k, &metric).unwrap();
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                std::hint::black_box(&res);
+                if i >= 2 {
+                    wall.push(ms);
+                    if let Some(km) = e.last_kernel_ms() {
+                        kern.push(km as f64);
+                    }
+                }
+            }
+            let w = median(wall);
+            if kern.is_empty() {
+                println!("{metric:>11} {m:>8}: search {w:8.3} ms (wall, incl. transfers + exact re-rank)");
+            } else {
+                let kk = median(kern);
+                println!(
+                    "{metric:>11} {m:>8}: kernels {kk:8.3} ms ({:5.1}% of FP32 floor), search {w:8.3} ms (wall)",
+                    100.0 * floor_ms / kk
+                );
+            }
+        }
+    }
+}

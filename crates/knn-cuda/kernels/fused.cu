@@ -1,0 +1,265 @@
+// Fused method: a 128 x 128 (queries x base points) key tile per step, computed with 8 x 8
+// register tiles per thread (256 threads), then folded into each query's running top-W list in
+// shared memory, so the n_q x n_b key matrix never reaches device memory.
+//
+// Layouts: Q is nq x d and B is nb x d, row-major, d innermost. Keys:
+//   SqL2   ‖q‖² + ‖b‖² − 2 q·b    (GEMM form, f32, fmaf)
+//   NegDot −q·b
+//   L1     Σ|qᵢ − bᵢ|             (direct)
+//   Linf   max|qᵢ − bᵢ|           (direct)
+
+#define BQ 128        // queries per block tile
+#define BB 128        // base points per block tile
+#define KC 16         // coordinates staged per step
+#define SPAD 132      // staging row stride (floats): conflict-light stores, 16-byte aligned rows
+#define TSTRIDE 129   // key tile row stride (floats)
+#define THREADS 256
+
+template <int KERNEL>
+__device__ __forceinline__ float op(float acc, float a, float b) {
+    if (KERNEL == KERNEL_SQL2 || KERNEL == KERNEL_NEGDOT) return fmaf(a, b, acc);
+    if (KERNEL == KERNEL_L1) return acc + fabsf(a - b);
+    return fmaxf(acc, fabsf(a - b));
+}
+
+// Loads this thread's 8 staged values of rows [r0, r0+128) x coordinates [k0, k0+16) (zero
+// outside the matrix): element e = tid + 256*i is row e/16, coordinate e%16.
+__device__ __forceinline__ void load_stage(const float* __restrict__ X, long long rows, long long r0,
+                                           int d, int k0, float v[8]) {
+    int tid = threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int e = tid + THREADS * i;
+        int r = e >> 4, k = e & 15;
+        long long row = r0 + r;
+        int col = k0 + k;
+        v[i] = (row < rows && col < d) ? X[row * (long long)d + col] : 0.f;
+    }
+}
+
+__device__ __forceinline__ void store_stage(float* S, const float v[8]) {
+    int tid = threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int e = tid + THREADS * i;
+        S[(e & 15) * SPAD + (e >> 4)] = v[i];
+    }
+}
+
+// acc[i][j] = kernel accumulation of query row (ty*4 + i%4 + 64*(i/4)) against base row
+// (tx*4 + j%4 + 64*(j/4)) of the tile. `work` holds 2*KC*SPAD floats.
+template <int KERNEL>
+__device__ __forceinline__ void tile_compute(const float* __restrict__ Q, long long nq, long long q0,
+                                             const float* __restrict__ B, long long nb, long long b0,
+                                             int d, float* work, float acc[8][8]) {
+    float* As = work;
+    float* Bs = work + KC * SPAD;
+    int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[i][j] = 0.f;
+    float va[8], vb[8];
+    load_stage(Q, nq, q0, d, 0, va);
+    load_stage(B, nb, b0, d, 0, vb);
+    for (int k0 = 0; k0 < d; k0 += KC) {
+        __syncthreads();
+        store_stage(As, va);
+        store_stage(Bs, vb);
+        __syncthreads();
+        if (k0 + KC < d) {
+            load_stage(Q, nq, q0, d, k0 + KC, va);
+            load_stage(B, nb, b0, d, k0 + KC, vb);
+        }
+#pragma unroll
+        for (int kk = 0; kk < KC; kk++) {
+            float4 a0 = *(const float4*)&As[kk * SPAD + ty * 4];
+            float4 a1 = *(const float4*)&As[kk * SPAD + 64 + ty * 4];
+            float4 c0 = *(const float4*)&Bs[kk * SPAD + tx * 4];
+            float4 c1 = *(const float4*)&Bs[kk * SPAD + 64 + tx * 4];
+            float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            float b[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[i][j] = op<KERNEL>(acc[i][j], a[i], b[j]);
+        }
+    }
+}
+
+__device__ __forceinline__ int tile_row(int ty, int i) { return ty * 4 + (i & 3) + 64 * (i >> 2); }
+
+template <int KERNEL>
+__device__ __forceinline__ float finish_key(float acc, float qn, float bn) {
+    if (KERNEL == KERNEL_SQL2) return fmaf(-2.f, acc, qn + bn);
+    if (KERNEL == KERNEL_NEGDOT) return -acc;
+    return acc;
+}
+
+// Inserts composite cv (cv < current W-th entry) into a warp's sorted list held as e[s] at list
+// index s*32 + lane; entries at index >= W stay SENTINEL.
+template <int S>
+__device__ __forceinline__ void warp_insert(u64 e[S], u64 cv, int W, int lane) {
+    int pos = 0;
+#pragma unroll
+    for (int s = 0; s < S; s++) pos += __popc(__ballot_sync(0xffffffffu, e[s] < cv));
+    u64 prev[S];
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        u64 up = __shfl_up_sync(0xffffffffu, e[s], 1);
+        u64 wrap = (s > 0) ? __shfl_sync(0xffffffffu, e[s > 0 ? s - 1 : 0], 31) : SENTINEL;
+        prev[s] = (lane == 0) ? wrap : up;
+    }
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        int idx = s * 32 + lane;
+        u64 nv = idx < pos ? e[s] : (idx == pos ? cv : prev[s]);
+        e[s] = idx < W ? nv : SENTINEL;
+    }
+}
+
+template <int S>
+__device__ __forceinline__ u64 warp_kth(const u64 e[S], int W) {
+    int t = W - 1;
+    u64 v = e[0];
+#pragma unroll
+    for (int s = 1; s < S; s++)
+        if ((t >> 5) == s) v = e[s];
+    return __shfl_sync(0xffffffffu, v, t & 31);
+}
+
+// One block: BQ queries x one split of the base ([split*split_len, +split_len) of this chunk).
+// Writes the split's top-W composites to out[(q * gridDim.y + split) * W + i].
+// Base ids are id_base + local row. exclude (may be null) is indexed by local query row.
+// Dynamic shared memory: BQ*32*S u64 lists, then max(2*KC*SPAD, BQ*TSTRIDE) floats.
+template <int KERNEL, int S>
+__device__ void fused_topk(const float* __restrict__ Q, const float* __restrict__ qn, long long nq,
+                           const float* __restrict__ B, const float* __restrict__ bn, long long nb,
+                           u32 id_base, int d, const u32* __restrict__ exclude, int W,
+                           long long split_len, u64* __restrict__ out) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    u64* lists = (u64*)smem;
+    float* work = (float*)(lists + BQ * 32 * S);
+    const int LW = 32 * S;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int ty = tid >> 4, tx = tid & 15;
+    long long q0 = (long long)blockIdx.x * BQ;
+    long long s0 = (long long)blockIdx.y * split_len;
+    long long s1 = min(s0 + split_len, nb);
+    for (int i = tid; i < BQ * LW; i += THREADS) lists[i] = SENTINEL;
+
+    for (long long b0 = s0; b0 < s1; b0 += BB) {
+        float acc[8][8];
+        tile_compute<KERNEL>(Q, nq, q0, B, s1, b0, d, work, acc);
+        float qv[8], bv[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            long long q = q0 + tile_row(ty, i), b = b0 + tile_row(tx, i);
+            qv[i] = (KERNEL == KERNEL_SQL2 && q < nq) ? qn[q] : 0.f;
+            bv[i] = (KERNEL == KERNEL_SQL2 && b < s1) ? bn[b] : 0.f;
+        }
+        __syncthreads();  // staging area becomes the key tile
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                work[tile_row(ty, i) * TSTRIDE + tile_row(tx, j)] =
+                    finish_key<KERNEL>(acc[i][j], qv[i], bv[j]);
+        __syncthreads();
+        int ncols = (int)min((long long)BB, s1 - b0);
+        for (int r = warp; r < BQ; r += THREADS / 32) {
+            long long q = q0 + r;
+            if (q >= nq) break;
+            u32 skip = exclude ? exclude[q] : NO_ID;
+            u64 e[S];
+#pragma unroll
+            for (int s = 0; s < S; s++) e[s] = lists[r * LW + s * 32 + lane];
+            u64 thr = warp_kth<S>(e, W);
+            bool changed = false;
+#pragma unroll
+            for (int j = 0; j < BB / 32; j++) {
+                int c = j * 32 + lane;
+                u32 id = id_base + (u32)(b0 + c);
+                u64 cv = SENTINEL;
+                if (c < ncols && id != skip) cv = composite(work[r * TSTRIDE + c], id);
+                unsigned mask = __ballot_sync(0xffffffffu, cv < thr);
+                while (mask) {
+                    int src = __ffs(mask) - 1;
+                    u64 v = __shfl_sync(0xffffffffu, cv, src);
+                    warp_insert<S>(e, v, W, lane);
+                    thr = warp_kth<S>(e, W);
+                    changed = true;
+                    mask &= ~(1u << src);
+                    mask &= __ballot_sync(0xffffffffu, cv < thr);
+                }
+            }
+            if (changed) {
+#pragma unroll
+                for (int s = 0; s < S; s++) lists[r * LW + s * 32 + lane] = e[s];
+            }
+        }
+        __syncthreads();  // the key tile becomes staging again
+    }
+    for (int r = warp; r < BQ; r += THREADS / 32) {
+        long long q = q0 + r;
+        if (q >= nq) break;
+        u64* o = out + (q * gridDim.y + blockIdx.y) * (long long)W;
+        for (int i = lane; i < W; i += 32) o[i] = lists[r * LW + i];
+    }
+}
+
+#define FUSED(NAME, K, S)                                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                    \
+        const float* __restrict__ Q, const float* __restrict__ qn, long long nq,                   \
+        const float* __restrict__ B, const float* __restrict__ bn, long long nb, u32 id_base,      \
+        int d, const u32* __restrict__ exclude, int W, long long split_len, u64* __restrict__ out) { \
+        fused_topk<K, S>(Q, qn, nq, B, bn, nb, id_base, d, exclude, W, split_len, out);            \
+    }
+FUSED(fused_sql2_w32, KERNEL_SQL2, 1)
+FUSED(fused_sql2_w64, KERNEL_SQL2, 2)
+FUSED(fused_sql2_w128, KERNEL_SQL2, 4)
+FUSED(fused_negdot_w32, KERNEL_NEGDOT, 1)
+FUSED(fused_negdot_w64, KERNEL_NEGDOT, 2)
+FUSED(fused_negdot_w128, KERNEL_NEGDOT, 4)
+FUSED(fused_l1_w32, KERNEL_L1, 1)
+FUSED(fused_l1_w64, KERNEL_L1, 2)
+FUSED(fused_l1_w128, KERNEL_L1, 4)
+FUSED(fused_linf_w32, KERNEL_LINF, 1)
+FUSED(fused_linf_w64, KERNEL_LINF, 2)
+FUSED(fused_linf_w128, KERNEL_LINF, 4)
+
+// Key tile to global memory (the large-width path): keys[q * ld + b] for the nq x nb block.
+// Grid: (ceil(nq/BQ), ceil(nb/BB)); shared memory 2*KC*SPAD floats.
+template <int KERNEL>
+__device__ void tile_keys(const float* __restrict__ Q, const float* __restrict__ qn, long long nq,
+                          const float* __restrict__ B, const float* __restrict__ bn, long long nb,
+                          int d, long long ld, float* __restrict__ keys) {
+    __shared__ __align__(16) float work[2 * KC * SPAD];
+    int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
+    long long q0 = (long long)blockIdx.x * BQ, b0 = (long long)blockIdx.y * BB;
+    float acc[8][8];
+    tile_compute<KERNEL>(Q, nq, q0, B, nb, b0, d, work, acc);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        long long q = q0 + tile_row(ty, i);
+        if (q >= nq) continue;
+        float qv = KERNEL == KERNEL_SQL2 ? qn[q] : 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            long long b = b0 + tile_row(tx, j);
+            if (b < nb) keys[q * ld + b] = finish_key<KERNEL>(acc[i][j], qv, KERNEL == KERNEL_SQL2 ? bn[b] : 0.f);
+        }
+    }
+}
+
+#define TILE(NAME, K)                                                                              \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                    \
+        const float* __restrict__ Q, const float* __restrict__ qn, long long nq,                   \
+        const float* __restrict__ B, const float* __restrict__ bn, long long nb, int d,            \
+        long long ld, float* __restrict__ keys) {                                                  \
+        tile_keys<K>(Q, qn, nq, B, bn, nb, d, ld, keys);                                           \
+    }
+TILE(tile_sql2, KERNEL_SQL2)
+TILE(tile_negdot, KERNEL_NEGDOT)
+TILE(tile_l1, KERNEL_L1)
+TILE(tile_linf, KERNEL_LINF)

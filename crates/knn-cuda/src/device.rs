@@ -1,0 +1,385 @@
+//! Device state: context, stream, the NVRTC-compiled module (cached on disk) and its functions.
+
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError,
+};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+use knn_core::{KnnError, Result};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The kernel sources, concatenated in this order into one NVRTC program.
+const SOURCES: [&str; 4] = [
+    include_str!("../kernels/common.cuh"),
+    include_str!("../kernels/fused.cu"),
+    include_str!("../kernels/select.cu"),
+    include_str!("../kernels/baseline.cu"),
+];
+
+/// What `knn info` shows for one CUDA device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// CUDA ordinal.
+    pub ordinal: usize,
+    /// Marketing name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+    /// Total device memory in bytes.
+    pub total_memory: u64,
+    /// Compute capability (major, minor).
+    pub compute_capability: (u32, u32),
+    /// Streaming multiprocessors.
+    pub multiprocessors: u32,
+}
+
+/// `true` when the driver library loads and reports at least one device. Never panics.
+pub(crate) fn driver_device_count() -> usize {
+    std::panic::catch_unwind(|| {
+        // SAFETY: only probes whether the shared library can be opened.
+        if !unsafe { sys::is_culib_present() } {
+            return 0;
+        }
+        CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
+    })
+    .unwrap_or(0)
+}
+
+/// Every CUDA device with its name, memory and compute capability (empty without a driver).
+pub fn devices() -> Vec<DeviceInfo> {
+    (0..driver_device_count())
+        .filter_map(|i| {
+            std::panic::catch_unwind(|| {
+                let ctx = CudaContext::new(i).ok()?;
+                let (major, minor) = ctx.compute_capability().ok()?;
+                Some(DeviceInfo {
+                    ordinal: i,
+                    name: ctx.name().ok()?,
+                    total_memory: ctx.total_mem().ok()? as u64,
+                    compute_capability: (major as u32, minor as u32),
+                    multiprocessors: ctx
+                        .attribute(
+                            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                        )
+                        .ok()? as u32,
+                })
+            })
+            .ok()
+            .flatten()
+        })
+        .collect()
+}
+
+/// Maps a driver error to the library's error (out-of-memory kept recognisable).
+pub(crate) fn dev_err(what: &str) -> impl Fn(DriverError) -> KnnError + '_ {
+    move |e| KnnError::Device(format!("{what}: {e}"))
+}
+
+/// `true` when a driver error is an allocation failure.
+pub(crate) fn is_oom(e: &KnnError) -> bool {
+    matches!(e, KnnError::Device(m) if m.contains("CUDA_ERROR_OUT_OF_MEMORY"))
+}
+
+/// One device, ready to launch: context, one stream, all kernels.
+pub(crate) struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub name: String,
+    pub sm_count: usize,
+    pub max_smem_optin: usize,
+    functions: HashMap<String, CudaFunction>,
+    _module: Arc<CudaModule>,
+    pub blas: Option<cudarc::cublas::CudaBlas>,
+}
+
+impl Gpu {
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let count = driver_device_count();
+        if count == 0 {
+            return Err(KnnError::Device(
+                "no usable CUDA device (the driver library libcuda could not be loaded or reports no GPU)".into(),
+            ));
+        }
+        if ordinal >= count {
+            return Err(KnnError::Device(format!(
+                "CUDA device {ordinal} does not exist ({count} found)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(dev_err("creating the CUDA context"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(dev_err("compute capability"))?;
+        let attr = |a| ctx.attribute(a).map_err(dev_err("device attribute"));
+        let sm_count =
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let max_smem_optin =
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+                as usize;
+        let name = ctx.name().map_err(dev_err("device name"))?;
+        let ptx = compiled_ptx(major, minor)?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(dev_err("loading the kernels"))?;
+        let stream = ctx.default_stream();
+        let mut functions = HashMap::new();
+        for src in SOURCES {
+            for name in kernel_names(src) {
+                let f = module
+                    .load_function(&name)
+                    .map_err(dev_err("loading a kernel"))?;
+                functions.insert(name, f);
+            }
+        }
+        Ok(Self {
+            ctx,
+            stream,
+            name,
+            sm_count,
+            max_smem_optin,
+            functions,
+            _module: module,
+            blas: None,
+        })
+    }
+
+    pub fn func(&self, name: &str) -> Result<&CudaFunction> {
+        self.functions
+            .get(name)
+            .ok_or_else(|| KnnError::Device(format!("kernel {name} missing from the module")))
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.ctx.mem_get_info().map_err(dev_err("memory info"))
+    }
+
+    /// Allocates `len` elements (contents undefined).
+    pub fn alloc<T: cudarc::driver::DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
+        // SAFETY: every buffer is written by a copy or a kernel before it is read.
+        unsafe { self.stream.alloc::<T>(len.max(1)) }.map_err(dev_err("allocating device memory"))
+    }
+
+    pub fn upload<T: cudarc::driver::DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
+        if data.is_empty() {
+            return self.alloc(1);
+        }
+        self.stream
+            .clone_htod(data)
+            .map_err(dev_err("copying to the device"))
+    }
+
+    pub fn download<T: cudarc::driver::DeviceRepr + Default + Clone>(
+        &self,
+        src: &CudaSlice<T>,
+        len: usize,
+    ) -> Result<Vec<T>> {
+        let mut out = vec![T::default(); len];
+        if len > 0 {
+            self.stream
+                .memcpy_dtoh(&src.slice(0..len), &mut out)
+                .map_err(dev_err("copying from the device"))?;
+        }
+        Ok(out)
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(dev_err("kernel execution"))
+    }
+
+    /// The raw device address of a buffer (kernel arguments that may also be null).
+    pub fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        let (p, _sync) = s.device_ptr(&self.stream);
+        p
+    }
+
+    /// Fills `n` u64 words at `p` with `v` (sentinels; 0xFF.. poisons outputs).
+    pub fn fill_u64(&self, p: u64, n: usize, v: u64) -> Result<()> {
+        use cudarc::driver::{LaunchConfig, PushKernelArg};
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.func("fill_u64")?;
+        let n64 = n as i64;
+        let blocks = n.div_ceil(256).min(65535) as u32;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&p).arg(&n64).arg(&v);
+        // SAFETY: p points to at least n u64 words (callers pass their own buffers).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(dev_err("fill"))?;
+        Ok(())
+    }
+
+    /// Squared norms of `rows` rows of dimension `d` at `x`, into `out`.
+    pub fn sq_norms(&self, x: u64, rows: usize, d: usize, out: u64) -> Result<()> {
+        use cudarc::driver::{LaunchConfig, PushKernelArg};
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.func("sq_norms")?;
+        let (r, dd) = (rows as i64, d as i32);
+        let blocks = (rows * 32).div_ceil(256) as u32;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&x).arg(&r).arg(&dd).arg(&out);
+        // SAFETY: x holds rows*d floats and out rows floats.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(dev_err("sq_norms"))?;
+        Ok(())
+    }
+}
+
+/// `extern "C" __global__ void NAME(` and `FUSED(NAME,` / `TILE(NAME,` / `DIST(NAME,` entries.
+fn kernel_names(src: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in src.lines() {
+        let l = line.trim_start();
+        for mac in ["FUSED(", "TILE(", "DIST("] {
+            if let Some(rest) = l.strip_prefix(mac) {
+                if let Some(n) = rest.split(',').next() {
+                    if n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !n.is_empty() {
+                        names.push(n.to_string());
+                    }
+                }
+            }
+        }
+    }
+    let joined = src.replace('\n', " ");
+    let mut rest = joined.as_str();
+    while let Some(i) = rest.find("extern \"C\" __global__ void") {
+        rest = &rest[i + "extern \"C\" __global__ void".len()..];
+        let name: String = rest
+            .trim_start()
+            .trim_start_matches("__launch_bounds__(SEL_THREADS)")
+            .trim_start_matches("__launch_bounds__(THREADS)")
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if !name.is_empty() && name != "NAME" {
+            names.push(name);
+        }
+    }
+    names
+}
+
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
+        return Some(PathBuf::from(x).join("knn"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("knn"))
+}
+
+fn nvrtc_version() -> Result<(i32, i32)> {
+    let r = std::panic::catch_unwind(|| {
+        // SAFETY: probes the library, then calls a function with two valid out-pointers.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return None;
+        }
+        let (mut a, mut b) = (0, 0);
+        unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut a, &mut b) };
+        Some((a, b))
+    });
+    match r {
+        Ok(Some(v)) => Ok(v),
+        _ => Err(KnnError::Device(
+            "NVRTC (libnvrtc.so, from the CUDA toolkit 12.x or 13.x) could not be loaded; it compiles the GPU kernels".into(),
+        )),
+    }
+}
+
+/// The PTX of all kernels for compute capability `major.minor`, from the disk cache or NVRTC.
+fn compiled_ptx(major: i32, minor: i32) -> Result<Ptx> {
+    let (vmaj, vmin) = nvrtc_version()?;
+    let arch = format!("sm_{major}{minor}");
+    let src: String = SOURCES.concat();
+    let key = fnv1a(&[
+        src.as_bytes(),
+        arch.as_bytes(),
+        format!("{vmaj}.{vmin}").as_bytes(),
+    ]);
+    let file = cache_dir().map(|d| d.join(format!("kernels-{arch}-{key:016x}.ptx")));
+    if let Some(f) = &file {
+        if let Ok(text) = std::fs::read_to_string(f) {
+            if text.contains(".entry") {
+                return Ok(Ptx::from_src(text));
+            }
+        }
+    }
+    let opts = CompileOptions {
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "--std=c++17".into(),
+            "-lineinfo".into(),
+        ],
+        ..Default::default()
+    };
+    let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(&src, opts))
+        .map_err(|_| KnnError::Device("NVRTC panicked while compiling the kernels".into()))?
+        .map_err(|e| match e {
+            cudarc::nvrtc::CompileError::CompileError { log, .. } => KnnError::Device(format!(
+                "NVRTC failed to compile the kernels for {arch}:\n{}",
+                log.to_string_lossy()
+            )),
+            other => KnnError::Device(format!("NVRTC: {other}")),
+        })?;
+    if let Some(f) = &file {
+        // A cache write failure only costs a recompile next time.
+        if let Some(dir) = f.parent() {
+            let _ = std::fs::create_dir_all(dir);
+            let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+            if std::fs::write(&tmp, ptx.to_src()).is_ok() {
+                let _ = std::fs::rename(&tmp, f);
+            }
+        }
+    }
+    Ok(ptx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_every_kernel_name() {
+        let names: Vec<String> = SOURCES.iter().flat_map(|s| kernel_names(s)).collect();
+        for n in [
+            "sq_norms",
+            "fill_u64",
+            "fused_sql2_w32",
+            "fused_linf_w128",
+            "tile_l1",
+            "select_topk",
+            "dist_texture_linf",
+            "add_norms",
+            "modified_insertion_sort",
+        ] {
+            assert!(names.iter().any(|x| x == n), "{n} not found in {names:?}");
+        }
+        assert!(!names.iter().any(|x| x == "NAME"));
+    }
+}

@@ -1,0 +1,78 @@
+//! Floors: proven lower bounds on the exact key of every base point an engine left out.
+//!
+//! Every method computes keys in IEEE f32 (fused multiply-adds, any summation order), so for a
+//! pair (q, b) the computed key k̂ and the exact key k satisfy
+//! - squared L2, GEMM form `(‖q‖² + ‖b‖²) − 2 q·b`: |k̂ − k| ≤ γ (‖q‖ + ‖b‖)²,
+//! - negated inner product: |k̂ − k| ≤ γ ‖q‖ ‖b‖,
+//! - L1 / L∞ (sums / maxima of non-negative terms): |k̂ − k| ≤ γ k̂,
+//!
+//! with γ = (d+8)u / (1 − (d+8)u), u = 2⁻²⁴ ([`knn_core::Kernel::error_bound`], which the CPU
+//! engine uses too). A point left out has a computed key at least the W-th returned one, so
+//! `floor = k̂_W − bound(‖q‖, max‖b‖, k̂_W)` bounds its exact key from below.
+//!
+//! (For reduced-precision tensor-core inputs the dot product error would grow to
+//! (2u_in + u_in² + γ_d)·Σ|qᵢbᵢ| ≤ that·‖q‖‖b‖ with u_in = 2⁻¹¹ for TF32 and 2⁻⁸ for BF16;
+//! the FP32 kernels of this crate do not round their inputs.)
+
+use knn_core::{CandidateRequest, Kernel, MatrixRef};
+use rayon::prelude::*;
+
+/// Unit roundoff of f32.
+pub const F32_UNIT: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// Largest Euclidean norm of the rows (in f64, rounded up), for the GEMM-form bounds.
+pub fn max_norm(m: MatrixRef<'_>) -> f32 {
+    let mx = (0..m.rows())
+        .into_par_iter()
+        .map(|i| {
+            m.row(i)
+                .iter()
+                .map(|&v| (v as f64) * (v as f64))
+                .sum::<f64>()
+        })
+        .reduce(|| 0.0, f64::max)
+        .sqrt();
+    (mx * (1.0 + 1e-6)) as f32
+}
+
+fn norm(x: &[f32]) -> f32 {
+    let s: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    (s.sqrt() * (1.0 + 1e-6)) as f32
+}
+
+/// The largest f32 not above `x`, so that a floor stays a floor after rounding.
+fn round_down(x: f64) -> f32 {
+    let f = x as f32;
+    if (f as f64) > x {
+        f.next_down()
+    } else {
+        f
+    }
+}
+
+/// Per-row floors for rows of `width` sorted keys computed in f32 arithmetic.
+pub fn floors(req: &CandidateRequest<'_>, keys: &[f32], bn_max: f32) -> Vec<f32> {
+    let w = req.width;
+    let d = req.base.dim();
+    let nq = req.queries.rows();
+    if w >= req.available() {
+        return vec![f32::INFINITY; nq];
+    }
+    (0..nq)
+        .into_par_iter()
+        .map(|i| {
+            let kth = keys[i * w + w - 1];
+            let qn = match req.kernel {
+                Kernel::SqL2 | Kernel::NegDot => norm(req.queries.row(i)),
+                _ => 0.0,
+            };
+            let bound = req.kernel.error_bound(d, qn, bn_max, kth, F32_UNIT, 0.0);
+            let f = round_down(kth as f64 - bound as f64);
+            if f.is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                f
+            }
+        })
+        .collect()
+}

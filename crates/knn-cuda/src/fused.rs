@@ -1,0 +1,326 @@
+//! Host side of the fused method: tiles of queries and base points under a memory budget,
+//! on-chip top-W for W ≤ 128 ([`SMALL_WIDTH_MAX`]), device key tiles + radix select beyond.
+
+use crate::device::{dev_err, Gpu};
+use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
+use knn_core::{CandidateRequest, Kernel, KnnError, Result};
+
+/// Queries per block tile of the fused kernels (`BQ` in `kernels/fused.cu`).
+pub const QUERY_TILE: usize = 128;
+/// Base points per block tile (`BB`).
+pub const BASE_TILE: usize = 128;
+/// Widest list kept on chip.
+pub const SMALL_WIDTH_MAX: usize = 128;
+/// Widest list the radix select sorts in shared memory.
+pub const SELECT_WIDTH_MAX: usize = 8192;
+/// Key columns per select step on the large-width path.
+const KEY_BLOCK: usize = 32768;
+const SENTINEL: u64 = u64::MAX;
+
+fn kernel_tag(k: Kernel) -> &'static str {
+    match k {
+        Kernel::SqL2 => "sql2",
+        Kernel::NegDot => "negdot",
+        Kernel::L1 => "l1",
+        Kernel::Linf => "linf",
+    }
+}
+
+/// Decodes a composite (orderable key bits, id) into (key, id).
+pub(crate) fn decode(c: u64) -> (f32, u32) {
+    let ord = (c >> 32) as u32;
+    let bits = if ord & 0x8000_0000 != 0 {
+        ord ^ 0x8000_0000
+    } else {
+        !ord
+    };
+    (f32::from_bits(bits), c as u32)
+}
+
+struct Lists {
+    buf: CudaSlice<u64>,
+}
+
+/// Runs the fused method; returns `nq × W` composites, rows sorted.
+/// Also returns the device time of the kernels (CUDA events), when it could be measured.
+pub(crate) fn run(
+    gpu: &Gpu,
+    req: &CandidateRequest<'_>,
+    budget: usize,
+) -> Result<(Vec<u64>, Option<f32>)> {
+    let (nq, nb, d, w) = (
+        req.queries.rows(),
+        req.base.rows(),
+        req.base.dim(),
+        req.width,
+    );
+    let small = w <= SMALL_WIDTH_MAX;
+    let slots = if w <= 32 {
+        1
+    } else if w <= 64 {
+        2
+    } else {
+        4
+    };
+    // Base: resident when it takes at most half the budget, else streamed in chunks.
+    let row_bytes = (d + 1) * 4;
+    let bc = if nb * row_bytes <= budget / 2 {
+        nb
+    } else {
+        ((budget / 2 / row_bytes) / BASE_TILE * BASE_TILE).max(BASE_TILE)
+    };
+    let base_bytes = bc * row_bytes;
+    let rest = budget.saturating_sub(base_bytes).max(1 << 20);
+    let nsplit_max = (2 * gpu.sm_count).max(1);
+    let per_query = d * 4
+        + 8
+        + 2 * w * 8
+        + if small {
+            nsplit_max.min(nb.div_ceil(BASE_TILE)) * w * 8
+        } else {
+            KEY_BLOCK.min(bc) * 4
+        };
+    let qc = (rest / per_query).clamp(1, nq.max(1));
+    let qc = if qc >= QUERY_TILE {
+        qc / QUERY_TILE * QUERY_TILE
+    } else {
+        qc
+    };
+
+    let resident = if bc == nb {
+        Some(upload_base(gpu, req, 0, nb)?)
+    } else {
+        None
+    };
+    let mut out = vec![SENTINEL; nq * w];
+    let mut kernel_ms = Some(0.0f32);
+    for qs in (0..nq).step_by(qc) {
+        let qe = (qs + qc).min(nq);
+        let n = qe - qs;
+        let q = gpu.upload(&req.queries.as_slice()[qs * d..qe * d])?;
+        let qn = gpu.alloc::<f32>(n)?;
+        gpu.sq_norms(gpu.ptr(&q), n, d, gpu.ptr(&qn))?;
+        let excl = match req.exclude {
+            Some(e) => Some(gpu.upload(&e[qs..qe])?),
+            None => None,
+        };
+        let excl_ptr = excl.as_ref().map_or(0, |e| gpu.ptr(e));
+        let mut running: Option<Lists> = None;
+        let t0 = gpu
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .ok();
+        if let Some(e) = &t0 {
+            e.record(&gpu.stream).map_err(dev_err("event"))?;
+        }
+        for bs in (0..nb).step_by(bc) {
+            let be = (bs + bc).min(nb);
+            let chunk;
+            let (b, bn) = match &resident {
+                Some((b, bn)) => (b, bn),
+                None => {
+                    chunk = upload_base(gpu, req, bs, be)?;
+                    (&chunk.0, &chunk.1)
+                }
+            };
+            let bl = be - bs;
+            if small {
+                let qblocks = n.div_ceil(QUERY_TILE);
+                let tiles = bl.div_ceil(BASE_TILE);
+                let want = (2 * gpu.sm_count).div_ceil(qblocks).clamp(1, tiles);
+                let split_len = tiles.div_ceil(want) * BASE_TILE;
+                let nsplit = bl.div_ceil(split_len);
+                let partial = gpu.alloc::<u64>(n * nsplit * w)?;
+                gpu.fill_u64(gpu.ptr(&partial), n * nsplit * w, SENTINEL)?;
+                let name = format!("fused_{}_w{}", kernel_tag(req.kernel), 32 * slots);
+                let f = gpu.func(&name)?;
+                let smem = QUERY_TILE * 32 * slots * 8 + 66048;
+                if smem > gpu.max_smem_optin {
+                    return Err(KnnError::Device(format!(
+                        "{name} needs {smem} bytes of shared memory, the device allows {}",
+                        gpu.max_smem_optin
+                    )));
+                }
+                f.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+                .map_err(dev_err("shared memory limit"))?;
+                let (pq, pqn, pb, pbn, pp) = (
+                    gpu.ptr(&q),
+                    gpu.ptr(&qn),
+                    gpu.ptr(b),
+                    gpu.ptr(bn),
+                    gpu.ptr(&partial),
+                );
+                let (nq64, nb64, id0, dd, ww, sl) = (
+                    n as i64,
+                    bl as i64,
+                    bs as u32,
+                    d as i32,
+                    w as i32,
+                    split_len as i64,
+                );
+                let mut l = gpu.stream.launch_builder(f);
+                l.arg(&pq)
+                    .arg(&pqn)
+                    .arg(&nq64)
+                    .arg(&pb)
+                    .arg(&pbn)
+                    .arg(&nb64)
+                    .arg(&id0)
+                    .arg(&dd)
+                    .arg(&excl_ptr)
+                    .arg(&ww)
+                    .arg(&sl)
+                    .arg(&pp);
+                // SAFETY: buffers sized as the kernel documents: q n×d, qn n, b bl×d, bn bl,
+                // exclude n (or null), partial n×nsplit×w.
+                unsafe {
+                    l.launch(LaunchConfig {
+                        grid_dim: (qblocks as u32, nsplit as u32, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: smem as u32,
+                    })
+                }
+                .map_err(dev_err(&name))?;
+                let next = select(
+                    gpu,
+                    n,
+                    w,
+                    (gpu.ptr(&partial), nsplit * w),
+                    running.as_ref().map_or((0, 0), |r| (gpu.ptr(&r.buf), w)),
+                    None,
+                )?;
+                gpu.sync()?;
+                running = Some(next);
+            } else {
+                let kb = KEY_BLOCK.min(bl);
+                let keys = gpu.alloc::<f32>(n * kb)?;
+                let name = format!("tile_{}", kernel_tag(req.kernel));
+                let f = gpu.func(&name)?;
+                for ks in (0..bl).step_by(kb) {
+                    let ke = (ks + kb).min(bl);
+                    let kl = ke - ks;
+                    let pb = gpu.ptr(b) + (ks * d * 4) as u64;
+                    let pbn = gpu.ptr(bn) + (ks * 4) as u64;
+                    let (pq, pqn, pk) = (gpu.ptr(&q), gpu.ptr(&qn), gpu.ptr(&keys));
+                    let (nq64, nb64, dd, ld) = (n as i64, kl as i64, d as i32, kl as i64);
+                    let mut l = gpu.stream.launch_builder(f);
+                    l.arg(&pq)
+                        .arg(&pqn)
+                        .arg(&nq64)
+                        .arg(&pb)
+                        .arg(&pbn)
+                        .arg(&nb64)
+                        .arg(&dd)
+                        .arg(&ld)
+                        .arg(&pk);
+                    // SAFETY: keys holds n×kb floats ≥ n×kl; b, bn offset inside the chunk.
+                    unsafe {
+                        l.launch(LaunchConfig {
+                            grid_dim: (
+                                n.div_ceil(QUERY_TILE) as u32,
+                                kl.div_ceil(BASE_TILE) as u32,
+                                1,
+                            ),
+                            block_dim: (256, 1, 1),
+                            shared_mem_bytes: 0,
+                        })
+                    }
+                    .map_err(dev_err(&name))?;
+                    let next = select(
+                        gpu,
+                        n,
+                        w,
+                        running.as_ref().map_or((0, 0), |r| (gpu.ptr(&r.buf), w)),
+                        (0, 0),
+                        Some((pk, kl, kl, (bs + ks) as u32, excl_ptr)),
+                    )?;
+                    gpu.sync()?;
+                    running = Some(next);
+                }
+            }
+        }
+        if let (Some(t0), Some(t1)) = (
+            &t0,
+            gpu.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .ok(),
+        ) {
+            t1.record(&gpu.stream).map_err(dev_err("event"))?;
+            t1.synchronize().map_err(dev_err("event"))?;
+            kernel_ms = kernel_ms.zip(t0.elapsed_ms(&t1).ok()).map(|(a, b)| a + b);
+        } else {
+            kernel_ms = None;
+        }
+        let r = running.expect("the base is not empty");
+        let host = gpu.download(&r.buf, n * w)?;
+        out[qs * w..qe * w].copy_from_slice(&host);
+    }
+    Ok((out, kernel_ms))
+}
+
+fn upload_base(
+    gpu: &Gpu,
+    req: &CandidateRequest<'_>,
+    bs: usize,
+    be: usize,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+    let d = req.base.dim();
+    let b = gpu.upload(&req.base.as_slice()[bs * d..be * d])?;
+    let bn = gpu.alloc::<f32>(be - bs)?;
+    gpu.sq_norms(gpu.ptr(&b), be - bs, d, gpu.ptr(&bn))?;
+    Ok((b, bn))
+}
+
+/// Launches `select_topk` for `n` rows: union of two composite lists (pointer, per-row count)
+/// and optionally a key block (pointer, columns, row stride, first id, exclude pointer).
+fn select(
+    gpu: &Gpu,
+    n: usize,
+    w: usize,
+    a: (u64, usize),
+    b: (u64, usize),
+    keys: Option<(u64, usize, usize, u32, u64)>,
+) -> Result<Lists> {
+    let out = gpu.alloc::<u64>(n * w)?;
+    // Poison: an unwritten slot decodes to an invalid id and is caught on the host.
+    gpu.fill_u64(gpu.ptr(&out), n * w, SENTINEL)?;
+    let p = w.next_power_of_two();
+    let smem = p * 8;
+    let f = gpu.func("select_topk")?;
+    f.set_attribute(
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .map_err(dev_err("shared memory limit"))?;
+    let (pk, nk, ld, id0, px) = keys.unwrap_or((0, 0, 0, 0, 0));
+    let (ma, mb, nk32, ld64, ww, pp) = (
+        a.1 as i32, b.1 as i32, nk as i32, ld as i64, w as i32, p as i32,
+    );
+    let po = gpu.ptr(&out);
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&a.0)
+        .arg(&ma)
+        .arg(&b.0)
+        .arg(&mb)
+        .arg(&pk)
+        .arg(&ld64)
+        .arg(&nk32)
+        .arg(&id0)
+        .arg(&px)
+        .arg(&ww)
+        .arg(&pp)
+        .arg(&po);
+    // SAFETY: lists hold n rows of ma / mb composites, keys n rows of stride ld, out n×w.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid_dim: (n as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: smem as u32,
+        })
+    }
+    .map_err(dev_err("select_topk"))?;
+    Ok(Lists { buf: out })
+}

@@ -1,0 +1,30 @@
+//! # knn-cuda
+//!
+//! The CUDA engine of `knn`. The driver, NVRTC and cuBLAS are loaded at run time, so this crate
+//! builds without a CUDA toolkit and the same binary runs on machines without a GPU
+//! ([`CudaEngine::available`] is then `false` and [`CudaEngine::new`] a clear error).
+//!
+//! Kernels are `.cu` files under `kernels/`, embedded in the binary, compiled by NVRTC for the
+//! device's own architecture on first use and cached on disk (`$XDG_CACHE_HOME/knn` or
+//! `~/.cache/knn`; key: source hash, architecture, NVRTC version).
+//!
+//! Methods ([`Method`]):
+//! - `fused` (the fast one): 128×128 key tiles from register-tiled FP32 kernels (GEMM form
+//!   `‖q‖²+‖b‖²−2q·b` for squared L2 and inner product, direct for L1/L∞), folded into each
+//!   query's running top-W list in shared memory (W ≤ 128); splits of the base are merged by a
+//!   radix select. For W > 128, key tiles of bounded size go to device memory and a radix select
+//!   keeps a running top-W (any W up to 4096 and beyond).
+//! - `global`, `texture`, `cublas`: the three implementations of seed 000, each followed by the
+//!   seed's modified insertion sort, with queries (and base) split under a memory budget.
+//!
+//! Every method returns, per query, the W smallest computed keys and a floor that is a proven
+//! lower bound on the exact key of every point left out (see [`floor`](crate::floor)).
+
+mod baseline;
+mod device;
+mod engine;
+pub mod floor;
+mod fused;
+
+pub use device::{devices, DeviceInfo};
+pub use engine::{CudaEngine, Method};

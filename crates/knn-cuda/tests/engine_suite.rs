@@ -1,0 +1,189 @@
+//! The shared engine suite on every CUDA method, GPU = CPU under the oracle check, large widths,
+//! and tiling forced by a tiny memory budget. Without a GPU every test prints SKIPPED and passes
+//! (`KNN_REQUIRE_GPU=1` makes that a failure).
+
+use knn_core::synth::{generate, Distribution};
+use knn_core::{check, graph, search, Engine, Matrix, Metric, DEFAULT_TOLERANCE};
+use knn_cuda::{CudaEngine, Method};
+use knn_testkit as kit;
+
+fn engines() -> Vec<CudaEngine> {
+    Method::ALL
+        .iter()
+        .map(|&m| CudaEngine::new(0, m).expect("CUDA engine"))
+        .collect()
+}
+
+fn uniform(n: usize, d: usize, seed: u64) -> Matrix {
+    Matrix::new(
+        "u",
+        generate(Distribution::Uniform { lo: 0.0, hi: 1.0 }, n, d, seed),
+        d,
+    )
+    .unwrap()
+}
+
+/// Tile sizes of the kernels: fused 128 × 128 tiles, baselines 16 × 16.
+const TILES: [usize; 2] = [16, 128];
+
+#[test]
+fn smoke_devices() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "smoke_devices") {
+        return;
+    }
+    let devs = knn_cuda::devices();
+    assert!(!devs.is_empty());
+    eprintln!("{devs:?}");
+    let e = CudaEngine::new(0, Method::Fused).unwrap();
+    let b = uniform(300, 8, 1);
+    let q = uniform(7, 8, 2);
+    let r = search(&e, b.view(), q.view(), 3, &Metric::L2).unwrap();
+    let rep = check(
+        b.view(),
+        Some(q.view()),
+        3,
+        &Metric::L2,
+        &r,
+        DEFAULT_TOLERANCE,
+    )
+    .unwrap();
+    assert!(rep.passed(), "{:?}", rep.first_problem);
+}
+
+#[test]
+fn tile_edges() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "tile_edges") {
+        return;
+    }
+    for e in engines() {
+        kit::check_tile_edges(&e, &TILES);
+    }
+}
+
+#[test]
+fn metrics() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "metrics") {
+        return;
+    }
+    for e in engines() {
+        kit::check_metrics(&e);
+    }
+}
+
+#[test]
+fn adversarial() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "adversarial") {
+        return;
+    }
+    for e in engines() {
+        kit::check_adversarial(&e);
+    }
+}
+
+#[test]
+fn errors() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "errors") {
+        return;
+    }
+    for e in engines() {
+        kit::check_errors(&e);
+    }
+}
+
+fn same_as_cpu(e: &dyn Engine, b: &Matrix, q: Option<&Matrix>, k: usize, metric: &Metric) {
+    let cpu = knn_cpu::CpuEngine::default();
+    let (gr, cr) = match q {
+        Some(q) => (
+            search(e, b.view(), q.view(), k, metric).unwrap(),
+            search(&cpu, b.view(), q.view(), k, metric).unwrap(),
+        ),
+        None => (
+            graph(e, b.view(), k, metric).unwrap(),
+            graph(&cpu, b.view(), k, metric).unwrap(),
+        ),
+    };
+    let rep = check(
+        b.view(),
+        q.map(|q| q.view()),
+        k,
+        metric,
+        &gr,
+        DEFAULT_TOLERANCE,
+    )
+    .unwrap();
+    assert!(
+        rep.passed(),
+        "{} {metric} k={k}: {:?}",
+        e.name(),
+        rep.first_problem
+    );
+    assert_eq!(
+        gr.ids,
+        cr.ids,
+        "{} {metric} k={k}: ids differ from the CPU",
+        e.name()
+    );
+    assert_eq!(gr.distances, cr.distances, "{} {metric} k={k}", e.name());
+}
+
+#[test]
+fn equals_cpu() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "equals_cpu") {
+        return;
+    }
+    let b = uniform(20011, 64, 31);
+    let q = uniform(333, 64, 32);
+    for e in engines() {
+        for metric in [Metric::SqL2, Metric::InnerProduct, Metric::L1, Metric::Linf] {
+            for k in [1, 16, 100] {
+                same_as_cpu(&e, &b, Some(&q), k, &metric);
+            }
+        }
+    }
+    let g = uniform(3001, 24, 33);
+    for e in engines() {
+        same_as_cpu(&e, &g, None, 10, &Metric::L2);
+    }
+}
+
+#[test]
+fn large_widths() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "large_widths") {
+        return;
+    }
+    let b = uniform(9000, 32, 41);
+    let q = uniform(40, 32, 42);
+    let fused = CudaEngine::new(0, Method::Fused).unwrap();
+    let cublas = CudaEngine::new(0, Method::Cublas).unwrap();
+    for k in [129, 1024, 4096] {
+        for metric in [Metric::L2, Metric::L1] {
+            same_as_cpu(&fused, &b, Some(&q), k, &metric);
+        }
+    }
+    same_as_cpu(&cublas, &b, Some(&q), 1024, &Metric::L2);
+    same_as_cpu(&fused, &uniform(5000, 16, 43), None, 4096, &Metric::L2);
+}
+
+#[test]
+fn tiny_budget_tiles_base_and_queries() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "tiny_budget") {
+        return;
+    }
+    let b = uniform(12000, 40, 51);
+    let q = uniform(700, 40, 52);
+    for m in Method::ALL {
+        let e = CudaEngine::new(0, m).unwrap().with_memory_budget(1 << 20);
+        for k in [5, 200] {
+            same_as_cpu(&e, &b, Some(&q), k, &Metric::L2);
+        }
+        same_as_cpu(&e, &uniform(2500, 40, 53), None, 7, &Metric::L1);
+    }
+}
+
+#[test]
+fn method_names_parse() {
+    for m in Method::ALL {
+        assert_eq!(m.name().parse::<Method>().unwrap(), m);
+    }
+    assert!("warp".parse::<Method>().is_err());
+}
