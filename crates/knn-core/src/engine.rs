@@ -18,6 +18,9 @@ pub struct CandidateRequest<'a> {
     pub width: usize,
     /// For self-joins: `exclude[i]` is the base id that query `i` must never return.
     pub exclude: Option<&'a [u32]>,
+    /// `true` on retries: the pipeline asks again, wider, for rows whose floor was too low, and
+    /// an engine with a reduced-precision fast path should use full f32 precision now.
+    pub precise: bool,
 }
 
 impl CandidateRequest<'_> {
@@ -52,4 +55,12 @@ pub trait Engine: Sync {
     fn name(&self) -> String;
     /// Computes the candidate lists.
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates>;
+
+    /// Candidates to ask for on the first try, for `k` neighbours of `available` points: a few
+    /// more than k, so that rounding rarely forces a retry. Engines with coarser arithmetic ask
+    /// for more.
+    fn candidate_width(&self, k: usize, available: usize, kernel: Kernel) -> usize {
+        let _ = kernel;
+        (k + 4 + k / 16).min(available)
+    }
 }

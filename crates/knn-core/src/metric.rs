@@ -60,32 +60,68 @@ impl Kernel {
         matches!(self, Kernel::SqL2 | Kernel::NegDot)
     }
 
-    /// Rounding bound for f32 arithmetic: `|computed − exact| ≤ bound` for every pair whose
-    /// computed key is at most `worst_key`, where `qn = ‖q‖`, `bn_max = max ‖b‖` over the base
-    /// (norms of the data the engine saw), `d` the dimension and `u` the unit roundoff of the
-    /// arithmetic (2⁻²⁴ for f32). Uses `γ = (d+8)·u / (1 − (d+8)·u)`, which holds for any summation
-    /// order, plus slack for the preparation step (centring, normalising, square roots).
-    pub fn error_bound(self, d: usize, qn: f32, bn_max: f32, worst_key: f32, u: f64) -> f32 {
+    /// Rounding bound: `|computed − exact| ≤ bound` for every pair whose computed key is at most
+    /// `worst_key`, where `qn = ‖q‖`, `bn_max = max ‖b‖` over the base (norms of the data the
+    /// engine saw), `d` the dimension, `u` the unit roundoff of the accumulation (2⁻²⁴ for f32)
+    /// and `u_in` that of a rounding applied to the inputs of the products (2⁻⁸ for bf16,
+    /// 2⁻¹¹ for tf32, 0 when the products take the f32 values themselves).
+    ///
+    /// With rounded inputs `x̂ = x(1+ε)`, `|ε| ≤ u_in`, each product is off by at most
+    /// `(2u_in + u_in²)|xᵢyᵢ|`, so `|x̂·ŷ − x·y| ≤ (2u_in + u_in²)‖x‖‖y‖`; accumulation adds
+    /// `γ ‖x‖‖y‖` with `γ = (d+8)·u / (1 − (d+8)·u)` for any summation order, and the slack of the
+    /// `+8` covers norms, the final additions and the preparation step (centring, normalising).
+    pub fn error_bound(
+        self,
+        d: usize,
+        qn: f32,
+        bn_max: f32,
+        worst_key: f32,
+        u: f64,
+        u_in: f64,
+    ) -> f32 {
         let n = (d + 8) as f64 * u;
         let gamma = n / (1.0 - n);
+        let input = (2.0 * u_in + u_in * u_in) * (1.0 + gamma);
         let (qn, bn) = (qn as f64, bn_max as f64);
         let b = match self {
-            Kernel::SqL2 => gamma * (qn + bn) * (qn + bn),
-            Kernel::NegDot => gamma * qn * bn,
+            Kernel::SqL2 => 2.0 * input * qn * bn + gamma * (qn + bn) * (qn + bn),
+            Kernel::NegDot => (input + gamma) * qn * bn,
             Kernel::L1 | Kernel::Linf => gamma * (worst_key.abs() as f64),
         };
         // Round the bound itself up a little so it stays a bound once stored in f32.
         (b * (1.0 + 1e-6) + f64::from(f32::MIN_POSITIVE)) as f32
     }
 
-    /// The kernel key of `x`, `y` in f64 (exact up to f64 rounding).
+    /// The kernel key of `x`, `y` in f64 (exact up to f64 rounding). Eight independent
+    /// accumulators let the compiler vectorise it.
     pub fn exact(self, x: &[f32], y: &[f32]) -> f64 {
-        let pairs = x.iter().zip(y).map(|(&a, &b)| (a as f64, b as f64));
+        #[inline(always)]
+        fn fold8(
+            x: &[f32],
+            y: &[f32],
+            f: impl Fn(f64, f64) -> f64,
+            g: impl Fn(f64, f64) -> f64,
+        ) -> f64 {
+            let mut acc = [0.0f64; 8];
+            let (xc, yc) = (x.chunks_exact(8), y.chunks_exact(8));
+            let (xr, yr) = (xc.remainder(), yc.remainder());
+            for (a, b) in xc.zip(yc) {
+                for l in 0..8 {
+                    acc[l] = g(acc[l], f(a[l] as f64, b[l] as f64));
+                }
+            }
+            let mut s = acc.into_iter().fold(0.0, &g);
+            for (&a, &b) in xr.iter().zip(yr) {
+                s = g(s, f(a as f64, b as f64));
+            }
+            s
+        }
+        let add = |a: f64, b: f64| a + b;
         match self {
-            Kernel::SqL2 => pairs.map(|(a, b)| (a - b) * (a - b)).sum(),
-            Kernel::NegDot => -pairs.map(|(a, b)| a * b).sum::<f64>(),
-            Kernel::L1 => pairs.map(|(a, b)| (a - b).abs()).sum(),
-            Kernel::Linf => pairs.map(|(a, b)| (a - b).abs()).fold(0.0, f64::max),
+            Kernel::SqL2 => fold8(x, y, |a, b| (a - b) * (a - b), add),
+            Kernel::NegDot => -fold8(x, y, |a, b| a * b, add),
+            Kernel::L1 => fold8(x, y, |a, b| (a - b).abs(), add),
+            Kernel::Linf => fold8(x, y, |a, b| (a - b).abs(), f64::max),
         }
     }
 

@@ -9,11 +9,6 @@ use crate::neighbors::Neighbors;
 use crate::prepare::prepare;
 use rayon::prelude::*;
 
-/// Extra candidates asked for beyond k, so that rounding in the engine rarely forces a retry.
-pub fn candidate_width(k: usize, available: usize) -> usize {
-    (k + 4 + k / 16).min(available)
-}
-
 /// Queries handled per round of the pipeline, so that candidate lists stay a small fraction of
 /// memory next to the output.
 const CANDIDATE_BYTES_PER_ROUND: usize = 64 << 20;
@@ -141,11 +136,13 @@ fn run(
     let self_join = queries.is_none();
     let nq = eq.rows();
     let mut out = Neighbors::with_shape(nq, k);
-    let width0 = candidate_width(k, available);
+    let kernel = metric.kernel();
+    let width0 = engine
+        .candidate_width(k, available, kernel)
+        .clamp(k, available);
     let per_round = (CANDIDATE_BYTES_PER_ROUND / (8 * width0))
         .max(1024)
         .min((nq / 32).max(MIN_ROUND));
-    let kernel = metric.kernel();
 
     for start in (0..nq).step_by(per_round) {
         let end = (start + per_round).min(nq);
@@ -173,6 +170,7 @@ fn run(
                 kernel,
                 width,
                 exclude,
+                precise: !contiguous,
             })?;
             debug_assert_eq!(cand.ids.len(), pending.len() * width);
             // Re-rank each row exactly; keep rows whose floor proves them complete.
@@ -181,11 +179,28 @@ fn run(
                 .enumerate()
                 .map(|(j, &qi)| {
                     let ids = &cand.ids[j * width..(j + 1) * width];
+                    let keys = &cand.keys[j * width..(j + 1) * width];
                     let q = xq.row(qi as usize);
-                    let mut exact: Vec<(f64, u32)> = ids
-                        .iter()
-                        .map(|&b| (metric.exact_key(q, xb.row(b as usize)), b))
-                        .collect();
+                    // The engine's rounding bound, recovered from its floor; candidates whose
+                    // key less that bound exceeds an exact k-th key cannot enter the top k.
+                    let floor = cand.floor[j] as f64;
+                    let slack = if floor.is_finite() {
+                        keys[width - 1] as f64 - floor
+                    } else {
+                        f64::INFINITY
+                    };
+                    let mut exact: Vec<(f64, u32)> = Vec::with_capacity(width);
+                    let mut kth_bound = f64::INFINITY;
+                    for (&b, &key) in ids.iter().zip(keys) {
+                        if exact.len() >= k && key as f64 - slack > kth_bound {
+                            break;
+                        }
+                        exact.push((metric.exact_key(q, xb.row(b as usize)), b));
+                        if exact.len() == k {
+                            kth_bound = exact.iter().map(|e| e.0).fold(f64::NEG_INFINITY, f64::max)
+                                * prep.key_scale;
+                        }
+                    }
                     exact.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
                     let kth = exact[k - 1].0;
                     if kth * prep.key_scale < cand.floor[j] as f64 || width >= available {

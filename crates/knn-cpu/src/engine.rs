@@ -53,6 +53,18 @@ impl Engine for CpuEngine {
         "cpu".into()
     }
 
+    fn candidate_width(&self, k: usize, available: usize, kernel: Kernel) -> usize {
+        // The bf16 fast path rounds inputs to 8 bits: ask for more candidates so its wider
+        // error bound rarely forces a retry (pushes beyond the threshold are rare, so a wider
+        // list costs little).
+        let w = if kernel.is_gemm() && crate::bf16::available() {
+            k + 20 + k / 2
+        } else {
+            k + 4 + k / 16
+        };
+        w.min(available)
+    }
+
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
         Ok(match &self.pool {
             Some(p) => p.install(|| candidates(req)),
@@ -61,12 +73,47 @@ impl Engine for CpuEngine {
     }
 }
 
+/// How the GEMM-form keys of one request are computed.
+pub(crate) struct GemmPlan {
+    /// Subtracted from base and queries before the products (bf16 path, squared L2): smaller
+    /// norms, tighter bound. Translation does not change squared distances.
+    pub mean: Option<Vec<f32>>,
+    /// Products of bf16-rounded inputs (AVX-512 BF16, twice the f32 rate) or of f32 values.
+    pub bf16: bool,
+    /// Squared norms of the (centred) base points and their largest norm.
+    pub norms: crate::gemm::BaseNorms,
+}
+
+impl GemmPlan {
+    fn new(req: &CandidateRequest<'_>) -> Self {
+        let bf16 = !req.precise && crate::bf16::available();
+        let mean = (bf16 && req.kernel == Kernel::SqL2).then(|| crate::gemm::mean(req.base));
+        let norms = crate::gemm::sq_norms(req.base, mean.as_deref());
+        GemmPlan { mean, bf16, norms }
+    }
+
+    /// Input roundoff of the products.
+    fn input_unit(&self) -> f64 {
+        if self.bf16 {
+            crate::bf16::BF16_UNIT
+        } else {
+            0.0
+        }
+    }
+}
+
 fn candidates(req: &CandidateRequest<'_>) -> Candidates {
     let (nq, nb, d) = (req.queries.rows(), req.base.rows(), req.base.dim());
     let width = req.width;
     let threads = rayon::current_num_threads();
-    let base_norms = crate::gemm::sq_norms(req.base);
-    let q_tiles = nq.div_ceil(QUERY_TILE).max(1);
+    let plan = req.kernel.is_gemm().then(|| GemmPlan::new(req));
+    // The bf16 path converts each base block once per unit: larger query tiles amortise it.
+    let q_tile = if plan.as_ref().is_some_and(|p| p.bf16) {
+        2 * QUERY_TILE
+    } else {
+        QUERY_TILE
+    };
+    let q_tiles = nq.div_ceil(q_tile).max(1);
     // Few queries: split the base too, so every thread has work.
     let b_splits = (2 * threads)
         .div_ceil(q_tiles)
@@ -78,15 +125,15 @@ fn candidates(req: &CandidateRequest<'_>) -> Candidates {
     let results: Vec<UnitResult> = units
         .par_iter()
         .map(|&(t, s)| {
-            let q0 = t * QUERY_TILE;
-            let q1 = (q0 + QUERY_TILE).min(nq);
+            let q0 = t * q_tile;
+            let q1 = (q0 + q_tile).min(nq);
             let b0 = s * b_chunk;
             let b1 = (b0 + b_chunk).min(nb);
             let mut tops = vec![TopK::new(width); q1 - q0];
-            if req.kernel.is_gemm() {
-                crate::gemm::fold_unit(req, &base_norms, q0..q1, b0..b1, &mut tops);
-            } else {
-                crate::direct::fold_unit(req, q0..q1, b0..b1, &mut tops);
+            match &plan {
+                Some(p) if p.bf16 => crate::bf16::fold_unit(req, p, q0..q1, b0..b1, &mut tops),
+                Some(p) => crate::gemm::fold_unit(req, &p.norms, q0..q1, b0..b1, &mut tops),
+                None => crate::direct::fold_unit(req, q0..q1, b0..b1, &mut tops),
             }
             UnitResult { q_start: q0, tops }
         })
@@ -114,7 +161,6 @@ fn candidates(req: &CandidateRequest<'_>) -> Candidates {
         }
     }
     let available = req.available();
-    let bn_max = base_norms.max_norm;
     let mut floor = vec![f32::INFINITY; nq];
     ids.par_chunks_mut(width)
         .zip(keys.par_chunks_mut(width))
@@ -125,23 +171,38 @@ fn candidates(req: &CandidateRequest<'_>) -> Candidates {
             let mut top = top.take().expect("every query belongs to a unit");
             debug_assert_eq!(top.len(), width);
             top.drain_sorted_into(keys, ids);
+            let (bound, shift) = match &plan {
+                Some(p) => {
+                    let q = req.queries.row(i);
+                    let qn2 = crate::gemm::sq_norm_centred(q, p.mean.as_deref());
+                    // Squared-L2 keys so far are ‖b‖² − 2q·b: add ‖q‖² to make them distances.
+                    let shift = if req.kernel == Kernel::SqL2 { qn2 } else { 0.0 };
+                    let qn = (crate::gemm::sq_norm_f64(q, p.mean.as_deref()).sqrt() * (1.0 + 1e-6))
+                        as f32;
+                    let worst = keys[width - 1] + shift;
+                    (
+                        req.kernel.error_bound(
+                            d,
+                            qn,
+                            p.norms.max_norm,
+                            worst,
+                            F32_UNIT,
+                            p.input_unit(),
+                        ),
+                        shift,
+                    )
+                }
+                None => (
+                    req.kernel
+                        .error_bound(d, 0.0, 0.0, keys[width - 1], F32_UNIT, 0.0),
+                    0.0,
+                ),
+            };
+            if shift != 0.0 {
+                keys.iter_mut().for_each(|k| *k += shift);
+            }
             if width < available {
-                let worst = keys[width - 1];
-                let (qn, keyed) = match req.kernel {
-                    Kernel::SqL2 => {
-                        // Keys so far are ‖b‖² − 2q·b; add ‖q‖² to make them squared distances.
-                        let qn2 = crate::gemm::sq_norm(req.queries.row(i));
-                        keys.iter_mut().for_each(|k| *k += qn2);
-                        (qn2.sqrt(), worst + qn2)
-                    }
-                    Kernel::NegDot => (crate::gemm::sq_norm(req.queries.row(i)).sqrt(), worst),
-                    _ => (0.0, worst),
-                };
-                let bound = req.kernel.error_bound(d, qn, bn_max, keyed, F32_UNIT);
-                *floor = round_down(keyed as f64 - bound as f64);
-            } else if req.kernel == Kernel::SqL2 {
-                let qn2 = crate::gemm::sq_norm(req.queries.row(i));
-                keys.iter_mut().for_each(|k| *k += qn2);
+                *floor = round_down(keys[width - 1] as f64 - bound as f64);
             }
         });
     Candidates {

@@ -32,20 +32,64 @@ pub(crate) fn sq_norm(x: &[f32]) -> f32 {
     s
 }
 
-pub(crate) fn sq_norms(base: MatrixRef<'_>) -> BaseNorms {
+/// `Σ (xᵢ − mᵢ)²` in f32 (`m` = 0 when absent).
+pub(crate) fn sq_norm_centred(x: &[f32], mean: Option<&[f32]>) -> f32 {
+    match mean {
+        None => sq_norm(x),
+        Some(m) => {
+            let c: Vec<f32> = x.iter().zip(m).map(|(a, b)| a - b).collect();
+            sq_norm(&c)
+        }
+    }
+}
+
+/// `Σ (xᵢ − mᵢ)²` in f64, for error bounds.
+pub(crate) fn sq_norm_f64(x: &[f32], mean: Option<&[f32]>) -> f64 {
+    match mean {
+        None => x.iter().map(|&v| (v as f64).powi(2)).sum(),
+        Some(m) => x
+            .iter()
+            .zip(m)
+            .map(|(&v, &mu)| ((v - mu) as f64).powi(2))
+            .sum(),
+    }
+}
+
+/// Mean of the base points (f64 sums, rounded to f32).
+pub(crate) fn mean(base: MatrixRef<'_>) -> Vec<f32> {
+    let d = base.dim();
+    let sums = base
+        .as_slice()
+        .par_chunks(d * 512)
+        .map(|c| {
+            let mut s = vec![0.0f64; d];
+            for r in c.chunks(d) {
+                s.iter_mut().zip(r).for_each(|(a, &v)| *a += v as f64);
+            }
+            s
+        })
+        .reduce(
+            || vec![0.0f64; d],
+            |mut a, b| {
+                a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+                a
+            },
+        );
+    sums.iter()
+        .map(|s| (s / base.rows() as f64) as f32)
+        .collect()
+}
+
+/// Squared norms of the base points (centred on `mean` when given) and the largest norm.
+pub(crate) fn sq_norms(base: MatrixRef<'_>, mean: Option<&[f32]>) -> BaseNorms {
     let sq: Vec<f32> = (0..base.rows())
         .into_par_iter()
-        .map(|i| sq_norm(base.row(i)))
+        .map(|i| sq_norm_centred(base.row(i), mean))
         .collect();
     // Norm bound in f64 so the error bound stays a bound.
     let max_norm = (0..base.rows())
         .into_par_iter()
-        .map(|i| {
-            base.row(i)
-                .iter()
-                .map(|&v| (v as f64) * (v as f64))
-                .sum::<f64>()
-        })
+        .map(|i| sq_norm_f64(base.row(i), mean))
         .reduce(|| 0.0, f64::max)
         .sqrt();
     BaseNorms {

@@ -11,6 +11,7 @@
 //!
 //! Results do not depend on the thread count: every selection is by (key, id).
 
+mod bf16;
 mod direct;
 mod engine;
 mod gemm;

@@ -1,0 +1,288 @@
+//! The AVX-512 BF16 fast path for GEMM-form keys.
+//!
+//! `vdpbf16ps` multiplies pairs of bf16 values and accumulates in f32 at twice the rate of f32
+//! FMAs. Inputs rounded to bf16 (8 significant bits) make keys coarser, so the engine reports a
+//! correspondingly wider error bound ([`knn_core::Kernel::error_bound`] with
+//! `u_in = BF16_UNIT`); the pipeline's exact re-rank keeps results exact. For squared L2 the
+//! data is centred on the base mean first, which shrinks norms and so the bound.
+//!
+//! Layout: queries sit in SIMD lanes, 32 per group (two zmm), packed once per work unit as
+//! words of two bf16 (coordinates `2t`, `2t+1`); base points are converted row by row (a plain
+//! SIMD conversion, no transposition) and broadcast one word at a time. The micro-kernel
+//! computes an 8-point × 32-query block of dot products in 16 zmm accumulators and folds it
+//! straight into the queries' top-k lists, comparing 16 keys with 16 thresholds at once.
+
+use crate::engine::{GemmPlan, BASE_TILE};
+use knn_core::{CandidateRequest, Kernel, TopK};
+use std::ops::Range;
+
+/// Unit roundoff of rounding f32 to bf16 (8 significant bits).
+pub(crate) const BF16_UNIT: f64 = 1.0 / 256.0;
+/// Base points per micro-kernel call.
+const NR: usize = 8;
+/// Queries per group (two zmm of f32 lanes).
+const GROUP: usize = 32;
+
+/// `true` when this CPU has AVX-512 BF16 (checked once).
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bf16")
+                && std::env::var("KNN_CPU_NO_BF16").is_err()
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// f32 → bf16, round to nearest even (inputs are finite and far below the overflow range).
+#[inline]
+fn to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+}
+
+#[inline]
+fn pair(a: f32, b: f32) -> u32 {
+    to_bf16(a) as u32 | ((to_bf16(b) as u32) << 16)
+}
+
+/// Packs queries `rows` (dim `d`), centred on `mean`, in groups of 32: word
+/// `(g·pairs + t)·32 + l` holds coordinates `2t`, `2t+1` of query `32g + l`; missing queries
+/// are zeros.
+fn pack_queries(data: &[f32], d: usize, rows: Range<usize>, mean: Option<&[f32]>) -> Vec<u32> {
+    let pairs = d.div_ceil(2);
+    let groups = rows.len().div_ceil(GROUP);
+    let mut out = vec![0u32; groups * pairs * GROUP];
+    for (i, r) in rows.enumerate() {
+        let (g, l) = (i / GROUP, i % GROUP);
+        let x = &data[r * d..(r + 1) * d];
+        let v = |c: usize| {
+            if c < d {
+                x[c] - mean.map_or(0.0, |m| m[c])
+            } else {
+                0.0
+            }
+        };
+        for t in 0..pairs {
+            out[(g * pairs + t) * GROUP + l] = pair(v(2 * t), v(2 * t + 1));
+        }
+    }
+    out
+}
+
+/// Folds the keys of `queries[qr] × base[br]` into `tops`, like `gemm::fold_unit`.
+pub(crate) fn fold_unit(
+    req: &CandidateRequest<'_>,
+    plan: &GemmPlan,
+    qr: Range<usize>,
+    br: Range<usize>,
+    tops: &mut [TopK],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let d = req.base.dim();
+        let pairs = d.div_ceil(2);
+        let zero = vec![0.0f32; d];
+        let mean = plan.mean.as_deref().unwrap_or(&zero);
+        let qpack = pack_queries(req.queries.as_slice(), d, qr.clone(), plan.mean.as_deref());
+        let nq = qr.len();
+        let groups = nq.div_ceil(GROUP);
+        let sql2 = req.kernel == Kernel::SqL2;
+        let scale = if sql2 { -2.0f32 } else { -1.0 };
+        // Per-query thresholds, kept equal to the lists' (−∞ on padding lanes: never pushed).
+        let mut thr = vec![f32::NEG_INFINITY; groups * GROUP];
+        for (t, top) in thr.iter_mut().zip(tops.iter()) {
+            *t = top.threshold();
+        }
+        let skip: Vec<u32> = (0..groups * GROUP)
+            .map(|i| match req.exclude {
+                Some(e) if i < nq => e[qr.start + i],
+                _ => u32::MAX,
+            })
+            .collect();
+        let mut bpack = vec![0u32; BASE_TILE * pairs];
+        let mut b0 = br.start;
+        while b0 < br.end {
+            let b1 = (b0 + BASE_TILE).min(br.end);
+            let nb = b1 - b0;
+            // SAFETY: `available()` checked AVX-512F and AVX-512 BF16 before this path was chosen;
+            // every slice passed holds the sizes documented on the called functions.
+            unsafe {
+                micro::convert_rows(
+                    &req.base.as_slice()[b0 * d..b1 * d],
+                    d,
+                    mean,
+                    &mut bpack[..nb * pairs],
+                );
+                for g in 0..groups {
+                    let q = &qpack[g * pairs * GROUP..(g + 1) * pairs * GROUP];
+                    let lists = &mut tops[g * GROUP..((g + 1) * GROUP).min(nq)];
+                    let (thr, skip) = (
+                        &mut thr[g * GROUP..(g + 1) * GROUP],
+                        &skip[g * GROUP..(g + 1) * GROUP],
+                    );
+                    for c in (0..nb).step_by(NR) {
+                        let points = (nb - c).min(NR);
+                        let add: [f32; NR] = std::array::from_fn(|p| {
+                            if sql2 && p < points {
+                                plan.norms.sq[b0 + c + p]
+                            } else {
+                                0.0
+                            }
+                        });
+                        micro::block(
+                            q,
+                            pairs,
+                            &bpack[c * pairs..(c + points) * pairs],
+                            points,
+                            &add,
+                            scale,
+                            (b0 + c) as u32,
+                            thr,
+                            skip,
+                            lists,
+                        );
+                    }
+                }
+            }
+            b0 = b1;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (req, plan, qr, br, tops);
+        unreachable!("bf16 path is only chosen on x86-64");
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod micro {
+    use super::{GROUP, NR};
+    use knn_core::TopK;
+    use std::arch::x86_64::*;
+
+    /// Converts rows of `x` (dim `d`) minus `mean` to bf16 pairs: `out` gets `d.div_ceil(2)`
+    /// words per row.
+    ///
+    /// # Safety
+    /// AVX-512F and AVX-512 BF16 must be available; `out.len() == rows · d.div_ceil(2)`.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn convert_rows(x: &[f32], d: usize, mean: &[f32], out: &mut [u32]) {
+        let pairs = d.div_ceil(2);
+        let rows = x.len() / d;
+        debug_assert_eq!(out.len(), rows * pairs);
+        let mut tmp = [0u16; 32];
+        for r in 0..rows {
+            let row = x.as_ptr().add(r * d);
+            let dst = out.as_mut_ptr().add(r * pairs) as *mut u16;
+            let mut c = 0;
+            while c < d {
+                let n = (d - c).min(32);
+                let m_lo: __mmask16 = if n >= 16 {
+                    0xFFFF
+                } else {
+                    ((1u32 << n) - 1) as u16
+                };
+                let m_hi: __mmask16 = if n >= 32 {
+                    0xFFFF
+                } else if n > 16 {
+                    ((1u32 << (n - 16)) - 1) as u16
+                } else {
+                    0
+                };
+                let lo = _mm512_sub_ps(
+                    _mm512_maskz_loadu_ps(m_lo, row.add(c)),
+                    _mm512_maskz_loadu_ps(m_lo, mean.as_ptr().add(c)),
+                );
+                let hi = if m_hi != 0 {
+                    _mm512_sub_ps(
+                        _mm512_maskz_loadu_ps(m_hi, row.add(c + 16)),
+                        _mm512_maskz_loadu_ps(m_hi, mean.as_ptr().add(c + 16)),
+                    )
+                } else {
+                    _mm512_setzero_ps()
+                };
+                let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                if n == 32 {
+                    _mm512_storeu_si512(dst.add(c) as *mut _, v);
+                } else {
+                    // Last, partial chunk: n values, plus a zero to complete an odd pair.
+                    _mm512_storeu_si512(tmp.as_mut_ptr() as *mut _, v);
+                    let words = n.div_ceil(2) * 2;
+                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst.add(c), words);
+                }
+                c += 32;
+            }
+        }
+    }
+
+    /// Dot products of `points ≤ 8` converted base rows (`pairs` words each) with one group of
+    /// 32 packed queries, folded into `tops`: key = `add[p] + scale·dot`, pushed where below the
+    /// query's threshold `thr[l]` (kept up to date) and not `skip[l]`.
+    ///
+    /// # Safety
+    /// AVX-512F and AVX-512 BF16 must be available; `q` holds `pairs·32` words, `b`
+    /// `points·pairs`, `thr` and `skip` 32 entries, `tops` at most 32 lists (lanes beyond have
+    /// threshold −∞).
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn block(
+        q: &[u32],
+        pairs: usize,
+        b: &[u32],
+        points: usize,
+        add: &[f32; NR],
+        scale: f32,
+        first: u32,
+        thr: &mut [f32],
+        skip: &[u32],
+        tops: &mut [TopK],
+    ) {
+        debug_assert!(q.len() >= pairs * GROUP && b.len() >= points * pairs && thr.len() == GROUP);
+        let mut acc = [[_mm512_setzero_ps(); 2]; NR];
+        let bp = b.as_ptr();
+        // Points beyond `points` repeat the last one: same cost, results ignored.
+        let row: [*const u32; NR] = std::array::from_fn(|p| bp.add(p.min(points - 1) * pairs));
+        let qp = q.as_ptr();
+        for t in 0..pairs {
+            let q0: __m512bh =
+                std::mem::transmute(_mm512_loadu_si512(qp.add(t * GROUP) as *const _));
+            let q1: __m512bh =
+                std::mem::transmute(_mm512_loadu_si512(qp.add(t * GROUP + 16) as *const _));
+            for p in 0..NR {
+                let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(*row[p].add(t) as i32));
+                acc[p][0] = _mm512_dpbf16_ps(acc[p][0], a, q0);
+                acc[p][1] = _mm512_dpbf16_ps(acc[p][1], a, q1);
+            }
+        }
+        let vscale = _mm512_set1_ps(scale);
+        for p in 0..points {
+            let vadd = _mm512_set1_ps(add[p]);
+            let k0 = _mm512_fmadd_ps(acc[p][0], vscale, vadd);
+            let k1 = _mm512_fmadd_ps(acc[p][1], vscale, vadd);
+            let m0 = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(k0, _mm512_loadu_ps(thr.as_ptr()));
+            let m1 = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(k1, _mm512_loadu_ps(thr.as_ptr().add(16)));
+            let mut mask = (m0 as u32) | ((m1 as u32) << 16);
+            if mask == 0 {
+                continue;
+            }
+            let mut keys = [0.0f32; GROUP];
+            _mm512_storeu_ps(keys.as_mut_ptr(), k0);
+            _mm512_storeu_ps(keys.as_mut_ptr().add(16), k1);
+            let id = first + p as u32;
+            while mask != 0 {
+                let l = mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                if skip[l] != id {
+                    tops[l].push(keys[l], id);
+                    thr[l] = tops[l].threshold();
+                }
+            }
+        }
+    }
+}
