@@ -17,6 +17,8 @@ pub(crate) const F32_UNIT: f64 = 1.0 / (1u64 << 24) as f64;
 pub struct CpuEngine {
     /// Its own pool when a thread count was given; else rayon's global pool (one per core).
     pool: Option<Arc<rayon::ThreadPool>>,
+    /// Never use the bf16 fast path (for comparison and tests).
+    f32_only: bool,
 }
 
 impl CpuEngine {
@@ -31,7 +33,20 @@ impl CpuEngine {
                     .map_err(|e| KnnError::Option(format!("cannot start {t} threads: {e}")))?,
             )),
         };
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            f32_only: false,
+        })
+    }
+
+    /// The same engine restricted to f32 products (no bf16 fast path).
+    pub fn f32_only(mut self) -> Self {
+        self.f32_only = true;
+        self
+    }
+
+    fn bf16(&self) -> bool {
+        !self.f32_only && crate::bf16::available()
     }
 
     /// Worker threads used.
@@ -57,7 +72,7 @@ impl Engine for CpuEngine {
         // The bf16 fast path rounds inputs to 8 bits: ask for more candidates so its wider
         // error bound rarely forces a retry (pushes beyond the threshold are rare, so a wider
         // list costs little).
-        let w = if kernel.is_gemm() && crate::bf16::available() {
+        let w = if kernel.is_gemm() && self.bf16() {
             k + 20 + k / 2
         } else {
             k + 4 + k / 16
@@ -66,9 +81,10 @@ impl Engine for CpuEngine {
     }
 
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
+        let bf16 = self.bf16() && !req.precise;
         Ok(match &self.pool {
-            Some(p) => p.install(|| candidates(req)),
-            None => candidates(req),
+            Some(p) => p.install(|| candidates(req, bf16)),
+            None => candidates(req, bf16),
         })
     }
 }
@@ -85,8 +101,7 @@ pub(crate) struct GemmPlan {
 }
 
 impl GemmPlan {
-    fn new(req: &CandidateRequest<'_>) -> Self {
-        let bf16 = !req.precise && crate::bf16::available();
+    fn new(req: &CandidateRequest<'_>, bf16: bool) -> Self {
         let mean = (bf16 && req.kernel == Kernel::SqL2).then(|| crate::gemm::mean(req.base));
         let norms = crate::gemm::sq_norms(req.base, mean.as_deref());
         GemmPlan { mean, bf16, norms }
@@ -102,11 +117,11 @@ impl GemmPlan {
     }
 }
 
-fn candidates(req: &CandidateRequest<'_>) -> Candidates {
+fn candidates(req: &CandidateRequest<'_>, bf16: bool) -> Candidates {
     let (nq, nb, d) = (req.queries.rows(), req.base.rows(), req.base.dim());
     let width = req.width;
     let threads = rayon::current_num_threads();
-    let plan = req.kernel.is_gemm().then(|| GemmPlan::new(req));
+    let plan = req.kernel.is_gemm().then(|| GemmPlan::new(req, bf16));
     // The bf16 path converts each base block once per unit: larger query tiles amortise it.
     let q_tile = if plan.as_ref().is_some_and(|p| p.bf16) {
         2 * QUERY_TILE

@@ -1,0 +1,45 @@
+//! The suite must catch a wrong engine: one that claims its first `width` base points are the
+//! nearest, with a floor of +∞.
+
+use knn_core::{CandidateRequest, Candidates, Engine, Result};
+
+struct Liar;
+
+impl Engine for Liar {
+    fn name(&self) -> String {
+        "liar".into()
+    }
+    fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
+        let (nq, w) = (req.queries.rows(), req.width);
+        let mut ids = Vec::with_capacity(nq * w);
+        let mut keys = Vec::with_capacity(nq * w);
+        for i in 0..nq {
+            let mut row: Vec<(f32, u32)> = (0..req.base.rows() as u32)
+                .filter(|&b| req.exclude.is_none_or(|e| e[i] != b))
+                .take(w)
+                .map(|b| {
+                    (
+                        req.kernel
+                            .direct_f32(req.queries.row(i), req.base.row(b as usize)),
+                        b,
+                    )
+                })
+                .collect();
+            row.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            keys.extend(row.iter().map(|r| r.0));
+            ids.extend(row.iter().map(|r| r.1));
+        }
+        Ok(Candidates {
+            width: w,
+            ids,
+            keys,
+            floor: vec![f32::INFINITY; nq],
+        })
+    }
+}
+
+#[test]
+#[should_panic(expected = "cases failed on engine liar")]
+fn a_lying_engine_fails_the_suite() {
+    knn_testkit::check_tile_edges(&Liar, &[16]);
+}
