@@ -40,6 +40,9 @@ fn main() {
     ] {
         for &m in methods {
             let e = CudaEngine::new(0, m).unwrap();
+            if m == Method::Fused && metric == Metric::SqL2 {
+                println!("{}", e.kernel_report());
+            }
             let mut kern = Vec::new();
             let mut wall = Vec::new();
             let r = if m == Method::Fused {

@@ -129,14 +129,16 @@ __device__ __forceinline__ u64 warp_kth(const u64 e[S], int W) {
 }
 
 // One block: BQ queries x one split of the base ([split*split_len, +split_len) of this chunk).
-// Writes the split's top-W composites to out[(q * gridDim.y + split) * W + i].
+// Writes the split's top-W composites to out[(q * gridDim.y + split) * W + i]; entries above
+// the shared per-query threshold gthr[q] (may be null) are dropped, so a split's list may hold
+// fewer than W real entries (SENTINEL-padded), but the union always holds the true top W.
 // Base ids are id_base + local row. exclude (may be null) is indexed by local query row.
 // Dynamic shared memory: BQ*32*S u64 lists, then max(2*KC*SPAD, BQ*TSTRIDE) floats.
 template <int KERNEL, int S>
 __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict__ qn, long long nq,
                            const float* __restrict__ B, const float* __restrict__ bn, long long nb,
                            u32 id_base, int d, const u32* __restrict__ exclude, int W,
-                           long long split_len, u64* __restrict__ out) {
+                           long long split_len, u64* __restrict__ out, u64* __restrict__ gthr) {
     extern __shared__ __align__(16) unsigned char smem[];
     u64* lists = (u64*)smem;
     float* work = (float*)(lists + BQ * 32 * S);
@@ -174,7 +176,10 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
             u64 e[S];
 #pragma unroll
             for (int s = 0; s < S; s++) e[s] = lists[r * LW + s * 32 + lane];
-            u64 thr = warp_kth<S>(e, W);
+            // gthr[q]: the smallest W-th key any split of this query has reached. The union's
+            // W-th key is at most that, so larger candidates can never be selected.
+            u64 g = gthr ? *(volatile u64*)&gthr[q] : SENTINEL;
+            u64 thr = min(warp_kth<S>(e, W), g);
             bool changed = false;
 #pragma unroll
             for (int j = 0; j < BB / 32; j++) {
@@ -187,7 +192,7 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
                     int src = __ffs(mask) - 1;
                     u64 v = __shfl_sync(0xffffffffu, cv, src);
                     warp_insert<S>(e, v, W, lane);
-                    thr = warp_kth<S>(e, W);
+                    thr = min(warp_kth<S>(e, W), g);
                     changed = true;
                     mask &= ~(1u << src);
                     mask &= __ballot_sync(0xffffffffu, cv < thr);
@@ -196,6 +201,8 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
             if (changed) {
 #pragma unroll
                 for (int s = 0; s < S; s++) lists[r * LW + s * 32 + lane] = e[s];
+                u64 own = warp_kth<S>(e, W);
+                if (gthr && lane == 0 && own < g) atomicMin(&gthr[q], own);
             }
         }
         __syncthreads();  // the key tile becomes staging again
@@ -212,8 +219,9 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                    \
         const float* __restrict__ Q, const float* __restrict__ qn, long long nq,                   \
         const float* __restrict__ B, const float* __restrict__ bn, long long nb, u32 id_base,      \
-        int d, const u32* __restrict__ exclude, int W, long long split_len, u64* __restrict__ out) { \
-        fused_topk<K, S>(Q, qn, nq, B, bn, nb, id_base, d, exclude, W, split_len, out);            \
+        int d, const u32* __restrict__ exclude, int W, long long split_len, u64* __restrict__ out, \
+        u64* __restrict__ gthr) {                                                                  \
+        fused_topk<K, S>(Q, qn, nq, B, bn, nb, id_base, d, exclude, W, split_len, out, gthr);      \
     }
 FUSED(fused_sql2_w32, KERNEL_SQL2, 1)
 FUSED(fused_sql2_w64, KERNEL_SQL2, 2)

@@ -147,6 +147,30 @@ impl Gpu {
             .ok_or_else(|| KnnError::Device(format!("kernel {name} missing from the module")))
     }
 
+    /// Registers / local bytes / static shared bytes of a few kernels.
+    pub fn kernel_report(&self) -> String {
+        use sys::CUfunction_attribute as A;
+        let mut out = String::new();
+        for n in [
+            "fused_sql2_w32",
+            "fused_sql2_w128",
+            "fused_l1_w32",
+            "tile_sql2",
+            "select_topk",
+        ] {
+            if let Some(f) = self.functions.get(n) {
+                let g = |a| f.get_attribute(a).unwrap_or(-1);
+                out += &format!(
+                    "{n}: {} regs, {} local bytes, {} static smem; ",
+                    g(A::CU_FUNC_ATTRIBUTE_NUM_REGS),
+                    g(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES),
+                    g(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+                );
+            }
+        }
+        out
+    }
+
     /// Free and total device memory in bytes.
     pub fn mem_info(&self) -> Result<(usize, usize)> {
         self.ctx.mem_get_info().map_err(dev_err("memory info"))

@@ -106,6 +106,14 @@ impl CudaEngine {
         driver_device_count() > 0
     }
 
+    /// Registers, local (spill) bytes and static shared memory of the main kernels, for tuning.
+    pub fn kernel_report(&self) -> String {
+        match self.gpu.lock() {
+            Ok(g) => g.kernel_report(),
+            Err(_) => String::new(),
+        }
+    }
+
     /// The method this engine runs.
     pub fn method(&self) -> Method {
         self.method

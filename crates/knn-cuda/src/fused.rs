@@ -125,13 +125,6 @@ pub(crate) fn run(
             };
             let bl = be - bs;
             if small {
-                let qblocks = n.div_ceil(QUERY_TILE);
-                let tiles = bl.div_ceil(BASE_TILE);
-                let want = (2 * gpu.sm_count).div_ceil(qblocks).clamp(1, tiles);
-                let split_len = tiles.div_ceil(want) * BASE_TILE;
-                let nsplit = bl.div_ceil(split_len);
-                let partial = gpu.alloc::<u64>(n * nsplit * w)?;
-                gpu.fill_u64(gpu.ptr(&partial), n * nsplit * w, SENTINEL)?;
                 let name = format!("fused_{}_w{}", kernel_tag(req.kernel), 32 * slots);
                 let f = gpu.func(&name)?;
                 let smem = QUERY_TILE * 32 * slots * 8 + 66048;
@@ -146,6 +139,23 @@ pub(crate) fn run(
                     smem as i32,
                 )
                 .map_err(dev_err("shared memory limit"))?;
+                // Split the base so that the grid fills exactly one wave of resident blocks
+                // (a second, mostly empty wave would double the time).
+                let per_sm = f
+                    .occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
+                    .unwrap_or(1)
+                    .max(1) as usize;
+                let slots_total = gpu.sm_count * per_sm;
+                let qblocks = n.div_ceil(QUERY_TILE);
+                let tiles = bl.div_ceil(BASE_TILE);
+                let want = (slots_total / qblocks).clamp(1, tiles);
+                let split_len = tiles.div_ceil(want) * BASE_TILE;
+                let nsplit = bl.div_ceil(split_len);
+                let partial = gpu.alloc::<u64>(n * nsplit * w)?;
+                gpu.fill_u64(gpu.ptr(&partial), n * nsplit * w, SENTINEL)?;
+                let gthr = gpu.alloc::<u64>(n)?;
+                gpu.fill_u64(gpu.ptr(&gthr), n, SENTINEL)?;
+                let pg = gpu.ptr(&gthr);
                 let (pq, pqn, pb, pbn, pp) = (
                     gpu.ptr(&q),
                     gpu.ptr(&qn),
@@ -173,7 +183,8 @@ pub(crate) fn run(
                     .arg(&excl_ptr)
                     .arg(&ww)
                     .arg(&sl)
-                    .arg(&pp);
+                    .arg(&pp)
+                    .arg(&pg);
                 // SAFETY: buffers sized as the kernel documents: q n×d, qn n, b bl×d, bn bl,
                 // exclude n (or null), partial n×nsplit×w.
                 unsafe {
