@@ -634,6 +634,10 @@ def main() -> int:
         if spread > 1.25:
             print(f"warning: case {r['case']} FAISS runs spread {spread:.2f}x (min {min(r['faiss_times_ms']):.1f} ms):"
                   " noisy machine, rerun")
+        ot = r.get("ours_times_ms") or []
+        if len(ot) > 1 and min(ot) > 0 and max(ot) / min(ot) > 1.25:
+            print(f"warning: case {r['case']} our runs spread {max(ot) / min(ot):.2f}x (min {min(ot):.1f} ms):"
+                  " noisy machine, rerun")
         if "ours_error" in r:
             print(f"case {r['case']} ours: {r['ours_error']}")
         chk = r.get("check") or {}
@@ -642,6 +646,13 @@ def main() -> int:
         if chk.get("max_rel_dist_err") is not None:
             print(f"case {r['case']}: distances read from {chk.get('dist_file')} as {chk['distance_kind']}, "
                   f"max error {chk['max_rel_dist_err']:.2g} of the k-th distance")
+    if peak and any(r.get("ours_ms") and r["ops"] / (r["ours_ms"] * 1e6) > peak for r in rows):
+        print("note: ours above 100% of the FP32 GEMM peak: the CPU engine's AVX-512 BF16 path "
+              "(vdpbf16ps, twice the FP32 FMA rate; candidates re-ranked exactly) does these dot "
+              "products, so its floor is 2x the FP32 peak. KNN_CPU_NO_BF16=1 in the environment "
+              "runs ours FP32-only.")
+    if os.environ.get("KNN_CPU_NO_BF16"):
+        print("note: KNN_CPU_NO_BF16 is set: ours ran without the BF16 path")
     if knn is None:
         print(f"\n{knn_note}")
 
