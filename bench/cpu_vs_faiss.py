@@ -462,7 +462,7 @@ def run_memory(np, knn: Path, case: Case, timeout: int) -> dict:
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     m = re.search(r"Maximum resident set size \(kbytes\):\s*(\d+)", r.stderr)
-    wall = re.search(r"Elapsed \(wall clock\) time.*?:\s*(\S+)", r.stderr)
+    wall = re.search(r"Elapsed \(wall clock\) time \([^)]*\):\s*(\S+)", r.stderr)
     inputs = 4 * (case.nb + case.nq) * case.d
     output = case.nq * case.k * (4 + 4)
     budget = inputs + output + 256 * MIB
