@@ -222,15 +222,12 @@ impl Classifier {
             .iter()
             .enumerate()
             .map(|(i, l)| {
-                classes
-                    .binary_search(l)
-                    .map(|c| c as u32)
-                    .map_err(|_| {
-                        ClassifyError::Labels(format!(
-                            "point {i} has label {l}, which is not one of the {} classes",
-                            classes.len()
-                        ))
-                    })
+                classes.binary_search(l).map(|c| c as u32).map_err(|_| {
+                    ClassifyError::Labels(format!(
+                        "point {i} has label {l}, which is not one of the {} classes",
+                        classes.len()
+                    ))
+                })
             })
             .collect::<Result<Vec<u32>>>()?;
         self.fitted = Some(Fitted {
@@ -323,7 +320,12 @@ fn whiten(cov: &Covariance, train: MatrixRef<'_>, q: MatrixRef<'_>) -> Result<(M
 }
 
 /// Exact keys of `q` to the base points `ids`, in (key, id) order.
-pub(crate) fn keyed(metric: &Metric, q: &[f32], base: MatrixRef<'_>, ids: &[u32]) -> Vec<(f64, u32)> {
+pub(crate) fn keyed(
+    metric: &Metric,
+    q: &[f32],
+    base: MatrixRef<'_>,
+    ids: &[u32],
+) -> Vec<(f64, u32)> {
     let mut v: Vec<(f64, u32)> = ids
         .iter()
         .map(|&b| (metric.exact_key(q, base.row(b as usize)), b))
@@ -363,10 +365,10 @@ fn batch(p: &Problem<'_>, want_scores: bool) -> Result<Votes> {
             });
         Some(s)
     } else {
-        class.par_iter_mut().enumerate().for_each_init(
-            || vec![0.0f64; p.classes],
-            |s, (i, c)| *c = decide(i, s),
-        );
+        class
+            .par_iter_mut()
+            .enumerate()
+            .for_each_init(|| vec![0.0f64; p.classes], |s, (i, c)| *c = decide(i, s));
         None
     };
     Ok(Votes {

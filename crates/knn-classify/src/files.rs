@@ -12,7 +12,9 @@ pub fn read_points(path: &Path, format: Option<Format>) -> Result<Matrix> {
     let t = knn_io::read_f32(path, format)?;
     let name = path.display().to_string();
     if t.rows == 0 {
-        return Err(ClassifyError::Labels(format!("{name}: no points in the file")));
+        return Err(ClassifyError::Labels(format!(
+            "{name}: no points in the file"
+        )));
     }
     Ok(Matrix::new(&name, t.data, t.cols)?)
 }

@@ -117,7 +117,11 @@ impl SeedCsv {
                 err(
                     hline,
                     c + 1,
-                    format!("{} {} is not a non-negative integer", HEADER[c], quoted(cell)),
+                    format!(
+                        "{} {} is not a non-negative integer",
+                        HEADER[c],
+                        quoted(cell)
+                    ),
                 )
             })?;
         }
@@ -149,23 +153,40 @@ impl SeedCsv {
                     ),
                 ));
             }
-            let text = std::str::from_utf8(line)
-                .map_err(|_| err(ln, 1, "the line is not text".into()))?;
-            let mut n_cells = 0usize;
+            let text =
+                std::str::from_utf8(line).map_err(|_| err(ln, 1, "the line is not text".into()))?;
+            let n_cells = text.bytes().filter(|&b| b == b',').count() + 1;
+            if n_cells != dim + 1 {
+                let (column, what) = if n_cells <= dim {
+                    (
+                        n_cells + 1,
+                        format!("the row has {n_cells} cells; expected"),
+                    )
+                } else {
+                    (dim + 2, "the row has more than".to_owned())
+                };
+                return Err(err(
+                    ln,
+                    column,
+                    format!(
+                        "{what} dim + 1 = {} cells ({dim} coordinates, then the class)",
+                        dim + 1
+                    ),
+                ));
+            }
             for (c, cell) in text.split(',').enumerate() {
-                n_cells += 1;
                 let cell = cell.trim();
                 if c < dim {
-                    let v: f32 = cell.parse().map_err(|_| {
-                        err(ln, c + 1, format!("{} is not a number", quoted(cell)))
-                    })?;
+                    let v: f32 = cell
+                        .parse()
+                        .map_err(|_| err(ln, c + 1, format!("{} is not a number", quoted(cell))))?;
                     if !v.is_finite() {
                         let what = if v.is_nan() {
-                            "NaN".to_owned()
+                            "NaN"
                         } else if cell.to_ascii_lowercase().contains("inf") {
-                            "infinite".to_owned()
+                            "infinite"
                         } else {
-                            "beyond the f32 range".to_owned()
+                            "beyond the f32 range"
                         };
                         return Err(err(
                             ln,
@@ -174,7 +195,7 @@ impl SeedCsv {
                         ));
                     }
                     points.push(v);
-                } else if c == dim {
+                } else {
                     let label: i64 = cell.parse().map_err(|_| {
                         err(
                             ln,
@@ -193,26 +214,7 @@ impl SeedCsv {
                     }
                     new_rows += usize::from(label == -1);
                     labels.push(label);
-                } else {
-                    return Err(err(
-                        ln,
-                        c + 1,
-                        format!(
-                            "the row has more than dim + 1 = {} cells ({dim} coordinates, then the class)",
-                            dim + 1
-                        ),
-                    ));
                 }
-            }
-            if n_cells <= dim {
-                return Err(err(
-                    ln,
-                    n_cells + 1,
-                    format!(
-                        "the row has {n_cells} cells; expected dim + 1 = {} ({dim} coordinates, then the class)",
-                        dim + 1
-                    ),
-                ));
             }
         }
         if labels.len() != rows {
@@ -305,12 +307,14 @@ pub fn fill_predictions(bytes: &[u8], name: &str, predictions: &[i64]) -> Result
     let mut header_seen = false;
     let mut rest = bytes;
     while !rest.is_empty() {
-        let end = rest.iter().position(|&b| b == b'\n').map_or(rest.len(), |p| p + 1);
+        let end = rest
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(rest.len(), |p| p + 1);
         let (line, tail) = rest.split_at(end);
         rest = tail;
-        let body_len = line.len()
-            - usize::from(line.ends_with(b"\n"))
-            - usize::from(line.ends_with(b"\r\n"));
+        let body_len =
+            line.len() - usize::from(line.ends_with(b"\n")) - usize::from(line.ends_with(b"\r\n"));
         let body = &line[..body_len];
         if is_blank(body) || !header_seen {
             header_seen |= !is_blank(body);
@@ -372,10 +376,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     tmp_name.push(format!(".{}.tmp", std::process::id()));
     let tmp = dir.join(tmp_name);
     let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
+        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         drop(f);

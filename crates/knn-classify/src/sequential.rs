@@ -183,7 +183,9 @@ pub(crate) fn classify(p: &Problem<'_>, want_scores: bool) -> Result<Votes> {
     const UNDECIDED: u32 = u32::MAX;
     let mut class = vec![UNDECIDED; m];
     let mut scores = want_scores.then(|| vec![0.0f64; m * p.classes]);
-    let mut wave: Vec<u32> = (0..m as u32).filter(|&j| waiting[j as usize] == 0).collect();
+    let mut wave: Vec<u32> = (0..m as u32)
+        .filter(|&j| waiting[j as usize] == 0)
+        .collect();
     let decide = |j: usize, class: &[u32], s: &mut [f64]| {
         let nb: Vec<(f64, u32)> = near[j]
             .iter()

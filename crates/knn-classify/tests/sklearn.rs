@@ -61,10 +61,22 @@ macro_rules! data {
                 .map(|(c, h)| (h.clone(), rows.iter().map(|r| r[c] as i64).collect()))
                 .collect(),
             neighbours: vec![
-                (1, nb(include_str!(concat!("data/", $name, "_neighbors_k1.csv")))),
-                (3, nb(include_str!(concat!("data/", $name, "_neighbors_k3.csv")))),
-                (5, nb(include_str!(concat!("data/", $name, "_neighbors_k5.csv")))),
-                (15, nb(include_str!(concat!("data/", $name, "_neighbors_k15.csv")))),
+                (
+                    1,
+                    nb(include_str!(concat!("data/", $name, "_neighbors_k1.csv"))),
+                ),
+                (
+                    3,
+                    nb(include_str!(concat!("data/", $name, "_neighbors_k3.csv"))),
+                ),
+                (
+                    5,
+                    nb(include_str!(concat!("data/", $name, "_neighbors_k5.csv"))),
+                ),
+                (
+                    15,
+                    nb(include_str!(concat!("data/", $name, "_neighbors_k15.csv"))),
+                ),
             ],
         }
     }};
