@@ -1,0 +1,269 @@
+//! [`GridEngine`]: the [`Engine`] face of the grid — index cache, query ordering, floors.
+
+use crate::best::Best;
+use crate::build::{GridIndex, MAX_AXES};
+use crate::search::{search_level, KeyKind, Linf, SqL2, L1};
+use knn_core::{CandidateRequest, Candidates, Engine, Kernel, KnnError, Result};
+use rayon::prelude::*;
+use std::sync::{Arc, Mutex};
+
+/// Unit roundoff of f32.
+const F32_UNIT: f64 = 1.0 / (1u64 << 24) as f64;
+/// Queries per parallel task: consecutive queries (in cell order) share cells in cache.
+const QUERY_CHUNK: usize = 256;
+
+/// Exact kNN on a uniform grid with sub-grids for crowded cells, for low dimensions.
+///
+/// Kernels: squared L2 (so the metrics `sqeuclidean`, `l2`, `hellinger`, `mahalanobis`), L1
+/// and L∞. The inner product and cosine (`Kernel::NegDot`) have no distance-to-cell bound and
+/// are refused with [`KnnError::Option`]. Any dimension is accepted: beyond d = 3 the three
+/// widest coordinates are gridded and the others only enter the keys (exact, but the grid
+/// prunes less as d grows; it is meant for d ≤ 3 or so).
+///
+/// The index of a base is built on first use and cached (one base at a time), keyed by the
+/// slice's address, length and dimension and verified against a copy of the values, so a
+/// base changed in place or a new one at a reused address is never served a stale grid.
+#[derive(Debug, Default)]
+pub struct GridEngine {
+    /// Its own pool when a thread count was given; else rayon's global pool.
+    pool: Option<Arc<rayon::ThreadPool>>,
+    cache: Mutex<Option<Arc<Cached>>>,
+}
+
+/// A built index with what identifies its base.
+struct Cached {
+    addr: usize,
+    dim: usize,
+    /// The base values in their original order, compared on every use.
+    values: Vec<f32>,
+    index: GridIndex,
+}
+
+impl std::fmt::Debug for Cached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cached(n={}, d={})", self.index.ids.len(), self.dim)
+    }
+}
+
+impl GridEngine {
+    /// An engine on `threads` threads (`None`: rayon's global pool, one thread per core).
+    pub fn new(threads: Option<usize>) -> Result<Self> {
+        let pool = match threads {
+            None => None,
+            Some(t) => Some(Arc::new(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(t.max(1))
+                    .build()
+                    .map_err(|e| KnnError::Option(format!("cannot start {t} threads: {e}")))?,
+            )),
+        };
+        Ok(Self {
+            pool,
+            cache: Mutex::new(None),
+        })
+    }
+
+    /// Worker threads used.
+    pub fn threads(&self) -> usize {
+        self.pool
+            .as_ref()
+            .map_or_else(rayon::current_num_threads, |p| p.current_num_threads())
+    }
+
+    fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(p) => p.install(f),
+            None => f(),
+        }
+    }
+
+    /// The index of `base`: the cached one when it is the same data, else a new build.
+    fn index(&self, base: &[f32], dim: usize) -> Arc<Cached> {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = cache.as_ref() {
+            if c.addr == base.as_ptr() as usize && c.dim == dim && same_values(&c.values, base) {
+                return c.clone();
+            }
+        }
+        *cache = None; // free the old index before building the next
+        let built = Arc::new(Cached {
+            addr: base.as_ptr() as usize,
+            dim,
+            values: base.to_vec(),
+            index: GridIndex::build(base, dim),
+        });
+        *cache = Some(built.clone());
+        built
+    }
+
+    /// Builds (or fetches) the index of `base` and reports its shape: (levels, largest leaf
+    /// cell population). For benchmarks and tests.
+    pub fn index_shape(&self, base: knn_core::MatrixRef<'_>) -> (usize, usize) {
+        self.install(|| self.index(base.as_slice(), base.dim()).index.shape())
+    }
+}
+
+/// Equality of two value slices, in parallel. Values are finite, so `==` is exact; `-0.0` and
+/// `0.0` compare equal, which is harmless: every key is the same for both.
+fn same_values(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len()
+        && a.par_chunks(1 << 16)
+            .zip(b.par_chunks(1 << 16))
+            .all(|(x, y)| x == y)
+}
+
+impl Engine for GridEngine {
+    fn name(&self) -> String {
+        "grid".into()
+    }
+
+    /// One candidate beyond k: grid keys are direct f32 computations with a tight relative
+    /// error, so the (k+1)-th key almost always proves the k-th; every extra candidate widens
+    /// the searched region.
+    fn candidate_width(&self, k: usize, available: usize, _kernel: Kernel) -> usize {
+        (k + 1).min(available)
+    }
+
+    fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
+        if req.kernel == Kernel::NegDot {
+            return Err(KnnError::Option(
+                "the grid method supports l2, sqeuclidean, hellinger, mahalanobis, l1 and linf; \
+                 the inner product and cosine have no distance-to-cell bound (use the cpu method)"
+                    .into(),
+            ));
+        }
+        if req.base.rows() == 0 {
+            return Err(KnnError::EmptyBase);
+        }
+        if req.queries.dim() != req.base.dim() {
+            return Err(KnnError::DimMismatch {
+                base: req.base.dim(),
+                queries: req.queries.dim(),
+            });
+        }
+        if req.width == 0 || req.width > req.available() {
+            return Err(KnnError::KTooLarge {
+                k: req.width,
+                n: req.available(),
+                hint: " (candidate width)".into(),
+            });
+        }
+        self.install(|| {
+            let cached = self.index(req.base.as_slice(), req.base.dim());
+            let ix = &cached.index;
+            Ok(match (req.kernel, ix.d) {
+                (Kernel::SqL2, 1) => run::<SqL2, 1>(ix, req),
+                (Kernel::SqL2, 2) => run::<SqL2, 2>(ix, req),
+                (Kernel::SqL2, 3) => run::<SqL2, 3>(ix, req),
+                (Kernel::SqL2, _) => run::<SqL2, 0>(ix, req),
+                (Kernel::L1, 1) => run::<L1, 1>(ix, req),
+                (Kernel::L1, 2) => run::<L1, 2>(ix, req),
+                (Kernel::L1, 3) => run::<L1, 3>(ix, req),
+                (Kernel::L1, _) => run::<L1, 0>(ix, req),
+                (Kernel::Linf, 1) => run::<Linf, 1>(ix, req),
+                (Kernel::Linf, 2) => run::<Linf, 2>(ix, req),
+                (Kernel::Linf, 3) => run::<Linf, 3>(ix, req),
+                (Kernel::Linf, _) => run::<Linf, 0>(ix, req),
+                (Kernel::NegDot, _) => unreachable!("refused above"),
+            })
+        })
+    }
+}
+
+/// Rounding bound of a direct f32 key whose computed value is `worst`: every term is
+/// non-negative, so `|computed − exact| ≤ γ·exact` with `γ ≈ (d+2)·u` for any summation order;
+/// [`Kernel::error_bound`]'s relative form (`(d+8)·u`, for L1 and L∞) covers it with the same
+/// slack for the preparation step as the other engines.
+fn rounding_bound(d: usize, worst: f32) -> f32 {
+    Kernel::L1.error_bound(d, 0.0, 0.0, worst, F32_UNIT, 0.0)
+}
+
+/// The largest f32 not above `x`.
+fn round_down(x: f64) -> f32 {
+    let f = x as f32;
+    if (f as f64) > x {
+        f.next_down()
+    } else {
+        f
+    }
+}
+
+/// Runs every query of `req` through the grid: queries in root-cell order, in parallel chunks.
+fn run<K: KeyKind, const D: usize>(ix: &GridIndex, req: &CandidateRequest<'_>) -> Candidates {
+    let nq = req.queries.rows();
+    let width = req.width;
+    let d = ix.d;
+    let available = req.available();
+    let root = &ix.root;
+    let axes_of = |q: &[f32]| -> [f32; MAX_AXES] {
+        std::array::from_fn(|j| if j < ix.g { q[ix.axes[j]] } else { 0.0 })
+    };
+    // Sort queries by root cell (then index): neighbours in the grid run one after another.
+    let mut order: Vec<u64> = (0..nq)
+        .into_par_iter()
+        .with_min_len(4096)
+        .map(|i| {
+            let qa = axes_of(req.queries.row(i));
+            let mut c = 0usize;
+            for j in (0..ix.g).rev() {
+                c = c * root.res[j] + root.axis_cell(j, qa[j]);
+            }
+            ((c as u64) << 32) | i as u64
+        })
+        .collect();
+    order.par_sort_unstable();
+
+    let mut ids_s = vec![0u32; nq * width];
+    let mut keys_s = vec![0f32; nq * width];
+    let mut floor_s = vec![f32::INFINITY; nq];
+    ids_s
+        .par_chunks_mut(QUERY_CHUNK * width)
+        .zip(keys_s.par_chunks_mut(QUERY_CHUNK * width))
+        .zip(floor_s.par_chunks_mut(QUERY_CHUNK))
+        .zip(order.par_chunks(QUERY_CHUNK))
+        .for_each(|(((ids, keys), floors), ord)| {
+            let mut best = Best::new(width);
+            for (j, &o) in ord.iter().enumerate() {
+                let qi = (o & 0xFFFF_FFFF) as usize;
+                let q = req.queries.row(qi);
+                best.reset(req.exclude.map(|e| e[qi]));
+                search_level::<K, D>(ix, root, q, &axes_of(q), &mut best);
+                let items = best.items();
+                debug_assert_eq!(items.len(), width);
+                for (t, &(k, id)) in items.iter().enumerate() {
+                    keys[j * width + t] = k;
+                    ids[j * width + t] = id;
+                }
+                if width < available {
+                    let worst = items[width - 1].0;
+                    floors[j] = round_down(worst as f64 - rounding_bound(d, worst) as f64);
+                }
+            }
+        });
+
+    // Back to the caller's query order.
+    let mut pos = vec![0u32; nq];
+    for (p, &o) in order.iter().enumerate() {
+        pos[(o & 0xFFFF_FFFF) as usize] = p as u32;
+    }
+    let mut ids = vec![0u32; nq * width];
+    let mut keys = vec![0f32; nq * width];
+    let mut floor = vec![0f32; nq];
+    ids.par_chunks_mut(width)
+        .zip(keys.par_chunks_mut(width))
+        .zip(floor.par_iter_mut())
+        .zip(pos.par_iter())
+        .with_min_len(1024)
+        .for_each(|(((ids, keys), fl), &p)| {
+            let p = p as usize;
+            ids.copy_from_slice(&ids_s[p * width..(p + 1) * width]);
+            keys.copy_from_slice(&keys_s[p * width..(p + 1) * width]);
+            *fl = floor_s[p];
+        });
+    Candidates {
+        width,
+        ids,
+        keys,
+        floor,
+    }
+}

@@ -1,0 +1,234 @@
+//! The ring search of one query: cells of growing Chebyshev radius around the query's cell,
+//! until the running `width`-th key is below a proven lower bound on every unvisited cell.
+//!
+//! Lower bounds come from per-axis gaps between the query and the actual coordinates of the
+//! points in the slabs of cells not yet visited (see [`crate::build`]): any unvisited point lies
+//! beyond the ring on some axis `j`, and within the level's bounding box on the others, so its
+//! key is at least the kernel's combination of those gaps. Gaps and bounds are computed in f64
+//! from f32 coordinates and rounded *down* to f32, so they bound the exact key.
+
+use crate::best::Best;
+use crate::build::{GridIndex, Level, CROWDED, MAX_AXES};
+
+/// What differs between kernels: the f32 key of two points and how per-axis gaps combine
+/// into a lower bound of the key.
+pub(crate) trait KeyKind: Copy + Send + Sync + 'static {
+    /// The key computed directly in f32 (relative error below `(d + 2)·u`, see
+    /// [`crate::engine`]).
+    fn key(q: &[f32], p: &[f32]) -> f32;
+    /// Lower bound of the key from per-axis gaps (`≥ 0`), exact up to f64 rounding.
+    fn combine(gaps: &[f64]) -> f64;
+}
+
+/// Squared Euclidean: `Σ (qᵢ − pᵢ)²`.
+#[derive(Clone, Copy)]
+pub(crate) struct SqL2;
+/// Manhattan: `Σ |qᵢ − pᵢ|`.
+#[derive(Clone, Copy)]
+pub(crate) struct L1;
+/// Chebyshev: `max |qᵢ − pᵢ|`.
+#[derive(Clone, Copy)]
+pub(crate) struct Linf;
+
+impl KeyKind for SqL2 {
+    #[inline(always)]
+    fn key(q: &[f32], p: &[f32]) -> f32 {
+        let mut s = 0.0f32;
+        for (a, b) in q.iter().zip(p) {
+            let t = a - b;
+            s += t * t;
+        }
+        s
+    }
+    #[inline(always)]
+    fn combine(gaps: &[f64]) -> f64 {
+        gaps.iter().map(|g| g * g).sum()
+    }
+}
+
+impl KeyKind for L1 {
+    #[inline(always)]
+    fn key(q: &[f32], p: &[f32]) -> f32 {
+        let mut s = 0.0f32;
+        for (a, b) in q.iter().zip(p) {
+            s += (a - b).abs();
+        }
+        s
+    }
+    #[inline(always)]
+    fn combine(gaps: &[f64]) -> f64 {
+        gaps.iter().sum()
+    }
+}
+
+impl KeyKind for Linf {
+    #[inline(always)]
+    fn key(q: &[f32], p: &[f32]) -> f32 {
+        let mut s = 0.0f32;
+        for (a, b) in q.iter().zip(p) {
+            s = s.max((a - b).abs());
+        }
+        s
+    }
+    #[inline(always)]
+    fn combine(gaps: &[f64]) -> f64 {
+        gaps.iter().fold(0.0, |m, &g| m.max(g))
+    }
+}
+
+/// The largest f32 not above `x` (after shaving the f64 rounding of the gap arithmetic: a few
+/// operations of relative error 2⁻⁵³ each).
+#[inline]
+pub(crate) fn f32_below(x: f64) -> f32 {
+    let x = x * (1.0 - 1e-12);
+    let f = x as f32;
+    if (f as f64) > x {
+        f.next_down()
+    } else {
+        f
+    }
+}
+
+/// Gap between coordinate `q` and the interval `[lo, hi]` (0 inside; `+∞` for an empty slab,
+/// whose bounds are `+∞ / −∞`).
+#[inline(always)]
+fn gap(q: f32, lo: f32, hi: f32) -> f64 {
+    let (q, lo, hi) = (q as f64, lo as f64, hi as f64);
+    if lo > hi {
+        return f64::INFINITY;
+    }
+    (lo - q).max(q - hi).max(0.0)
+}
+
+/// Searches one query through `level` and its sub-grids, folding keys into `best`. `qa` are the
+/// query's gridded coordinates, `q` all of them; `D` is the dimension when known at compile
+/// time (0: read it from the index).
+#[inline]
+pub(crate) fn search_level<K: KeyKind, const D: usize>(
+    ix: &GridIndex,
+    level: &Level,
+    q: &[f32],
+    qa: &[f32; MAX_AXES],
+    best: &mut Best,
+) {
+    let g = ix.g;
+    let d = if D == 0 { ix.d } else { D };
+    let res = level.res;
+    let mut c = [0usize; MAX_AXES];
+    let mut boxgap = [0f64; MAX_AXES];
+    for j in 0..g {
+        c[j] = level.axis_cell(j, qa[j]);
+        boxgap[j] = gap(qa[j], level.bbox_lo[j], level.bbox_hi[j]);
+    }
+    // Per-axis gaps of each slab are reused by many cells of a ring: computed on demand.
+    let slab_gap = |j: usize, i: usize| gap(qa[j], level.slab_lo[j][i], level.slab_hi[j][i]);
+
+    let visit = |cell: usize, gaps: &[f64; MAX_AXES], best: &mut Best| {
+        let (s, e) = (level.start[cell] as usize, level.start[cell + 1] as usize);
+        if s == e {
+            return;
+        }
+        if best.is_full() && f32_below(K::combine(&gaps[..g])) > best.limit {
+            return;
+        }
+        if e - s > CROWDED {
+            if let Some(child) = level.child(cell) {
+                search_level::<K, D>(ix, child, q, qa, best);
+                return;
+            }
+        }
+        let pts = &ix.points[s * d..e * d];
+        let ids = &ix.ids[s..e];
+        if D > 0 {
+            // Fixed-size rows: the key loop is fully unrolled.
+            let q: &[f32; D] = q[..D].try_into().expect("query has D coordinates");
+            for (i, &id) in ids.iter().enumerate() {
+                let p: &[f32; D] = pts[i * D..(i + 1) * D].try_into().expect("row of D");
+                let key = K::key(q, p);
+                if key <= best.limit {
+                    best.offer(key, id);
+                }
+            }
+        } else {
+            for (p, &id) in pts.chunks_exact(d).zip(ids) {
+                let key = K::key(&q[..d], p);
+                if key <= best.limit {
+                    best.offer(key, id);
+                }
+            }
+        }
+    };
+
+    let mut gaps = [0f64; MAX_AXES];
+    let mut r = 0usize;
+    loop {
+        // Ring r: cells whose largest axis offset from `c` is exactly r, clamped to the grid.
+        let lo_i: [usize; MAX_AXES] = std::array::from_fn(|j| c[j].saturating_sub(r));
+        let hi_i: [usize; MAX_AXES] = std::array::from_fn(|j| (c[j] + r).min(res[j] - 1));
+        for i2 in lo_i[2]..=hi_i[2] {
+            let on2 = i2.abs_diff(c[2]) == r;
+            if g > 2 {
+                gaps[2] = slab_gap(2, i2);
+            }
+            for i1 in lo_i[1]..=hi_i[1] {
+                let on1 = on2 || i1.abs_diff(c[1]) == r;
+                if g > 1 {
+                    gaps[1] = slab_gap(1, i1);
+                }
+                let row = (i2 * res[1] + i1) * res[0];
+                if on1 {
+                    for i0 in lo_i[0]..=hi_i[0] {
+                        gaps[0] = slab_gap(0, i0);
+                        visit(row + i0, &gaps, best);
+                    }
+                } else {
+                    if c[0] >= r {
+                        gaps[0] = slab_gap(0, c[0] - r);
+                        visit(row + c[0] - r, &gaps, best);
+                    }
+                    if r > 0 && c[0] + r < res[0] {
+                        gaps[0] = slab_gap(0, c[0] + r);
+                        visit(row + c[0] + r, &gaps, best);
+                    }
+                }
+            }
+        }
+        // Lower bound of every cell outside the visited cube: beyond it on some axis j, inside
+        // the bounding box (at least) on the others.
+        let mut covered = true;
+        let mut unvisited = f64::INFINITY;
+        for j in 0..g {
+            let below = if c[j] > r {
+                covered = false;
+                qa[j] as f64 - level.hi_below[j][c[j] - r] as f64
+            } else {
+                f64::NEG_INFINITY
+            };
+            let above = if c[j] + r + 1 < res[j] {
+                covered = false;
+                level.lo_from[j][c[j] + r + 1] as f64 - qa[j] as f64
+            } else {
+                f64::NEG_INFINITY
+            };
+            // An empty side gives −∞ − q or +∞ − q: no points there.
+            let side = |v: f64| {
+                if v == f64::NEG_INFINITY {
+                    f64::INFINITY
+                } else {
+                    v.max(0.0)
+                }
+            };
+            let ring_gap = side(below).min(side(above)).max(boxgap[j]);
+            let mut gs = boxgap;
+            gs[j] = ring_gap;
+            unvisited = unvisited.min(K::combine(&gs[..g]));
+        }
+        if covered || unvisited == f64::INFINITY {
+            return;
+        }
+        if best.is_full() && best.limit < f32_below(unvisited) {
+            return;
+        }
+        r += 1;
+    }
+}
