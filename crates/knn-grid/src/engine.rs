@@ -103,13 +103,19 @@ impl GridEngine {
     }
 }
 
-/// Equality of two value slices, in parallel. Values are finite, so `==` is exact; `-0.0` and
-/// `0.0` compare equal, which is harmless: every key is the same for both.
+/// Bitwise equality of two value slices, in parallel, as a branch-free OR of XORs that
+/// vectorises and reads both at memory speed (the pipeline calls `candidates` once per round of
+/// queries, so this runs often). `-0.0` and `0.0` differ here: that only costs a rebuild.
 fn same_values(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len()
         && a.par_chunks(1 << 16)
             .zip(b.par_chunks(1 << 16))
-            .all(|(x, y)| x == y)
+            .all(|(x, y)| {
+                x.iter()
+                    .zip(y)
+                    .fold(0u32, |acc, (p, q)| acc | (p.to_bits() ^ q.to_bits()))
+                    == 0
+            })
 }
 
 impl Engine for GridEngine {
@@ -117,11 +123,11 @@ impl Engine for GridEngine {
         "grid".into()
     }
 
-    /// One candidate beyond k: grid keys are direct f32 computations with a tight relative
-    /// error, so the (k+1)-th key almost always proves the k-th; every extra candidate widens
-    /// the searched region.
+    /// Exactly k: the floor comes from the points and cells the search left out (see
+    /// [`crate::best`]), not from extra candidates, and every extra candidate would widen the
+    /// searched region.
     fn candidate_width(&self, k: usize, available: usize, _kernel: Kernel) -> usize {
-        (k + 1).min(available)
+        k.min(available)
     }
 
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
@@ -212,6 +218,13 @@ fn run<K: KeyKind, const D: usize>(ix: &GridIndex, req: &CandidateRequest<'_>) -
         })
         .collect();
     order.par_sort_unstable();
+    // The queries themselves in that order: the search then reads them sequentially.
+    let mut sorted_q = vec![0f32; nq * d];
+    sorted_q
+        .par_chunks_mut(d)
+        .zip(order.par_iter())
+        .with_min_len(4096)
+        .for_each(|(dst, &o)| dst.copy_from_slice(req.queries.row((o & 0xFFFF_FFFF) as usize)));
 
     let mut ids_s = vec![0u32; nq * width];
     let mut keys_s = vec![0f32; nq * width];
@@ -221,26 +234,28 @@ fn run<K: KeyKind, const D: usize>(ix: &GridIndex, req: &CandidateRequest<'_>) -
         .zip(keys_s.par_chunks_mut(QUERY_CHUNK * width))
         .zip(floor_s.par_chunks_mut(QUERY_CHUNK))
         .zip(order.par_chunks(QUERY_CHUNK))
-        .for_each(|(((ids, keys), floors), ord)| {
+        .zip(sorted_q.par_chunks(QUERY_CHUNK * d))
+        .for_each(|((((ids, keys), floors), ord), qs)| {
             let mut best = Best::new(width);
-            for (j, &o) in ord.iter().enumerate() {
+            for (j, (&o, q)) in ord.iter().zip(qs.chunks_exact(d)).enumerate() {
                 let qi = (o & 0xFFFF_FFFF) as usize;
-                let q = req.queries.row(qi);
                 best.reset(req.exclude.map(|e| e[qi]));
                 search_level::<K, D>(ix, root, q, &axes_of(q), &mut best);
-                let items = best.items();
+                let items = best.finish();
                 debug_assert_eq!(items.len(), width);
                 for (t, &(k, id)) in items.iter().enumerate() {
                     keys[j * width + t] = k;
                     ids[j * width + t] = id;
                 }
                 if width < available {
-                    let worst = items[width - 1].0;
-                    floors[j] = round_down(worst as f64 - rounding_bound(d, worst) as f64);
+                    // Left out: examined points (computed key ≥ runner-up, so exact key ≥
+                    // runner-up − its rounding bound) and skipped regions (proven bounds).
+                    let r = best.runner_up;
+                    let examined = r as f64 - rounding_bound(d, r) as f64;
+                    floors[j] = round_down(examined.min(best.skipped as f64));
                 }
             }
         });
-
     // Back to the caller's query order.
     let mut pos = vec![0u32; nq];
     for (p, &o) in order.iter().enumerate() {
@@ -256,8 +271,11 @@ fn run<K: KeyKind, const D: usize>(ix: &GridIndex, req: &CandidateRequest<'_>) -
         .with_min_len(1024)
         .for_each(|(((ids, keys), fl), &p)| {
             let p = p as usize;
-            ids.copy_from_slice(&ids_s[p * width..(p + 1) * width]);
-            keys.copy_from_slice(&keys_s[p * width..(p + 1) * width]);
+            // Element loops: rows are short, a memcpy call per row costs more.
+            for (t, (i, k)) in ids.iter_mut().zip(keys.iter_mut()).enumerate() {
+                *i = ids_s[p * width + t];
+                *k = keys_s[p * width + t];
+            }
             *fl = floor_s[p];
         });
     Candidates {

@@ -123,20 +123,7 @@ pub(crate) fn search_level<K: KeyKind, const D: usize>(
     // Per-axis gaps of each slab are reused by many cells of a ring: computed on demand.
     let slab_gap = |j: usize, i: usize| gap(qa[j], level.slab_lo[j][i], level.slab_hi[j][i]);
 
-    let visit = |cell: usize, gaps: &[f64; MAX_AXES], best: &mut Best| {
-        let (s, e) = (level.start[cell] as usize, level.start[cell + 1] as usize);
-        if s == e {
-            return;
-        }
-        if best.is_full() && f32_below(K::combine(&gaps[..g])) > best.limit {
-            return;
-        }
-        if e - s > CROWDED {
-            if let Some(child) = level.child(cell) {
-                search_level::<K, D>(ix, child, q, qa, best);
-                return;
-            }
-        }
+    let scan = |s: usize, e: usize, best: &mut Best| {
         let pts = &ix.points[s * d..e * d];
         let ids = &ix.ids[s..e];
         if D > 0 {
@@ -144,20 +131,58 @@ pub(crate) fn search_level<K: KeyKind, const D: usize>(
             let q: &[f32; D] = q[..D].try_into().expect("query has D coordinates");
             for (i, &id) in ids.iter().enumerate() {
                 let p: &[f32; D] = pts[i * D..(i + 1) * D].try_into().expect("row of D");
-                let key = K::key(q, p);
-                if key <= best.limit {
-                    best.offer(key, id);
-                }
+                best.offer(K::key(q, p), id);
             }
         } else {
             for (p, &id) in pts.chunks_exact(d).zip(ids) {
-                let key = K::key(&q[..d], p);
-                if key <= best.limit {
-                    best.offer(key, id);
-                }
+                best.offer(K::key(&q[..d], p), id);
             }
         }
     };
+
+    // Cells `a..=b` of one row (axis 0 innermost) are contiguous in the point arrays: one
+    // bound test and one scan for the run, unless a crowded cell in it has a sub-grid.
+    let has_children = !level.children.is_empty();
+    let visit_run =
+        |row: usize, a: usize, b: usize, gaps: &mut [f64; MAX_AXES], best: &mut Best| {
+            let (s, e) = (
+                level.start[row + a] as usize,
+                level.start[row + b + 1] as usize,
+            );
+            if s == e {
+                return;
+            }
+            if best.is_full() {
+                // Slabs a..=b lie within [lo_from[a], hi_below[b + 1]].
+                gaps[0] = gap(qa[0], level.lo_from[0][a], level.hi_below[0][b + 1]);
+                let lb = f32_below(K::combine(&gaps[..g]));
+                if lb > best.limit {
+                    return best.skip(lb);
+                }
+            }
+            if !has_children {
+                return scan(s, e, best);
+            }
+            for i0 in a..=b {
+                let cell = row + i0;
+                let (s, e) = (level.start[cell] as usize, level.start[cell + 1] as usize);
+                if s == e {
+                    continue;
+                }
+                if best.is_full() {
+                    gaps[0] = slab_gap(0, i0);
+                    let lb = f32_below(K::combine(&gaps[..g]));
+                    if lb > best.limit {
+                        best.skip(lb);
+                        continue;
+                    }
+                }
+                match level.child(cell).filter(|_| e - s > CROWDED) {
+                    Some(child) => search_level::<K, D>(ix, child, q, qa, best),
+                    None => scan(s, e, best),
+                }
+            }
+        };
 
     let mut gaps = [0f64; MAX_AXES];
     let mut r = 0usize;
@@ -177,18 +202,13 @@ pub(crate) fn search_level<K: KeyKind, const D: usize>(
                 }
                 let row = (i2 * res[1] + i1) * res[0];
                 if on1 {
-                    for i0 in lo_i[0]..=hi_i[0] {
-                        gaps[0] = slab_gap(0, i0);
-                        visit(row + i0, &gaps, best);
-                    }
+                    visit_run(row, lo_i[0], hi_i[0], &mut gaps, best);
                 } else {
                     if c[0] >= r {
-                        gaps[0] = slab_gap(0, c[0] - r);
-                        visit(row + c[0] - r, &gaps, best);
+                        visit_run(row, c[0] - r, c[0] - r, &mut gaps, best);
                     }
                     if r > 0 && c[0] + r < res[0] {
-                        gaps[0] = slab_gap(0, c[0] + r);
-                        visit(row + c[0] + r, &gaps, best);
+                        visit_run(row, c[0] + r, c[0] + r, &mut gaps, best);
                     }
                 }
             }
@@ -226,8 +246,10 @@ pub(crate) fn search_level<K: KeyKind, const D: usize>(
         if covered || unvisited == f64::INFINITY {
             return;
         }
-        if best.is_full() && best.limit < f32_below(unvisited) {
-            return;
+        let lb = f32_below(unvisited);
+        best.settle();
+        if best.is_full() && best.limit < lb {
+            return best.skip(lb);
         }
         r += 1;
     }

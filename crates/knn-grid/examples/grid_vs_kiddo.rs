@@ -1,0 +1,140 @@
+//! Side by side with kiddo 6 (`ImmutableKdTree`, batch queries on rayon, build included), same
+//! data, same process, same thread count: uniform [0,1]³ and 100 gaussian blobs, k = 1 and 16.
+//!
+//! `cargo run --release -p knn-grid --example grid_vs_kiddo -- [log2 n = 20] [runs = 3] [threads = 2]`
+//!
+//! Ours is timed twice, each time from a fresh engine (grid build included):
+//! - `search`: the whole exact pipeline, `knn_core::search(.., Metric::SqL2)` (candidates,
+//!   f64 re-rank, retries);
+//! - `raw`: one `Engine::candidates` call for every query (width k + 1), no re-rank.
+//!
+//! Every figure is the median of `runs` runs after one warm-up run. Results are cross-checked:
+//! the k-th distance of every query must agree with kiddo's within f32 rounding.
+
+use knn_core::synth::{generate, Distribution};
+use knn_core::{search, CandidateRequest, Engine, Kernel, MatrixRef, Metric};
+use knn_grid::GridEngine;
+use std::num::NonZeroUsize;
+use std::time::Instant;
+
+type Tree = kiddo::ImmutableKdTree<f32, 3>;
+
+fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
+    f(); // warm-up
+    let mut t: Vec<f64> = (0..runs)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+/// kiddo's k-th squared distance per query (build included in the timed closure).
+fn kiddo_kth(base: &[[f32; 3]], queries: &[[f32; 3]], k: usize) -> Vec<f32> {
+    let tree = Tree::new_from_slice(base).expect("kiddo build");
+    if k == 1 {
+        tree.query_batch(queries)
+            .nearest_one::<kiddo::SquaredEuclidean<f32>>()
+            .execute()
+            .iter()
+            .map(|r| r.distance)
+            .collect()
+    } else {
+        let res = tree
+            .query_batch(queries)
+            .nearest_n::<kiddo::SquaredEuclidean<f32>>(NonZeroUsize::new(k).unwrap())
+            .execute();
+        res.iter().map(|g| g[k - 1].distance).collect()
+    }
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse().expect("numeric arguments: log2n runs threads"))
+        .collect();
+    let log2n = args.first().copied().unwrap_or(20);
+    let runs = args.get(1).copied().unwrap_or(3);
+    let threads = args.get(2).copied().unwrap_or(2);
+    let n = 1usize << log2n;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+
+    println!("n = {n} points, {n} queries, d = 3, {threads} threads, median of {runs} runs (ms)");
+    println!(
+        "| data | k | kiddo (build+query) | grid search | ratio | grid raw candidates | ratio | grid build | levels, largest leaf |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (name, dist) in [
+        (
+            "uniform [0,1]^3",
+            Distribution::Uniform { lo: 0.0, hi: 1.0 },
+        ),
+        (
+            "100 gaussian blobs (sd 0.01)",
+            Distribution::Clustered {
+                clusters: 100,
+                spread: 0.01,
+            },
+        ),
+    ] {
+        // Base and queries from one draw (the blobs' centres come from the seed).
+        let all = generate(dist, 2 * n, 3, 1);
+        let (b, q) = all.split_at(n * 3);
+        let base = MatrixRef::new("base", b, 3).unwrap();
+        let queries = MatrixRef::new("queries", q, 3).unwrap();
+        let kb: Vec<[f32; 3]> = b.chunks_exact(3).map(|p| [p[0], p[1], p[2]]).collect();
+        let kq: Vec<[f32; 3]> = q.chunks_exact(3).map(|p| [p[0], p[1], p[2]]).collect();
+        for k in [1usize, 16] {
+            pool.install(|| {
+                let t_kiddo = median_ms(runs, || {
+                    std::hint::black_box(kiddo_kth(&kb, &kq, k));
+                });
+                let t_search = median_ms(runs, || {
+                    let e = GridEngine::new(None).unwrap();
+                    std::hint::black_box(search(&e, base, queries, k, &Metric::SqL2).unwrap());
+                });
+                let t_raw = median_ms(runs, || {
+                    let e = GridEngine::new(None).unwrap();
+                    let width = e.candidate_width(k, n, Kernel::SqL2);
+                    let req = CandidateRequest {
+                        base,
+                        queries,
+                        kernel: Kernel::SqL2,
+                        width,
+                        exclude: None,
+                        precise: false,
+                    };
+                    std::hint::black_box(e.candidates(&req).unwrap());
+                });
+                let mut shape = (0, 0);
+                let t_build = median_ms(runs, || {
+                    shape = GridEngine::new(None).unwrap().index_shape(base);
+                });
+                // Cross-check the k-th distances.
+                let want = kiddo_kth(&kb, &kq, k);
+                let e = GridEngine::new(None).unwrap();
+                let got = search(&e, base, queries, k, &Metric::SqL2).unwrap();
+                let bad = (0..n)
+                    .filter(|&i| {
+                        let (a, w) = (got.distances[i * k + k - 1], want[i]);
+                        (a - w).abs() > 1e-5 * w.max(1e-30)
+                    })
+                    .count();
+                assert_eq!(bad, 0, "{name} k={k}: {bad} queries disagree with kiddo");
+                println!(
+                    "| {name} | {k} | {t_kiddo:.0} | {t_search:.0} | {:.2}x | {t_raw:.0} | {:.2}x | {t_build:.0} | {}, {} |",
+                    t_kiddo / t_search,
+                    t_kiddo / t_raw,
+                    shape.0,
+                    shape.1
+                );
+            });
+        }
+    }
+}
