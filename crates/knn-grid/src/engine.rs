@@ -124,7 +124,7 @@ impl Engine for GridEngine {
     }
 
     /// Exactly k: the floor comes from the points and cells the search left out (see
-    /// [`crate::best`]), not from extra candidates, and every extra candidate would widen the
+    /// `src/best.rs`), not from extra candidates, and every extra candidate would widen the
     /// searched region.
     fn candidate_width(&self, k: usize, available: usize, _kernel: Kernel) -> usize {
         k.min(available)
@@ -251,7 +251,11 @@ fn run<K: KeyKind, const D: usize>(ix: &GridIndex, req: &CandidateRequest<'_>) -
                     // Left out: examined points (computed key ≥ runner-up, so exact key ≥
                     // runner-up − its rounding bound) and skipped regions (proven bounds).
                     let r = best.runner_up;
-                    let examined = r as f64 - rounding_bound(d, r) as f64;
+                    let examined = if r.is_finite() {
+                        r as f64 - rounding_bound(d, r) as f64
+                    } else {
+                        f64::INFINITY
+                    };
                     floors[j] = round_down(examined.min(best.skipped as f64));
                 }
             }

@@ -177,7 +177,12 @@ pub(crate) fn search_level<K: KeyKind, const D: usize>(
                         continue;
                     }
                 }
-                match level.child(cell).filter(|_| e - s > CROWDED) {
+                let child = if e - s > CROWDED {
+                    level.child(cell)
+                } else {
+                    None
+                };
+                match child {
                     Some(child) => search_level::<K, D>(ix, child, q, qa, best),
                     None => scan(s, e, best),
                 }
