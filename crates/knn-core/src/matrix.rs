@@ -27,7 +27,7 @@ impl<'a> MatrixRef<'a> {
         if dim == 0 {
             return Err(KnnError::ZeroDim { what: what.into() });
         }
-        if data.len() % dim != 0 {
+        if !data.len().is_multiple_of(dim) {
             return Err(KnnError::Shape {
                 what: what.into(),
                 len: data.len(),
@@ -104,7 +104,7 @@ impl Matrix {
     }
     /// Wraps values already known to be finite (derived from validated data).
     pub(crate) fn from_trusted(data: Vec<f32>, dim: usize) -> Self {
-        debug_assert!(dim > 0 && data.len() % dim == 0);
+        debug_assert!(dim > 0 && data.len().is_multiple_of(dim));
         Self { data, dim }
     }
     /// Borrowed view.

@@ -236,15 +236,15 @@ impl Metric {
                     )));
                 }
             }
-            Metric::Mahalanobis(Covariance::Given(c)) => {
-                if c.rows() != m.dim() || c.dim() != m.dim() {
-                    return Err(KnnError::Covariance(format!(
-                        "covariance is {}×{}, the data has d={}",
-                        c.rows(),
-                        c.dim(),
-                        m.dim()
-                    )));
-                }
+            Metric::Mahalanobis(Covariance::Given(c))
+                if c.rows() != m.dim() || c.dim() != m.dim() =>
+            {
+                return Err(KnnError::Covariance(format!(
+                    "covariance is {}×{}, the data has d={}",
+                    c.rows(),
+                    c.dim(),
+                    m.dim()
+                )));
             }
             _ => {}
         }

@@ -244,22 +244,48 @@ mod micro {
         tops: &mut [TopK],
     ) {
         debug_assert!(q.len() >= pairs * GROUP && b.len() >= points * pairs && thr.len() == GROUP);
-        let mut acc = [[_mm512_setzero_ps(); 2]; NR];
         let bp = b.as_ptr();
         // Points beyond `points` repeat the last one: same cost, results ignored.
         let row: [*const u32; NR] = std::array::from_fn(|p| bp.add(p.min(points - 1) * pairs));
         let qp = q.as_ptr();
+        // Sixteen named accumulators (8 points × 2 query vectors) so they all stay in registers.
+        let z = _mm512_setzero_ps();
+        let (mut a00, mut a01, mut a10, mut a11, mut a20, mut a21, mut a30, mut a31) =
+            (z, z, z, z, z, z, z, z);
+        let (mut a40, mut a41, mut a50, mut a51, mut a60, mut a61, mut a70, mut a71) =
+            (z, z, z, z, z, z, z, z);
         for t in 0..pairs {
             let q0: __m512bh =
                 std::mem::transmute(_mm512_loadu_si512(qp.add(t * GROUP) as *const _));
             let q1: __m512bh =
                 std::mem::transmute(_mm512_loadu_si512(qp.add(t * GROUP + 16) as *const _));
-            for p in 0..NR {
-                let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(*row[p].add(t) as i32));
-                acc[p][0] = _mm512_dpbf16_ps(acc[p][0], a, q0);
-                acc[p][1] = _mm512_dpbf16_ps(acc[p][1], a, q1);
+            macro_rules! step {
+                ($p:expr, $x0:ident, $x1:ident) => {
+                    let a: __m512bh =
+                        std::mem::transmute(_mm512_set1_epi32(*row[$p].add(t) as i32));
+                    $x0 = _mm512_dpbf16_ps($x0, a, q0);
+                    $x1 = _mm512_dpbf16_ps($x1, a, q1);
+                };
             }
+            step!(0, a00, a01);
+            step!(1, a10, a11);
+            step!(2, a20, a21);
+            step!(3, a30, a31);
+            step!(4, a40, a41);
+            step!(5, a50, a51);
+            step!(6, a60, a61);
+            step!(7, a70, a71);
         }
+        let acc = [
+            [a00, a01],
+            [a10, a11],
+            [a20, a21],
+            [a30, a31],
+            [a40, a41],
+            [a50, a51],
+            [a60, a61],
+            [a70, a71],
+        ];
         let vscale = _mm512_set1_ps(scale);
         for p in 0..points {
             let vadd = _mm512_set1_ps(add[p]);
