@@ -29,6 +29,8 @@ pub enum Command {
     Verify(VerifyArgs),
     /// The seed-000 experiment: one row per method and device, timed and checked.
     Bench(BenchArgs),
+    /// Label new points by the classes of their k nearest labelled points (seed 003).
+    Classify(crate::classify::ClassifyArgs),
     /// Version, devices, SIMD level, threads.
     Info,
 }
@@ -42,9 +44,16 @@ pub struct EngineArgs {
     /// CPU threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// GPU method: fused (fast, default), or the seed-000 baselines global, texture, cublas.
+    /// How candidates are computed: auto (the grid for d <= 3 unless --device cuda, else
+    /// brute force), brute (GEMM form + fused top-k on the CPU, fused kernels on a GPU), grid
+    /// (exact grid for low dimensions; l2, sqeuclidean, l1, linf and metrics reduced to l2),
+    /// or the seed-000 GPU baselines global, texture, cublas.
+    #[arg(long, default_value = "auto")]
+    pub method: String,
+    /// Cap on the GPU memory used for tiles, e.g. 2GiB, 512MiB, 1e9 (default: 70 % of free
+    /// memory). Inputs beyond it are streamed from host memory in tiles.
     #[arg(long)]
-    pub gpu_method: Option<String>,
+    pub gpu_memory: Option<String>,
 }
 
 /// The distance.
@@ -138,6 +147,14 @@ pub struct GenerateArgs {
     /// Random seed (same seed, same data, on every machine).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Write seed 003's classification CSV instead: header `numels,newels,classes,dim`, rows
+    /// of coordinates uniform in [-100, 100] and a class in [0, C), a share of them (see
+    /// --new-share) marked -1 (to classify). The output must be a .csv file.
+    #[arg(long, value_name = "C")]
+    pub classes: Option<usize>,
+    /// With --classes: the share of rows marked -1 (rounded to whole rows).
+    #[arg(long, default_value_t = 0.1, requires = "classes")]
+    pub new_share: f64,
     /// Output file (.fvecs, .npy, .csv).
     #[arg(long, short = 'o')]
     pub output: PathBuf,

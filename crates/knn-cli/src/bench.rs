@@ -7,7 +7,8 @@ use crate::args::BenchArgs;
 use anyhow::{bail, Result};
 use knn::synth::{generate, Distribution};
 use knn::{
-    check_with_truth, oracle, Device, Knn, Matrix, Metric, Neighbors, Options, DEFAULT_TOLERANCE,
+    check_with_truth, oracle, Device, Knn, Matrix, Method, Metric, Neighbors, Options,
+    DEFAULT_TOLERANCE,
 };
 use std::io::Write;
 use std::process::ExitCode;
@@ -79,12 +80,17 @@ pub fn bench(a: &BenchArgs, quiet: bool) -> Result<ExitCode> {
     }
     if want("cuda") {
         for (ordinal, _) in knn::gpu_devices() {
-            for method in ["fused", "global", "texture", "cublas"] {
+            for (label, method) in [
+                ("fused", Method::Brute),
+                ("global", Method::Global),
+                ("texture", Method::Texture),
+                ("cublas", Method::Cublas),
+            ] {
                 runs.push((
-                    format!("cuda:{ordinal} {method}"),
+                    format!("cuda:{ordinal} {label}"),
                     Options {
                         device: Device::Cuda(ordinal),
-                        gpu_method: Some(method.into()),
+                        method,
                         ..Default::default()
                     },
                 ));

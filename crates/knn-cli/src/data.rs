@@ -106,6 +106,9 @@ pub fn generate(a: &GenerateArgs, quiet: bool) -> Result<ExitCode> {
         None => Format::from_path(&a.output)?,
     };
     check_output(&a.output, a.force, &[])?;
+    if let Some(classes) = a.classes {
+        return generate_seed_csv(a, format, classes, quiet);
+    }
     let t = Table {
         data: synth(dist, a.rows, a.dim, a.seed),
         rows: a.rows,
@@ -117,6 +120,33 @@ pub fn generate(a: &GenerateArgs, quiet: bool) -> Result<ExitCode> {
             "generate: {} {} points of dimension {} (seed {}) written to {}",
             a.rows,
             a.distribution,
+            a.dim,
+            a.seed,
+            a.output.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `knn generate --classes C`: seed 003's CSV.
+fn generate_seed_csv(
+    a: &GenerateArgs,
+    format: Format,
+    classes: usize,
+    quiet: bool,
+) -> Result<ExitCode> {
+    if format != Format::Csv {
+        bail!(
+            "{}: --classes writes seed 003's CSV format; name a .csv output",
+            a.output.display()
+        );
+    }
+    let (numels, newels) = knn_classify::split_rows(a.rows, a.new_share)?;
+    let csv = knn_classify::generate_seed_csv(numels, newels, classes, a.dim, a.seed)?;
+    csv.write(&a.output)?;
+    if !quiet {
+        eprintln!(
+            "generate: seed-003 CSV with {numels} labelled and {newels} new points of dimension {}, {classes} classes (seed {}) written to {}",
             a.dim,
             a.seed,
             a.output.display()

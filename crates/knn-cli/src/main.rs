@@ -4,6 +4,7 @@
 
 mod args;
 mod bench;
+mod classify;
 mod data;
 mod info;
 mod progress;
@@ -24,6 +25,7 @@ fn main() -> ExitCode {
         args::Command::Generate(a) => data::generate(&a, quiet),
         args::Command::Verify(a) => run::verify(&a, quiet),
         args::Command::Bench(a) => bench::bench(&a, quiet),
+        args::Command::Classify(a) => classify::classify(&a, quiet),
         args::Command::Info => info::info(),
     };
     match result {

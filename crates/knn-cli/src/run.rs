@@ -4,7 +4,7 @@ use crate::args::{EngineArgs, GraphArgs, MetricArgs, OutputArgs, SearchArgs, Ver
 use crate::data::{distances_path, load_points, parse_format, write_neighbors};
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
-use knn::{Covariance, Device, Knn, Matrix, Metric, Neighbors, Options};
+use knn::{Covariance, Device, Knn, Matrix, Method, Metric, Neighbors, Options};
 use knn_io::Format;
 use std::path::Path;
 use std::process::ExitCode;
@@ -25,15 +25,51 @@ pub fn metric(a: &MetricArgs) -> Result<Metric> {
 
 pub fn engine(a: &EngineArgs) -> Result<Knn> {
     let device: Device = a.device.parse()?;
+    let method: Method = a.method.parse()?;
+    let gpu_memory = a.gpu_memory.as_deref().map(parse_bytes).transpose()?;
     let knn = Knn::new(&Options {
         device,
         threads: a.threads,
-        gpu_method: a.gpu_method.clone(),
+        method,
+        gpu_memory,
     })?;
-    if device == Device::Auto && knn.device() == Device::Cpu && a.gpu_method.is_some() {
-        eprintln!("note: no usable GPU, --gpu-method ignored; running on the CPU");
+    if device == Device::Auto && knn.device() == Device::Cpu && gpu_memory.is_some() {
+        eprintln!(
+            "note: no usable GPU ({}), --gpu-memory ignored",
+            knn::gpu_status()
+        );
     }
     Ok(knn)
+}
+
+/// Parses a byte count: `2GiB`, `512MiB`, `64KiB`, `1GB`, `1e9` or plain bytes.
+pub fn parse_bytes(s: &str) -> Result<usize> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => (1u64 << 20) as f64,
+        "gib" => (1u64 << 30) as f64,
+        "tib" => (1u64 << 40) as f64,
+        u => bail!("'{s}': unknown size unit '{u}' (B, KB, MB, GB, KiB, MiB, GiB, TiB)"),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("'{s}' is not a size (e.g. 2GiB, 512MiB, 1e9)"))?;
+    let bytes = v * mult;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > usize::MAX as f64 {
+        bail!("'{s}': a size must be at least 1 byte");
+    }
+    Ok(bytes as usize)
 }
 
 /// Runs `f` `repeat` times; returns the last result and every time in ms.
@@ -134,7 +170,7 @@ pub fn search(a: &SearchArgs, quiet: bool) -> Result<ExitCode> {
         base.dim(),
         a.k,
         metric,
-        knn.engine_name()
+        knn.engine_for(base.rows(), base.dim(), &metric)?.name()
     );
     finish(
         "search",
@@ -162,7 +198,7 @@ pub fn graph(a: &GraphArgs, quiet: bool) -> Result<ExitCode> {
         points.dim(),
         a.k,
         metric,
-        knn.engine_name()
+        knn.engine_for(points.rows(), points.dim(), &metric)?.name()
     );
     finish("graph", &nn, &times, &a.out, &[&a.points], quiet, describe)
 }
@@ -272,4 +308,21 @@ pub fn verify(a: &VerifyArgs, quiet: bool) -> Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("512 MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1e9").unwrap(), 1_000_000_000);
+        assert_eq!(parse_bytes("1.5GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        for bad in ["", "GiB", "-1GiB", "0", "2 parsecs", "1e999"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
+    }
 }

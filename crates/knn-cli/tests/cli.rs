@@ -239,3 +239,197 @@ fn repeat_and_timing_json() {
         "{j}"
     );
 }
+
+#[test]
+fn grid_and_brute_agree_in_low_dimensions() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = generate(dir.path(), "b.npy", 3000, 3, 5);
+    let q = generate(dir.path(), "q.npy", 200, 3, 6);
+    let auto = ok(&[
+        "search",
+        "-b",
+        &b,
+        "-q",
+        &q,
+        "-k",
+        "7",
+        "--device",
+        "cpu",
+        "-o",
+        &p(dir.path(), "auto.npy"),
+    ]);
+    assert!(
+        auto.contains("on grid"),
+        "auto picks the grid for d=3:\n{auto}"
+    );
+    let brute = ok(&[
+        "search",
+        "-b",
+        &b,
+        "-q",
+        &q,
+        "-k",
+        "7",
+        "--device",
+        "cpu",
+        "--method",
+        "brute",
+        "-o",
+        &p(dir.path(), "brute.csv"),
+    ]);
+    assert!(brute.contains("on cpu"), "{brute}");
+    // Same ids (exact, ties by id), both formats.
+    let grid_ids = std::fs::read(p(dir.path(), "auto.npy")).unwrap();
+    ok(&[
+        "search",
+        "-b",
+        &b,
+        "-q",
+        &q,
+        "-k",
+        "7",
+        "--method",
+        "grid",
+        "-o",
+        &p(dir.path(), "grid.csv"),
+        "--quiet",
+    ]);
+    assert_eq!(
+        std::fs::read_to_string(p(dir.path(), "grid.csv")).unwrap(),
+        std::fs::read_to_string(p(dir.path(), "brute.csv")).unwrap()
+    );
+    assert!(!grid_ids.is_empty());
+    ok(&[
+        "verify",
+        "-r",
+        &p(dir.path(), "auto.npy"),
+        "-b",
+        &b,
+        "-q",
+        &q,
+    ]);
+    let e = fails(
+        &[
+            "search", "-b", &b, "-q", &q, "-k", "3", "-m", "ip", "--method", "grid",
+        ],
+        2,
+    );
+    assert!(e.contains("grid") && e.contains("brute"), "{e}");
+    let e = fails(
+        &["search", "-b", &b, "-q", &q, "-k", "3", "--method", "warp"],
+        2,
+    );
+    assert!(e.contains("unknown method"), "{e}");
+    let e = fails(
+        &[
+            "search",
+            "-b",
+            &b,
+            "-q",
+            &q,
+            "-k",
+            "3",
+            "--gpu-memory",
+            "2 parsecs",
+        ],
+        2,
+    );
+    assert!(e.contains("size"), "{e}");
+    let e = fails(
+        &[
+            "search", "-b", &b, "-q", &q, "-k", "3", "--device", "cpu", "--method", "cublas",
+        ],
+        2,
+    );
+    assert!(e.contains("GPU"), "{e}");
+}
+
+#[test]
+fn classify_seed_csv_batch_and_sequential() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = p(dir.path(), "seed.csv");
+    ok(&[
+        "generate",
+        "-n",
+        "600",
+        "-d",
+        "5",
+        "--classes",
+        "4",
+        "--new-share",
+        "0.25",
+        "--seed",
+        "9",
+        "-o",
+        &csv,
+        "--quiet",
+    ]);
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.starts_with("450,150,4,5\n"), "{}", &text[..40]);
+    assert_eq!(text.lines().filter(|l| l.ends_with(",-1")).count(), 150);
+    for mode in ["batch", "sequential"] {
+        let out = p(dir.path(), &format!("{mode}.csv"));
+        let log = ok(&[
+            "classify", "--csv", &csv, "-k", "5", "--mode", mode, "-o", &out,
+        ]);
+        assert!(log.contains(mode), "{log}");
+        let filled = std::fs::read_to_string(&out).unwrap();
+        assert_eq!(filled.lines().count(), text.lines().count());
+        assert!(
+            !filled.lines().any(|l| l.ends_with(",-1")),
+            "every -1 replaced"
+        );
+        // Labelled rows are unchanged, byte for byte.
+        for (a, b) in text.lines().zip(filled.lines()) {
+            if !a.ends_with(",-1") {
+                assert_eq!(a, b);
+            } else {
+                let class: i64 = b.rsplit(',').next().unwrap().parse().unwrap();
+                assert!((0..4).contains(&class), "{b}");
+            }
+        }
+    }
+    // Separate files, probabilities; an existing output is not replaced.
+    let train = generate(dir.path(), "train.npy", 300, 3, 1);
+    let queries = generate(dir.path(), "new.npy", 50, 3, 2);
+    let labels = p(dir.path(), "labels.csv");
+    std::fs::write(
+        &labels,
+        (0..300).map(|i| format!("{}\n", i % 3)).collect::<String>(),
+    )
+    .unwrap();
+    let out = p(dir.path(), "pred.csv");
+    let proba = p(dir.path(), "proba.csv");
+    ok(&[
+        "classify",
+        "--train",
+        &train,
+        "--labels",
+        &labels,
+        "-q",
+        &queries,
+        "-k",
+        "3",
+        "--weights",
+        "distance",
+        "-o",
+        &out,
+        "--proba",
+        &proba,
+        "--quiet",
+    ]);
+    assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 50);
+    assert_eq!(std::fs::read_to_string(&proba).unwrap().lines().count(), 50);
+    let e = fails(
+        &[
+            "classify", "--train", &train, "--labels", &labels, "-q", &queries, "-o", &out,
+        ],
+        2,
+    );
+    assert!(e.contains("exists"), "{e}");
+    // Bad seed CSV: the error names the line.
+    let bad = p(dir.path(), "bad.csv");
+    std::fs::write(&bad, "2,1,2,2\n0.5,0\n1,1,1\n0,0,-1\n").unwrap();
+    let e = fails(&["classify", "--csv", &bad, "-k", "1"], 2);
+    assert!(e.contains("line 2"), "{e}");
+}

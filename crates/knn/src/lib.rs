@@ -29,9 +29,11 @@ pub use knn_core::{
     Matrix, MatrixRef, Metric, Neighbors, Result, DEFAULT_TOLERANCE,
 };
 pub use knn_cpu::CpuEngine;
+pub use knn_grid::GridEngine;
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 /// Where to compute.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -73,6 +75,64 @@ impl fmt::Display for Device {
     }
 }
 
+/// How candidates are computed. Every method gives the same exact answer; they differ in speed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Method {
+    /// The grid for low dimensions (d ≤ [`GRID_MAX_DIM`], a metric with a distance-to-cell
+    /// bound, at least [`GRID_MIN_POINTS`] base points) when the device is the CPU or was left
+    /// to `auto`; brute force otherwise.
+    #[default]
+    Auto,
+    /// Brute force: the GEMM form with a fused top-k on the CPU, the fused kernels on a GPU.
+    Brute,
+    /// The exact grid (cells, counting sort, ring search; on the CPU). L2, squared L2, L1, L∞
+    /// (and the metrics reduced to squared L2); not the inner product or cosine.
+    Grid,
+    /// Seed 000's global-memory CUDA kernel + insertion sort (a GPU baseline).
+    Global,
+    /// Seed 000's texture-memory CUDA kernel + insertion sort (a GPU baseline).
+    Texture,
+    /// Seed 000's cuBLAS GEMM + insertion sort (a GPU baseline).
+    Cublas,
+}
+
+/// Dimensions up to which [`Method::Auto`] takes the grid.
+pub const GRID_MAX_DIM: usize = 3;
+/// Base points from which [`Method::Auto`] takes the grid (below it brute force is as fast).
+pub const GRID_MIN_POINTS: usize = 2048;
+
+impl FromStr for Method {
+    type Err = KnnError;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "auto" => Method::Auto,
+            "brute" | "fused" => Method::Brute,
+            "grid" => Method::Grid,
+            "global" => Method::Global,
+            "texture" => Method::Texture,
+            "cublas" => Method::Cublas,
+            _ => {
+                return Err(KnnError::Option(format!(
+                    "unknown method '{s}' (auto, brute, grid, or the GPU baselines global, texture, cublas)"
+                )))
+            }
+        })
+    }
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Method::Auto => "auto",
+            Method::Brute => "brute",
+            Method::Grid => "grid",
+            Method::Global => "global",
+            Method::Texture => "texture",
+            Method::Cublas => "cublas",
+        })
+    }
+}
+
 /// How to run.
 #[derive(Clone, Debug, Default)]
 pub struct Options {
@@ -80,56 +140,100 @@ pub struct Options {
     pub device: Device,
     /// CPU threads (`None`: one per core).
     pub threads: Option<usize>,
-    /// GPU method (`fused`, `global`, `texture`, `cublas`; `None`: fused).
-    pub gpu_method: Option<String>,
+    /// How candidates are computed.
+    pub method: Method,
+    /// Cap on the device memory a GPU engine's tiles use, in bytes (`None`: 70 % of free
+    /// memory). Smaller caps stream the base from host memory in tiles.
+    pub gpu_memory: Option<usize>,
 }
 
-/// A configured engine: the device is chosen once, then used for every call.
+/// A configured engine: the device is chosen once, then used for every call; with
+/// [`Method::Auto`] each call picks brute force or the grid from its data.
 pub struct Knn {
-    engine: Box<dyn Engine>,
+    brute: Box<dyn Engine>,
     device: Device,
+    method: Method,
+    /// Whether `Method::Auto` may move low-dimensional work to the CPU grid.
+    grid_allowed: bool,
+    threads: Option<usize>,
+    grid: OnceLock<Result<GridEngine>>,
 }
 
 impl Knn {
     /// Picks the engine for `opts`. `Device::Auto` takes a GPU when one is usable, else the CPU;
-    /// `Device::Cuda(n)` fails clearly when there is none.
+    /// `Device::Cuda(n)` fails clearly when there is none. The GPU baselines need a GPU.
     pub fn new(opts: &Options) -> Result<Self> {
-        match opts.device {
-            Device::Cpu => Self::cpu(opts),
-            Device::Cuda(n) => gpu::engine(n, opts).map(|engine| Knn {
-                engine,
-                device: Device::Cuda(n),
-            }),
+        let gpu_only = matches!(
+            opts.method,
+            Method::Global | Method::Texture | Method::Cublas
+        );
+        let (brute, device): (Box<dyn Engine>, Device) = match opts.device {
+            Device::Cpu if gpu_only => {
+                return Err(KnnError::Option(format!(
+                    "method {} runs on a GPU only (use --device cuda or auto)",
+                    opts.method
+                )))
+            }
+            Device::Cpu => (Box::new(CpuEngine::new(opts.threads)?), Device::Cpu),
+            Device::Cuda(n) => (gpu::engine(n, opts)?, Device::Cuda(n)),
             Device::Auto => match gpu::engine(0, opts) {
-                Ok(engine) => Ok(Knn {
-                    engine,
-                    device: Device::Cuda(0),
-                }),
-                Err(_) => Self::cpu(opts),
+                Ok(engine) => (engine, Device::Cuda(0)),
+                Err(e) if gpu_only => return Err(e),
+                Err(_) => (Box::new(CpuEngine::new(opts.threads)?), Device::Cpu),
             },
-        }
-    }
-
-    fn cpu(opts: &Options) -> Result<Self> {
+        };
         Ok(Knn {
-            engine: Box::new(CpuEngine::new(opts.threads)?),
-            device: Device::Cpu,
+            brute,
+            device,
+            method: opts.method,
+            // An explicit GPU keeps the work on the GPU; `auto` and `cpu` may use the CPU grid.
+            grid_allowed: !matches!(opts.device, Device::Cuda(_)),
+            threads: opts.threads,
+            grid: OnceLock::new(),
         })
     }
 
-    /// The device in use.
+    /// The device in use for brute force.
     pub fn device(&self) -> Device {
         self.device
     }
 
-    /// The engine's name (`cpu`, `cuda:0/fused`, ...).
+    /// The engine's name (`cpu`, `cuda:0/fused`, ...) for brute force; see
+    /// [`Knn::engine_for`] for the engine a given call uses.
     pub fn engine_name(&self) -> String {
-        self.engine.name()
+        self.brute.name()
     }
 
-    /// The engine, for the lower-level pipeline calls of `knn_core`.
+    fn grid_engine(&self) -> Result<&GridEngine> {
+        self.grid
+            .get_or_init(|| GridEngine::new(self.threads))
+            .as_ref()
+            .map_err(|e| KnnError::Option(e.to_string()))
+    }
+
+    /// The engine a call on `points` base points of dimension `dim` under `metric` uses.
+    pub fn engine_for(&self, points: usize, dim: usize, metric: &Metric) -> Result<&dyn Engine> {
+        let grid_fits = metric.kernel() != Kernel::NegDot;
+        match self.method {
+            Method::Grid if !grid_fits => Err(KnnError::Option(format!(
+                "the grid method has no distance-to-cell bound for {metric} (use --method brute)"
+            ))),
+            Method::Grid => Ok(self.grid_engine()?),
+            Method::Auto
+                if self.grid_allowed
+                    && grid_fits
+                    && dim <= GRID_MAX_DIM
+                    && points >= GRID_MIN_POINTS =>
+            {
+                Ok(self.grid_engine()?)
+            }
+            _ => Ok(self.brute.as_ref()),
+        }
+    }
+
+    /// The brute-force engine, for the lower-level pipeline calls of `knn_core`.
     pub fn engine(&self) -> &dyn Engine {
-        self.engine.as_ref()
+        self.brute.as_ref()
     }
 
     /// The k nearest base points of every query (see [`knn_core::search()`]).
@@ -140,7 +244,7 @@ impl Knn {
         k: usize,
         metric: &Metric,
     ) -> Result<Neighbors> {
-        knn_core::search(self.engine(), base, queries, k, metric)
+        self.search_with_progress(base, queries, k, metric, &|_, _| {})
     }
 
     /// [`Knn::search`] with a progress callback `(done, total)`.
@@ -152,12 +256,13 @@ impl Knn {
         metric: &Metric,
         progress: knn_core::ProgressFn<'_>,
     ) -> Result<Neighbors> {
-        knn_core::search_with_progress(self.engine(), base, queries, k, metric, progress)
+        let engine = self.engine_for(base.rows(), base.dim(), metric)?;
+        knn_core::search_with_progress(engine, base, queries, k, metric, progress)
     }
 
     /// The kNN graph of `points`: each point's k nearest other points (see [`knn_core::graph()`]).
     pub fn graph(&self, points: MatrixRef<'_>, k: usize, metric: &Metric) -> Result<Neighbors> {
-        knn_core::graph(self.engine(), points, k, metric)
+        self.graph_with_progress(points, k, metric, &|_, _| {})
     }
 
     /// [`Knn::graph`] with a progress callback `(done, total)`.
@@ -168,7 +273,8 @@ impl Knn {
         metric: &Metric,
         progress: knn_core::ProgressFn<'_>,
     ) -> Result<Neighbors> {
-        knn_core::graph_with_progress(self.engine(), points, k, metric, progress)
+        let engine = self.engine_for(points.rows(), points.dim(), metric)?;
+        knn_core::graph_with_progress(engine, points, k, metric, progress)
     }
 }
 
@@ -197,19 +303,50 @@ pub fn gpu_status() -> String {
     gpu::status()
 }
 
-/// GPU engines, when this build has them.
+/// The CUDA engines (the driver, NVRTC and cuBLAS are loaded at run time: without them these
+/// report why and the CPU is used).
 mod gpu {
     use super::*;
+    use knn_cuda::{CudaEngine, Method as CudaMethod};
 
-    pub(super) fn engine(_ordinal: usize, _opts: &Options) -> Result<Box<dyn Engine>> {
-        Err(KnnError::Device("this build has no CUDA engine".into()))
+    pub(super) fn engine(ordinal: usize, opts: &Options) -> Result<Box<dyn Engine>> {
+        let method = match opts.method {
+            Method::Global => CudaMethod::Global,
+            Method::Texture => CudaMethod::Texture,
+            Method::Cublas => CudaMethod::Cublas,
+            Method::Auto | Method::Brute | Method::Grid => CudaMethod::Fused,
+        };
+        let mut engine = CudaEngine::new(ordinal, method)?;
+        if let Some(bytes) = opts.gpu_memory {
+            engine = engine.with_memory_budget(bytes);
+        }
+        Ok(Box::new(engine))
     }
 
     pub(super) fn devices() -> Vec<(usize, String)> {
-        Vec::new()
+        knn_cuda::devices()
+            .into_iter()
+            .map(|d| {
+                (
+                    d.ordinal,
+                    format!(
+                        "{}, {:.1} GiB, compute capability {}.{}, {} SMs",
+                        d.name,
+                        d.total_memory as f64 / (1u64 << 30) as f64,
+                        d.compute_capability.0,
+                        d.compute_capability.1,
+                        d.multiprocessors
+                    ),
+                )
+            })
+            .collect()
     }
 
     pub(super) fn status() -> String {
-        "this build has no CUDA engine".into()
+        if CudaEngine::available() {
+            "ok".into()
+        } else {
+            "no CUDA driver library (libcuda) or no GPU found".into()
+        }
     }
 }
