@@ -35,6 +35,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::OnceLock;
 
+mod multi;
+
 /// Where to compute.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Device {
@@ -145,6 +147,10 @@ pub struct Options {
     /// Cap on the device memory a GPU engine's tiles use, in bytes (`None`: 70 % of free
     /// memory). Smaller caps stream the base from host memory in tiles.
     pub gpu_memory: Option<usize>,
+    /// Several GPUs at once (CUDA ordinals): queries are cut into tiles that the GPUs take
+    /// from a shared queue, one host thread per GPU. Empty: the single `device`. The answer is
+    /// identical to one GPU's (every row is re-ranked exactly and ordered by (distance, id)).
+    pub gpus: Vec<usize>,
 }
 
 /// A configured engine: the device is chosen once, then used for every call; with
@@ -174,7 +180,16 @@ impl Knn {
                     opts.method
                 )))
             }
+            Device::Cpu if !opts.gpus.is_empty() => {
+                return Err(KnnError::Option(
+                    "several GPUs were asked for with the CPU device".into(),
+                ))
+            }
             Device::Cpu => (Box::new(CpuEngine::new(opts.threads)?), Device::Cpu),
+            _ if opts.gpus.len() > 1 => (gpu::multi(&opts.gpus, opts)?, Device::Cuda(opts.gpus[0])),
+            _ if opts.gpus.len() == 1 => {
+                (gpu::engine(opts.gpus[0], opts)?, Device::Cuda(opts.gpus[0]))
+            }
             Device::Cuda(n) => (gpu::engine(n, opts)?, Device::Cuda(n)),
             Device::Auto => match gpu::engine(0, opts) {
                 Ok(engine) => (engine, Device::Cuda(0)),
@@ -187,7 +202,7 @@ impl Knn {
             device,
             method: opts.method,
             // An explicit GPU keeps the work on the GPU; `auto` and `cpu` may use the CPU grid.
-            grid_allowed: !matches!(opts.device, Device::Cuda(_)),
+            grid_allowed: !matches!(opts.device, Device::Cuda(_)) && opts.gpus.is_empty(),
             threads: opts.threads,
             grid: OnceLock::new(),
         })
@@ -321,6 +336,18 @@ mod gpu {
             engine = engine.with_memory_budget(bytes);
         }
         Ok(Box::new(engine))
+    }
+
+    pub(super) fn multi(ordinals: &[usize], opts: &Options) -> Result<Box<dyn Engine>> {
+        let mut seen = std::collections::HashSet::new();
+        if let Some(d) = ordinals.iter().find(|&&d| !seen.insert(d)) {
+            return Err(KnnError::Option(format!("GPU {d} is listed twice")));
+        }
+        let engines = ordinals
+            .iter()
+            .map(|&n| engine(n, opts))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(crate::multi::MultiEngine::new(engines)))
     }
 
     pub(super) fn devices() -> Vec<(usize, String)> {
