@@ -42,6 +42,9 @@ pub(crate) enum DirectOp {
     AbsDiff,
     /// L1: `acc += min(q, b)`, key `Σq + Σb − 2·acc`.
     Min,
+    /// `Min` on data without negative values (`−0.0` allowed): `min` on the bits as signed
+    /// integers, which order such floats as their values do and run on more SIMD pipes.
+    MinNonNegative,
     /// L∞: `acc = max(acc, |q − b|)`.
     MaxAbsDiff,
 }
@@ -49,6 +52,7 @@ pub(crate) enum DirectOp {
 const OP_ABS_DIFF: u8 = 0;
 const OP_MIN: u8 = 1;
 const OP_MAX_ABS_DIFF: u8 = 2;
+const OP_MIN_NON_NEGATIVE: u8 = 3;
 
 /// Per-request choices of the direct path and what its floors need.
 pub(crate) struct DirectPlan {
@@ -65,11 +69,15 @@ impl DirectPlan {
     pub(crate) fn new(req: &CandidateRequest<'_>) -> Self {
         let op = match req.kernel {
             Kernel::Linf => DirectOp::MaxAbsDiff,
-            Kernel::L1 if !req.precise && min_form_fits(req) => DirectOp::Min,
+            Kernel::L1 if !req.precise => match min_form_fits(req) {
+                Some(true) => DirectOp::MinNonNegative,
+                Some(false) => DirectOp::Min,
+                None => DirectOp::AbsDiff,
+            },
             _ => DirectOp::AbsDiff,
         };
         let (mut base_sums, mut max_base_abs) = (Vec::new(), 0.0);
-        if op == DirectOp::Min {
+        if matches!(op, DirectOp::Min | DirectOp::MinNonNegative) {
             let d = req.base.dim();
             base_sums = vec![0.0f32; req.base.rows()];
             max_base_abs = base_sums
@@ -113,7 +121,7 @@ impl DirectPlan {
     pub(crate) fn bound(&self, kernel: Kernel, q: &[f32], worst_key: f32) -> f32 {
         let d = q.len();
         match self.op {
-            DirectOp::Min => {
+            DirectOp::Min | DirectOp::MinNonNegative => {
                 let a = sums_f64(q).1 + self.max_base_abs;
                 let n = (d + 8) as f64 * F32_UNIT;
                 let gamma = n / (1.0 - n);
@@ -147,10 +155,11 @@ fn sums_f64(x: &[f32]) -> (f64, f64) {
 
 /// Whether the `Min` form's bound stays small next to typical distances: the base (sampled)
 /// sits near the origin relative to its spread, and every sum stays far from overflow.
-fn min_form_fits(req: &CandidateRequest<'_>) -> bool {
+/// `Some(no negative value in base and queries)` when it does, else `None`.
+fn min_form_fits(req: &CandidateRequest<'_>) -> Option<bool> {
     let (n, d) = (req.base.rows(), req.base.dim());
     if n == 0 {
-        return false;
+        return None;
     }
     let step = n.div_ceil(SAMPLE_ROWS).max(1);
     let rows: Vec<&[f32]> = (0..n).step_by(step).map(|r| req.base.row(r)).collect();
@@ -169,15 +178,24 @@ fn min_form_fits(req: &CandidateRequest<'_>) -> bool {
     }
     deviation /= rows.len() as f64;
     let offset: f64 = mean.iter().map(|m| m.abs()).sum();
-    // Sums of |values| of any point: d · max |value| (prepare keeps values ≤ 2⁴⁰).
-    let largest = |m: knn_core::MatrixRef<'_>| {
+    // Sums of |values| of any point: at most d · max |value| (prepare keeps values ≤ 2⁴⁰).
+    let range = |m: knn_core::MatrixRef<'_>| {
         m.as_slice()
             .par_iter()
-            .fold(|| 0.0f32, |a, &v| a.max(v.abs()))
-            .reduce(|| 0.0, f32::max)
+            .fold(
+                || (f32::INFINITY, 0.0f32),
+                |(lo, top), &v| (lo.min(v), top.max(v.abs())),
+            )
+            .reduce(
+                || (f32::INFINITY, 0.0f32),
+                |a, b| (a.0.min(b.0), a.1.max(b.1)),
+            )
     };
-    let top = largest(req.base).max(largest(req.queries)) as f64;
-    offset <= MIN_FORM_MAX_OFFSET * deviation && top * (d as f64) * 8.0 < f32::MAX as f64
+    let (rb, rq) = (range(req.base), range(req.queries));
+    let top = rb.1.max(rq.1) as f64;
+    let fits =
+        offset <= MIN_FORM_MAX_OFFSET * deviation && top * (d as f64) * 8.0 < f32::MAX as f64;
+    fits.then_some(rb.0 >= 0.0 && rq.0 >= 0.0)
 }
 
 /// Folds the keys of `queries[qr] × base[br]` into `tops` (one per query of `qr`).
@@ -225,7 +243,7 @@ fn fold_with(isa: Isa, unit: &Unit<'_, '_>, tops: &mut [TopK]) {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { x86::fold_avx2(unit, tops) },
         // SAFETY: the scalar "vectors" need no CPU feature.
-        _ => unsafe { fold::<Scalar, 4>(unit, tops) },
+        _ => unsafe { fold::<Scalar, 2, 4>(unit, tops) },
     }
 }
 
@@ -252,8 +270,16 @@ trait Simd {
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
-    unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn abs(a: Self::V) -> Self::V;
+    /// `a + x` computed by a fused multiply-add `x·1 + a` (the same single rounding as an
+    /// addition), which runs on the FMA pipes and leaves the adder pipes to `min`/`sub`.
+    unsafe fn add_on_fma(a: Self::V, x: Self::V) -> Self::V;
+    /// `min` of the lanes read as signed 32-bit integers: the float minimum when neither is
+    /// negative (`−0.0` included).
+    unsafe fn min_bits(a: Self::V, b: Self::V) -> Self::V;
+    /// `max` of the lanes read as signed 32-bit integers: the float maximum of values that are
+    /// not negative (such as `|x|`).
+    unsafe fn max_bits(a: Self::V, b: Self::V) -> Self::V;
     /// `t − 2·a`, rounded once (`2·a` is exact).
     unsafe fn minus_twice(t: Self::V, a: Self::V) -> Self::V;
     /// Bit `l` set when lane `l` of `a` is `≤` that of `b` (false for NaN).
@@ -297,12 +323,20 @@ impl Simd for Scalar {
         a.min(b)
     }
     #[inline(always)]
-    unsafe fn max(a: f32, b: f32) -> f32 {
-        a.max(b)
-    }
-    #[inline(always)]
     unsafe fn abs(a: f32) -> f32 {
         a.abs()
+    }
+    #[inline(always)]
+    unsafe fn add_on_fma(a: f32, x: f32) -> f32 {
+        a + x
+    }
+    #[inline(always)]
+    unsafe fn min_bits(a: f32, b: f32) -> f32 {
+        f32::from_bits((a.to_bits() as i32).min(b.to_bits() as i32) as u32)
+    }
+    #[inline(always)]
+    unsafe fn max_bits(a: f32, b: f32) -> f32 {
+        f32::from_bits((a.to_bits() as i32).max(b.to_bits() as i32) as u32)
     }
     #[inline(always)]
     unsafe fn minus_twice(t: f32, a: f32) -> f32 {
@@ -358,12 +392,30 @@ mod x86 {
             unsafe { _mm512_min_ps(a, b) }
         }
         #[inline(always)]
-        unsafe fn max(a: __m512, b: __m512) -> __m512 {
-            unsafe { _mm512_max_ps(a, b) }
-        }
-        #[inline(always)]
         unsafe fn abs(a: __m512) -> __m512 {
             unsafe { _mm512_abs_ps(a) }
+        }
+        #[inline(always)]
+        unsafe fn add_on_fma(a: __m512, x: __m512) -> __m512 {
+            unsafe { _mm512_fmadd_ps(x, _mm512_set1_ps(1.0), a) }
+        }
+        #[inline(always)]
+        unsafe fn min_bits(a: __m512, b: __m512) -> __m512 {
+            unsafe {
+                _mm512_castsi512_ps(_mm512_min_epi32(
+                    _mm512_castps_si512(a),
+                    _mm512_castps_si512(b),
+                ))
+            }
+        }
+        #[inline(always)]
+        unsafe fn max_bits(a: __m512, b: __m512) -> __m512 {
+            unsafe {
+                _mm512_castsi512_ps(_mm512_max_epi32(
+                    _mm512_castps_si512(a),
+                    _mm512_castps_si512(b),
+                ))
+            }
         }
         #[inline(always)]
         unsafe fn minus_twice(t: __m512, a: __m512) -> __m512 {
@@ -407,12 +459,30 @@ mod x86 {
             unsafe { _mm256_min_ps(a, b) }
         }
         #[inline(always)]
-        unsafe fn max(a: __m256, b: __m256) -> __m256 {
-            unsafe { _mm256_max_ps(a, b) }
-        }
-        #[inline(always)]
         unsafe fn abs(a: __m256) -> __m256 {
             unsafe { _mm256_andnot_ps(_mm256_set1_ps(-0.0), a) }
+        }
+        #[inline(always)]
+        unsafe fn add_on_fma(a: __m256, x: __m256) -> __m256 {
+            unsafe { _mm256_fmadd_ps(x, _mm256_set1_ps(1.0), a) }
+        }
+        #[inline(always)]
+        unsafe fn min_bits(a: __m256, b: __m256) -> __m256 {
+            unsafe {
+                _mm256_castsi256_ps(_mm256_min_epi32(
+                    _mm256_castps_si256(a),
+                    _mm256_castps_si256(b),
+                ))
+            }
+        }
+        #[inline(always)]
+        unsafe fn max_bits(a: __m256, b: __m256) -> __m256 {
+            unsafe {
+                _mm256_castsi256_ps(_mm256_max_epi32(
+                    _mm256_castps_si256(a),
+                    _mm256_castps_si256(b),
+                ))
+            }
         }
         #[inline(always)]
         unsafe fn minus_twice(t: __m256, a: __m256) -> __m256 {
@@ -424,18 +494,19 @@ mod x86 {
         }
     }
 
-    /// [`fold`] with AVX-512: 8 base points × 32 queries (16 zmm accumulators).
+    /// [`fold`] with AVX-512: 6 base points × 64 queries (24 zmm accumulators, 4 query
+    /// vectors, one broadcast per 4 operations).
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn fold_avx512(unit: &Unit<'_, '_>, tops: &mut [TopK]) {
         // SAFETY: this function's features are those `Avx512` needs.
-        unsafe { fold::<Avx512, 8>(unit, tops) }
+        unsafe { fold::<Avx512, 4, 6>(unit, tops) }
     }
 
     /// [`fold`] with AVX2 + FMA: 4 base points × 16 queries (8 ymm accumulators).
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn fold_avx2(unit: &Unit<'_, '_>, tops: &mut [TopK]) {
         // SAFETY: this function's features are those `Avx2` needs.
-        unsafe { fold::<Avx2, 4>(unit, tops) }
+        unsafe { fold::<Avx2, 2, 4>(unit, tops) }
     }
 }
 
@@ -450,12 +521,13 @@ struct Group {
     len: usize,
 }
 
-/// The whole unit with vectors `S` and `NR` base points per micro-kernel call.
+/// The whole unit with vectors `S`, groups of `QV` query vectors and `NR` base points per
+/// micro-kernel call.
 #[inline(always)]
-unsafe fn fold<S: Simd, const NR: usize>(unit: &Unit<'_, '_>, tops: &mut [TopK]) {
+unsafe fn fold<S: Simd, const QV: usize, const NR: usize>(unit: &Unit<'_, '_>, tops: &mut [TopK]) {
     let req = unit.req;
     let d = req.base.dim();
-    let width = 2 * S::LANES;
+    let width = QV * S::LANES;
     let mut groups: Vec<Group> = unit
         .qr
         .clone()
@@ -495,14 +567,27 @@ unsafe fn fold<S: Simd, const NR: usize>(unit: &Unit<'_, '_>, tops: &mut [TopK])
             unsafe {
                 match unit.plan.op {
                     DirectOp::AbsDiff => {
-                        fold_group::<S, OP_ABS_DIFF, NR>(g, base, d, b0..b1, unit.plan, tops)
+                        fold_group::<S, OP_ABS_DIFF, QV, NR>(g, base, d, b0..b1, unit.plan, tops)
                     }
                     DirectOp::Min => {
-                        fold_group::<S, OP_MIN, NR>(g, base, d, b0..b1, unit.plan, tops)
+                        fold_group::<S, OP_MIN, QV, NR>(g, base, d, b0..b1, unit.plan, tops)
                     }
-                    DirectOp::MaxAbsDiff => {
-                        fold_group::<S, OP_MAX_ABS_DIFF, NR>(g, base, d, b0..b1, unit.plan, tops)
-                    }
+                    DirectOp::MinNonNegative => fold_group::<S, OP_MIN_NON_NEGATIVE, QV, NR>(
+                        g,
+                        base,
+                        d,
+                        b0..b1,
+                        unit.plan,
+                        tops,
+                    ),
+                    DirectOp::MaxAbsDiff => fold_group::<S, OP_MAX_ABS_DIFF, QV, NR>(
+                        g,
+                        base,
+                        d,
+                        b0..b1,
+                        unit.plan,
+                        tops,
+                    ),
                 }
             }
         }
@@ -513,7 +598,7 @@ unsafe fn fold<S: Simd, const NR: usize>(unit: &Unit<'_, '_>, tops: &mut [TopK])
 /// Base points `br` against one query group: full micro-kernels of `NR` points, then the
 /// remaining points one at a time.
 #[inline(always)]
-unsafe fn fold_group<S: Simd, const OP: u8, const NR: usize>(
+unsafe fn fold_group<S: Simd, const OP: u8, const QV: usize, const NR: usize>(
     g: &mut Group,
     base: &[f32],
     d: usize,
@@ -525,18 +610,18 @@ unsafe fn fold_group<S: Simd, const OP: u8, const NR: usize>(
     let mut b = br.start;
     // SAFETY (both loops): rows `b..b + NR` lie in `br`, inside the base; forwarded features.
     while b < full {
-        unsafe { micro::<S, OP, NR>(g, base, d, b, plan, tops) };
+        unsafe { micro::<S, OP, QV, NR>(g, base, d, b, plan, tops) };
         b += NR;
     }
     while b < br.end {
-        unsafe { micro::<S, OP, 1>(g, base, d, b, plan, tops) };
+        unsafe { micro::<S, OP, QV, 1>(g, base, d, b, plan, tops) };
         b += 1;
     }
 }
 
 /// Keys of base points `b0..b0 + NR` against the group, folded into its top-k lists.
 #[inline(always)]
-unsafe fn micro<S: Simd, const OP: u8, const NR: usize>(
+unsafe fn micro<S: Simd, const OP: u8, const QV: usize, const NR: usize>(
     g: &mut Group,
     base: &[f32],
     d: usize,
@@ -545,60 +630,67 @@ unsafe fn micro<S: Simd, const OP: u8, const NR: usize>(
     tops: &mut [TopK],
 ) {
     let lanes = S::LANES;
-    let width = 2 * lanes;
-    debug_assert!(base.len() >= (b0 + NR) * d && g.packed.len() == d * width);
+    let width = QV * lanes;
+    debug_assert!(base.len() >= (b0 + NR) * d && g.packed.len() == d * width && width <= 64);
     let rows: [*const f32; NR] = std::array::from_fn(|p| base[(b0 + p) * d..].as_ptr());
     let qp = g.packed.as_ptr();
     // SAFETY: the caller's CPU has `S`'s features; every pointer stays inside its slice:
-    // `qp + j·width + lanes + LANES ≤ d·width`, `rows[p] + j < (b0 + p + 1)·d`.
+    // `qp + j·width + v·lanes + LANES ≤ d·width`, `rows[p] + j < (b0 + p + 1)·d`, and the
+    // group's `thr`/`sums` hold `width` values.
     unsafe {
-        let mut acc = [[S::zero(); 2]; NR];
+        let mut acc = [[S::zero(); QV]; NR];
         for j in 0..d {
-            let q0 = S::load(qp.add(j * width));
-            let q1 = S::load(qp.add(j * width + lanes));
-            for p in 0..NR {
+            let q: [S::V; QV] = std::array::from_fn(|v| S::load(qp.add(j * width + v * lanes)));
+            for (p, acc) in acc.iter_mut().enumerate() {
                 let b = S::splat(*rows[p].add(j));
-                for (a, q) in acc[p].iter_mut().zip([q0, q1]) {
+                for (v, a) in acc.iter_mut().enumerate() {
+                    // Pipes (Zen 4): float min/max/add/sub share the two adder pipes; integer
+                    // min/max, logic and FMAs use the others. Accumulating half the vectors (or
+                    // all, for `AbsDiff`) by FMA balances the load.
                     *a = match OP {
-                        OP_MIN => S::add(*a, S::min(q, b)),
-                        OP_MAX_ABS_DIFF => S::max(*a, S::abs(S::sub(q, b))),
-                        _ => S::add(*a, S::abs(S::sub(q, b))),
+                        OP_MIN_NON_NEGATIVE if v % 2 == 0 => {
+                            S::add_on_fma(*a, S::min_bits(q[v], b))
+                        }
+                        OP_MIN_NON_NEGATIVE => S::add(*a, S::min_bits(q[v], b)),
+                        OP_MIN if v % 2 == 0 => S::add_on_fma(*a, S::min(q[v], b)),
+                        OP_MIN => S::add(*a, S::min(q[v], b)),
+                        OP_MAX_ABS_DIFF => S::max_bits(*a, S::abs(S::sub(q[v], b))),
+                        _ => S::add_on_fma(*a, S::abs(S::sub(q[v], b))),
                     };
                 }
             }
         }
-        let (s0, s1) = if OP == OP_MIN {
-            (
-                S::load(g.sums.as_ptr()),
-                S::load(g.sums.as_ptr().add(lanes)),
-            )
-        } else {
-            (S::zero(), S::zero())
-        };
-        for (p, [a0, a1]) in acc.into_iter().enumerate() {
-            let id = b0 + p;
-            let (k0, k1) = if OP == OP_MIN {
-                let sb = S::splat(plan.base_sums[id]);
-                (
-                    S::minus_twice(S::add(s0, sb), a0),
-                    S::minus_twice(S::add(s1, sb), a1),
-                )
+        let min_form = OP == OP_MIN || OP == OP_MIN_NON_NEGATIVE;
+        let sums: [S::V; QV] = std::array::from_fn(|v| {
+            if min_form {
+                S::load(g.sums.as_ptr().add(v * lanes))
             } else {
-                (a0, a1)
-            };
-            // Thresholds are reloaded per point: a push may have just lowered them.
-            let mask = S::le_mask(k0, S::load(g.thr.as_ptr()))
-                | (S::le_mask(k1, S::load(g.thr.as_ptr().add(lanes))) << lanes);
+                S::zero()
+            }
+        });
+        for (p, acc) in acc.into_iter().enumerate() {
+            let id = b0 + p;
+            let sb = S::splat(if min_form { plan.base_sums[id] } else { 0.0 });
+            let mut keys_v = acc;
+            let mut mask = 0u64;
+            for v in 0..QV {
+                if min_form {
+                    keys_v[v] = S::minus_twice(S::add(sums[v], sb), acc[v]);
+                }
+                // Thresholds are reloaded per point: a push may have just lowered them.
+                let t = S::load(g.thr.as_ptr().add(v * lanes));
+                mask |= u64::from(S::le_mask(keys_v[v], t)) << (v * lanes);
+            }
             if mask == 0 {
                 continue;
             }
             let mut keys = [0.0f32; 64];
-            S::store(keys.as_mut_ptr(), k0);
-            S::store(keys.as_mut_ptr().add(lanes), k1);
-            let mut m = mask;
-            while m != 0 {
-                let l = m.trailing_zeros() as usize;
-                m &= m - 1;
+            for (v, k) in keys_v.into_iter().enumerate() {
+                S::store(keys.as_mut_ptr().add(v * lanes), k);
+            }
+            while mask != 0 {
+                let l = mask.trailing_zeros() as usize;
+                mask &= mask - 1;
                 if g.skip[l] != id as u32 {
                     let t = &mut tops[l];
                     t.push(keys[l], id as u32);
@@ -645,7 +737,13 @@ mod tests {
             (40, 37, 17),
             (70, 530, 129),
         ] {
-            for (lo, span) in [(0.0, 1.0), (-3.0, 6.0), (1000.0, 1.0), (-1e5, 3e5)] {
+            for (lo, span) in [
+                (0.0, 1.0),
+                (-3.0, 6.0),
+                (1000.0, 1.0),
+                (-1e5, 3e5),
+                (0.0, 1e-38),
+            ] {
                 let q = values(nq * d, 1 + d as u64, lo, span);
                 let b = values(nb * d, 2 + nb as u64, lo, span);
                 for kernel in [Kernel::L1, Kernel::Linf] {
@@ -712,6 +810,8 @@ mod tests {
             .op
         };
         assert_eq!(op(&near, Kernel::L1, false), DirectOp::Min);
+        let positive = values(100 * d, 3, 0.0, 2.0);
+        assert_eq!(op(&positive, Kernel::L1, false), DirectOp::MinNonNegative);
         assert_eq!(op(&near, Kernel::L1, true), DirectOp::AbsDiff);
         assert_eq!(op(&far, Kernel::L1, false), DirectOp::AbsDiff);
         assert_eq!(op(&near, Kernel::Linf, false), DirectOp::MaxAbsDiff);
