@@ -1,24 +1,30 @@
 //! Direct kernels for L1 and L∞: per-coordinate work, no GEMM form.
 //!
 //! # Layout (a GEMM-style register-blocked micro-kernel)
-//! Queries sit in SIMD lanes: a work unit packs its queries once, in groups of `2·LANES`
-//! (32 with AVX-512, 16 with AVX2, 2 scalar), coordinate-major (`[j][lane]`). Base points are
-//! read straight from their rows and one coordinate is broadcast at a time. The micro-kernel
-//! keeps `NR` base points × two query vectors of accumulators in registers (8 × 2 zmm with
-//! AVX-512), so each loaded vector feeds `NR` operations and each broadcast two. Its keys are
-//! compared with the `2·LANES` queries' thresholds at once; only keys under a threshold reach
-//! the top-k lists. A unit walks the base in blocks of [`BASE_BLOCK`] points (in L2) and runs
-//! every query group over each block. SIMD is chosen at run time (AVX-512, AVX2+FMA, scalar).
+//! Queries sit in SIMD lanes: a work unit packs its queries once, in groups of `QV·LANES`
+//! (64 with AVX-512: 4 zmm; 16 with AVX2: 2 ymm; 2 scalar), coordinate-major (`[j][lane]`).
+//! Base points are read straight from their rows and one coordinate is broadcast at a time.
+//! The micro-kernel keeps `NR` base points × `QV` query vectors of accumulators in registers
+//! (6 × 4 zmm with AVX-512), so each broadcast feeds `QV` operations and each query load `NR`.
+//! Its keys are compared with the group's thresholds a vector at a time; only keys under a
+//! threshold reach the top-k lists. A unit walks the base in blocks of [`BASE_BLOCK`] points
+//! (in L2) and runs every query group over each block. SIMD is chosen at run time (AVX-512,
+//! AVX2 + FMA, scalar).
 //!
 //! # Operations ([`DirectOp`])
-//! - L∞: `acc = max(acc, |q − b|)`: 3 operations per coordinate pair; `max` is exact and each
-//!   `|q − b|` is rounded once, so `|key − exact| ≤ u·key`, within
+//! Measured on Zen 4: float `min`, `max`, `add` and `sub` all issue to the same two adder
+//! pipes, while integer `min`/`max`, logic and FMAs can use the other two; so the kernels
+//! accumulate through FMAs (`x·1 + acc`, rounded exactly like an addition) and take `min`/`max`
+//! on the bits as integers where the values are non-negative.
+//! - L∞: `acc = max(acc, |q − b|)` (max on the bits: `|x|` is never negative). `max` is exact
+//!   and each `|q − b|` is rounded once, so `|key − exact| ≤ u·key`, within
 //!   [`Kernel::error_bound`](knn_core::Kernel::error_bound)`= γ_{d+8}·key`.
 //! - L1 (`AbsDiff`): `acc += |q − b|`: 3 operations; `|key − exact| ≤ γ_{d+8}·key`, the same
 //!   bound. Used on retries (`precise`) and for data far from the origin.
-//! - L1 (`Min`): `|q − b| = q + b − 2·min(q, b)`, so `Σ|qᵢ − bᵢ| = Σq + Σb − 2·Σmin(qᵢ, bᵢ)`:
-//!   2 operations per pair (min, add), a third less work. Rounding now scales with the sizes
-//!   of the values, not with the distance; see [`DirectPlan::bound`] for the proven bound.
+//! - L1 (`Min`, `MinNonNegative`): `|q − b| = q + b − 2·min(q, b)`, so
+//!   `Σ|qᵢ − bᵢ| = Σq + Σb − 2·Σmin(qᵢ, bᵢ)`: 2 operations per pair (min, add). Rounding now
+//!   scales with the sizes of the values, not with the distance; [`DirectPlan::bound`] derives
+//!   the proven bound the floors use.
 
 use crate::engine::F32_UNIT;
 use knn_core::{CandidateRequest, Kernel, TopK};
