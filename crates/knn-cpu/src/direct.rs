@@ -1,89 +1,825 @@
-//! Direct kernels for L1 and L∞: per-coordinate work, no GEMM form. Four queries share each
-//! base point load; 16 independent lanes per query keep the SIMD units busy.
+//! Direct kernels for L1 and L∞: per-coordinate work, no GEMM form.
+//!
+//! # Layout (a GEMM-style register-blocked micro-kernel)
+//! Queries sit in SIMD lanes: a work unit packs its queries once, in groups of `QV·LANES`
+//! (64 with AVX-512: 4 zmm; 16 with AVX2: 2 ymm; 2 scalar), coordinate-major (`[j][lane]`).
+//! Base points are read straight from their rows and one coordinate is broadcast at a time.
+//! The micro-kernel keeps `NR` base points × `QV` query vectors of accumulators in registers
+//! (6 × 4 zmm with AVX-512), so each broadcast feeds `QV` operations and each query load `NR`.
+//! Its keys are compared with the group's thresholds a vector at a time; only keys under a
+//! threshold reach the top-k lists. A unit walks the base in blocks of [`BASE_BLOCK`] points
+//! (in L2) and runs every query group over each block. SIMD is chosen at run time (AVX-512,
+//! AVX2 + FMA, scalar).
+//!
+//! # Operations ([`DirectOp`])
+//! Measured on Zen 4: float `min`, `max`, `add` and `sub` all issue to the same two adder
+//! pipes, while integer `min`/`max`, logic and FMAs can use the other two; so the kernels
+//! accumulate through FMAs (`x·1 + acc`, rounded exactly like an addition) and take `min`/`max`
+//! on the bits as integers where the values are non-negative.
+//! - L∞: `acc = max(acc, |q − b|)` (max on the bits: `|x|` is never negative). `max` is exact
+//!   and each `|q − b|` is rounded once, so `|key − exact| ≤ u·key`, within
+//!   [`Kernel::error_bound`](knn_core::Kernel::error_bound)`= γ_{d+8}·key`.
+//! - L1 (`AbsDiff`): `acc += |q − b|`: 3 operations; `|key − exact| ≤ γ_{d+8}·key`, the same
+//!   bound. Used on retries (`precise`) and for data far from the origin.
+//! - L1 (`Min`, `MinNonNegative`): `|q − b| = q + b − 2·min(q, b)`, so
+//!   `Σ|qᵢ − bᵢ| = Σq + Σb − 2·Σmin(qᵢ, bᵢ)`: 2 operations per pair (min, add). Rounding now
+//!   scales with the sizes of the values, not with the distance; [`DirectPlan::bound`] derives
+//!   the proven bound the floors use.
 
+use crate::engine::F32_UNIT;
 use knn_core::{CandidateRequest, Kernel, TopK};
-use multiversion::multiversion;
+use rayon::prelude::*;
 use std::ops::Range;
 
-/// Queries processed together against each base point.
-const QUERY_GROUP: usize = 4;
+/// Base points per block: `BASE_BLOCK · d` f32 (256 KiB at d = 128) stay in L2 while every
+/// query group of the unit runs over them.
+const BASE_BLOCK: usize = 512;
+/// Base rows sampled to decide whether the data sits near the origin.
+const SAMPLE_ROWS: usize = 1024;
+/// The `Min` form is used when `Σ|mean|` is at most this many times the mean absolute
+/// deviation summed over coordinates: its bound (∝ `Σ|q| + Σ|b|`) then stays a small
+/// fraction of typical distances (∝ the deviation).
+const MIN_FORM_MAX_OFFSET: f64 = 8.0;
 
-/// Folds the keys of `queries[qr] × base[br]` into `tops`.
+/// What the micro-kernel computes per coordinate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DirectOp {
+    /// L1: `acc += |q − b|`.
+    AbsDiff,
+    /// L1: `acc += min(q, b)`, key `Σq + Σb − 2·acc`.
+    Min,
+    /// `Min` on data without negative values (`−0.0` allowed): `min` on the bits as signed
+    /// integers, which order such floats as their values do and run on more SIMD pipes.
+    MinNonNegative,
+    /// L∞: `acc = max(acc, |q − b|)`.
+    MaxAbsDiff,
+}
+
+const OP_ABS_DIFF: u8 = 0;
+const OP_MIN: u8 = 1;
+const OP_MAX_ABS_DIFF: u8 = 2;
+const OP_MIN_NON_NEGATIVE: u8 = 3;
+
+/// Per-request choices of the direct path and what its floors need.
+pub(crate) struct DirectPlan {
+    pub op: DirectOp,
+    /// `Min` only: `Σᵢ bᵢ` per base point (f64 sum rounded to f32).
+    base_sums: Vec<f32>,
+    /// `Min` only: `max_b Σᵢ |bᵢ|` (f64).
+    max_base_abs: f64,
+}
+
+impl DirectPlan {
+    /// Picks the operation: `Min` for L1 on data near the origin (relative to its spread) unless
+    /// the request asks for full precision; `AbsDiff` for other L1; `MaxAbsDiff` for L∞.
+    pub(crate) fn new(req: &CandidateRequest<'_>) -> Self {
+        let op = match req.kernel {
+            Kernel::Linf => DirectOp::MaxAbsDiff,
+            Kernel::L1 if !req.precise => match min_form_fits(req) {
+                Some(true) => DirectOp::MinNonNegative,
+                Some(false) => DirectOp::Min,
+                None => DirectOp::AbsDiff,
+            },
+            _ => DirectOp::AbsDiff,
+        };
+        let (mut base_sums, mut max_base_abs) = (Vec::new(), 0.0);
+        if matches!(op, DirectOp::Min | DirectOp::MinNonNegative) {
+            let d = req.base.dim();
+            base_sums = vec![0.0f32; req.base.rows()];
+            max_base_abs = base_sums
+                .par_chunks_mut(1024)
+                .zip(req.base.as_slice().par_chunks(1024 * d))
+                .map(|(sums, rows)| {
+                    let mut max_abs = 0.0f64;
+                    for (s, r) in sums.iter_mut().zip(rows.chunks_exact(d)) {
+                        let (sum, abs) = sums_f64(r);
+                        *s = sum as f32;
+                        max_abs = max_abs.max(abs);
+                    }
+                    max_abs
+                })
+                .reduce(|| 0.0, f64::max);
+        }
+        DirectPlan {
+            op,
+            base_sums,
+            max_base_abs,
+        }
+    }
+
+    /// `|computed key − exact key| ≤ bound` for query `q` and every base point whose computed
+    /// key is at most `worst_key`.
+    ///
+    /// `AbsDiff`, `MaxAbsDiff`: [`Kernel::error_bound`] `= γ_{d+8}·worst_key`.
+    ///
+    /// `Min`, with `A = Σ|qᵢ| + max_b Σ|bᵢ|`, `u = 2⁻²⁴`, `γₙ = n·u/(1 − n·u)`: the key is
+    /// `fl(fl(S_q + S_b) − 2·Ŝ)` where `Ŝ` is the f32 sum of the exact `mᵢ = min(qᵢ, bᵢ)` and
+    /// `S_q`, `S_b` are f64 sums rounded to f32. Then
+    /// 1. `|Ŝ − Σmᵢ| ≤ γ_{d−1} Σ|mᵢ| ≤ γ_{d−1}·A` (any summation order; `|mᵢ| ≤ |qᵢ| + |bᵢ|`);
+    /// 2. `|S_q − Σqᵢ| ≤ (u + d·2⁻⁵²)(1 + u)·Σ|qᵢ|`, the same for `S_b`;
+    /// 3. the addition adds at most `u(1 + u)²·A`, the subtraction `u·(|t| + 2|Ŝ|) ≤ 3u(1 + γ_d)·A`;
+    ///
+    /// in all at most `(2γ_{d−1} + 6u + d·2⁻⁵¹ + O(u²))·A ≤ 2γ_{d+8}·A` for `d < 2²⁷`
+    /// (`2γ_{d+8} − 2γ_{d−1} ≥ 18u`). `2·Ŝ` and `min` are exact; subnormal results of additions
+    /// are exact, and the f64→f32 roundings of `S_q`, `S_b` lose at most `2⁻¹⁵⁰` more each,
+    /// covered by the added `f32::MIN_POSITIVE`. The bound is rounded up by `1 + 10⁻⁶` so it
+    /// stays a bound in f32.
+    pub(crate) fn bound(&self, kernel: Kernel, q: &[f32], worst_key: f32) -> f32 {
+        let d = q.len();
+        match self.op {
+            DirectOp::Min | DirectOp::MinNonNegative => {
+                let a = sums_f64(q).1 + self.max_base_abs;
+                let n = (d + 8) as f64 * F32_UNIT;
+                let gamma = n / (1.0 - n);
+                let b = 2.0 * gamma * a;
+                (b * (1.0 + 1e-6) + f64::from(f32::MIN_POSITIVE)) as f32
+            }
+            DirectOp::AbsDiff | DirectOp::MaxAbsDiff => {
+                kernel.error_bound(d, 0.0, 0.0, worst_key, F32_UNIT, 0.0)
+            }
+        }
+    }
+}
+
+/// `(Σ xᵢ, Σ |xᵢ|)` in f64.
+fn sums_f64(x: &[f32]) -> (f64, f64) {
+    let (mut s, mut a) = ([0.0f64; 4], [0.0f64; 4]);
+    let chunks = x.chunks_exact(4);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for l in 0..4 {
+            s[l] += c[l] as f64;
+            a[l] += (c[l] as f64).abs();
+        }
+    }
+    for &v in rest {
+        s[0] += v as f64;
+        a[0] += (v as f64).abs();
+    }
+    (s.iter().sum(), a.iter().sum())
+}
+
+/// Whether the `Min` form's bound stays small next to typical distances: the base (sampled)
+/// sits near the origin relative to its spread, and every sum stays far from overflow.
+/// `Some(no negative value in base and queries)` when it does, else `None`.
+fn min_form_fits(req: &CandidateRequest<'_>) -> Option<bool> {
+    let (n, d) = (req.base.rows(), req.base.dim());
+    if n == 0 {
+        return None;
+    }
+    let step = n.div_ceil(SAMPLE_ROWS).max(1);
+    let rows: Vec<&[f32]> = (0..n).step_by(step).map(|r| req.base.row(r)).collect();
+    let mut mean = vec![0.0f64; d];
+    for r in &rows {
+        for (m, &v) in mean.iter_mut().zip(*r) {
+            *m += v as f64;
+        }
+    }
+    mean.iter_mut().for_each(|m| *m /= rows.len() as f64);
+    let mut deviation = 0.0f64;
+    for r in &rows {
+        for (m, &v) in mean.iter().zip(*r) {
+            deviation += (v as f64 - m).abs();
+        }
+    }
+    deviation /= rows.len() as f64;
+    let offset: f64 = mean.iter().map(|m| m.abs()).sum();
+    // Sums of |values| of any point: at most d · max |value| (prepare keeps values ≤ 2⁴⁰).
+    let range = |m: knn_core::MatrixRef<'_>| {
+        m.as_slice()
+            .par_iter()
+            .fold(
+                || (f32::INFINITY, 0.0f32),
+                |(lo, top), &v| (lo.min(v), top.max(v.abs())),
+            )
+            .reduce(
+                || (f32::INFINITY, 0.0f32),
+                |a, b| (a.0.min(b.0), a.1.max(b.1)),
+            )
+    };
+    let (rb, rq) = (range(req.base), range(req.queries));
+    let top = rb.1.max(rq.1) as f64;
+    let fits =
+        offset <= MIN_FORM_MAX_OFFSET * deviation && top * (d as f64) * 8.0 < f32::MAX as f64;
+    fits.then_some(rb.0 >= 0.0 && rq.0 >= 0.0)
+}
+
+/// Folds the keys of `queries[qr] × base[br]` into `tops` (one per query of `qr`).
 pub(crate) fn fold_unit(
     req: &CandidateRequest<'_>,
+    plan: &DirectPlan,
     qr: Range<usize>,
     br: Range<usize>,
     tops: &mut [TopK],
 ) {
+    let unit = Unit { req, plan, qr, br };
+    fold_with(best_isa(), &unit, tops);
+}
+
+/// Instruction sets the kernels are compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    Avx512,
+    Avx2,
+    Scalar,
+}
+
+/// The best instruction set of this CPU.
+fn best_isa() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return Isa::Avx512;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Isa::Avx2;
+        }
+    }
+    Isa::Scalar
+}
+
+/// Runs the unit with `isa`, which must not be better than [`best_isa`].
+fn fold_with(isa: Isa, unit: &Unit<'_, '_>, tops: &mut [TopK]) {
+    match isa {
+        // SAFETY: `isa` is at most the best this CPU has: the features are present.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::fold_avx512(unit, tops) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86::fold_avx2(unit, tops) },
+        // SAFETY: the scalar "vectors" need no CPU feature.
+        _ => unsafe { fold::<Scalar, 2, 4>(unit, tops) },
+    }
+}
+
+/// One work unit's inputs.
+struct Unit<'a, 'r> {
+    req: &'a CandidateRequest<'r>,
+    plan: &'a DirectPlan,
+    qr: Range<usize>,
+    br: Range<usize>,
+}
+
+/// The few vector operations the micro-kernel needs, on `LANES` f32 lanes.
+///
+/// Every method is `unsafe`: it may only run on a CPU with the instruction set of the
+/// implementation (checked by [`fold_unit`] before it enters the matching `target_feature`
+/// function, into which these `inline(always)` bodies are inlined).
+trait Simd {
+    type V: Copy;
+    const LANES: usize;
+    unsafe fn zero() -> Self::V;
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn store(p: *mut f32, v: Self::V);
+    unsafe fn splat(x: f32) -> Self::V;
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn abs(a: Self::V) -> Self::V;
+    /// `a + x` computed by a fused multiply-add `x·1 + a` (the same single rounding as an
+    /// addition), which runs on the FMA pipes and leaves the adder pipes to `min`/`sub`.
+    unsafe fn add_on_fma(a: Self::V, x: Self::V) -> Self::V;
+    /// `min` of the lanes read as signed 32-bit integers: the float minimum when neither is
+    /// negative (`−0.0` included).
+    unsafe fn min_bits(a: Self::V, b: Self::V) -> Self::V;
+    /// `max` of the lanes read as signed 32-bit integers: the float maximum of values that are
+    /// not negative (such as `|x|`).
+    unsafe fn max_bits(a: Self::V, b: Self::V) -> Self::V;
+    /// `t − 2·a`, rounded once (`2·a` is exact).
+    unsafe fn minus_twice(t: Self::V, a: Self::V) -> Self::V;
+    /// Bit `l` set when lane `l` of `a` is `≤` that of `b` (false for NaN).
+    unsafe fn le_mask(a: Self::V, b: Self::V) -> u32;
+}
+
+/// Plain f32: the fallback for CPUs without AVX2.
+struct Scalar;
+
+impl Simd for Scalar {
+    type V = f32;
+    const LANES: usize = 1;
+    #[inline(always)]
+    unsafe fn zero() -> f32 {
+        0.0
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> f32 {
+        // SAFETY: the caller passes a pointer into a live slice.
+        unsafe { *p }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: f32) {
+        // SAFETY: the caller passes a pointer into a live, exclusive buffer.
+        unsafe { *p = v }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> f32 {
+        x
+    }
+    #[inline(always)]
+    unsafe fn add(a: f32, b: f32) -> f32 {
+        a + b
+    }
+    #[inline(always)]
+    unsafe fn sub(a: f32, b: f32) -> f32 {
+        a - b
+    }
+    #[inline(always)]
+    unsafe fn min(a: f32, b: f32) -> f32 {
+        a.min(b)
+    }
+    #[inline(always)]
+    unsafe fn abs(a: f32) -> f32 {
+        a.abs()
+    }
+    #[inline(always)]
+    unsafe fn add_on_fma(a: f32, x: f32) -> f32 {
+        a + x
+    }
+    #[inline(always)]
+    unsafe fn min_bits(a: f32, b: f32) -> f32 {
+        f32::from_bits((a.to_bits() as i32).min(b.to_bits() as i32) as u32)
+    }
+    #[inline(always)]
+    unsafe fn max_bits(a: f32, b: f32) -> f32 {
+        f32::from_bits((a.to_bits() as i32).max(b.to_bits() as i32) as u32)
+    }
+    #[inline(always)]
+    unsafe fn minus_twice(t: f32, a: f32) -> f32 {
+        t - 2.0 * a
+    }
+    #[inline(always)]
+    unsafe fn le_mask(a: f32, b: f32) -> u32 {
+        u32::from(a <= b)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{fold, Simd, Unit};
+    use knn_core::TopK;
+    use std::arch::x86_64::*;
+
+    pub(super) struct Avx512;
+    pub(super) struct Avx2;
+
+    // SAFETY (all methods below): `fold_unit` only reaches them after checking the CPU
+    // features, inside functions compiled with those features; pointers come from live slices
+    // with at least `LANES` values from the pointer on (see `fold`).
+    impl Simd for Avx512 {
+        type V = __m512;
+        const LANES: usize = 16;
+        #[inline(always)]
+        unsafe fn zero() -> __m512 {
+            unsafe { _mm512_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m512 {
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m512) {
+            unsafe { _mm512_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> __m512 {
+            unsafe { _mm512_set1_ps(x) }
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_add_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn sub(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_sub_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn min(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_min_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn abs(a: __m512) -> __m512 {
+            unsafe { _mm512_abs_ps(a) }
+        }
+        #[inline(always)]
+        unsafe fn add_on_fma(a: __m512, x: __m512) -> __m512 {
+            unsafe { _mm512_fmadd_ps(x, _mm512_set1_ps(1.0), a) }
+        }
+        #[inline(always)]
+        unsafe fn min_bits(a: __m512, b: __m512) -> __m512 {
+            unsafe {
+                _mm512_castsi512_ps(_mm512_min_epi32(
+                    _mm512_castps_si512(a),
+                    _mm512_castps_si512(b),
+                ))
+            }
+        }
+        #[inline(always)]
+        unsafe fn max_bits(a: __m512, b: __m512) -> __m512 {
+            unsafe {
+                _mm512_castsi512_ps(_mm512_max_epi32(
+                    _mm512_castps_si512(a),
+                    _mm512_castps_si512(b),
+                ))
+            }
+        }
+        #[inline(always)]
+        unsafe fn minus_twice(t: __m512, a: __m512) -> __m512 {
+            unsafe { _mm512_fnmadd_ps(_mm512_set1_ps(2.0), a, t) }
+        }
+        #[inline(always)]
+        unsafe fn le_mask(a: __m512, b: __m512) -> u32 {
+            unsafe { u32::from(_mm512_cmp_ps_mask::<_CMP_LE_OQ>(a, b)) }
+        }
+    }
+
+    impl Simd for Avx2 {
+        type V = __m256;
+        const LANES: usize = 8;
+        #[inline(always)]
+        unsafe fn zero() -> __m256 {
+            unsafe { _mm256_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m256 {
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m256) {
+            unsafe { _mm256_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> __m256 {
+            unsafe { _mm256_set1_ps(x) }
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_add_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn sub(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_sub_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn min(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_min_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn abs(a: __m256) -> __m256 {
+            unsafe { _mm256_andnot_ps(_mm256_set1_ps(-0.0), a) }
+        }
+        #[inline(always)]
+        unsafe fn add_on_fma(a: __m256, x: __m256) -> __m256 {
+            unsafe { _mm256_fmadd_ps(x, _mm256_set1_ps(1.0), a) }
+        }
+        #[inline(always)]
+        unsafe fn min_bits(a: __m256, b: __m256) -> __m256 {
+            unsafe {
+                _mm256_castsi256_ps(_mm256_min_epi32(
+                    _mm256_castps_si256(a),
+                    _mm256_castps_si256(b),
+                ))
+            }
+        }
+        #[inline(always)]
+        unsafe fn max_bits(a: __m256, b: __m256) -> __m256 {
+            unsafe {
+                _mm256_castsi256_ps(_mm256_max_epi32(
+                    _mm256_castps_si256(a),
+                    _mm256_castps_si256(b),
+                ))
+            }
+        }
+        #[inline(always)]
+        unsafe fn minus_twice(t: __m256, a: __m256) -> __m256 {
+            unsafe { _mm256_fnmadd_ps(_mm256_set1_ps(2.0), a, t) }
+        }
+        #[inline(always)]
+        unsafe fn le_mask(a: __m256, b: __m256) -> u32 {
+            unsafe { _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(a, b)) as u32 }
+        }
+    }
+
+    /// [`fold`] with AVX-512: 6 base points × 64 queries (24 zmm accumulators, 4 query
+    /// vectors, one broadcast per 4 operations).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn fold_avx512(unit: &Unit<'_, '_>, tops: &mut [TopK]) {
+        // SAFETY: this function's features are those `Avx512` needs.
+        unsafe { fold::<Avx512, 4, 6>(unit, tops) }
+    }
+
+    /// [`fold`] with AVX2 + FMA: 4 base points × 16 queries (8 ymm accumulators).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn fold_avx2(unit: &Unit<'_, '_>, tops: &mut [TopK]) {
+        // SAFETY: this function's features are those `Avx2` needs.
+        unsafe { fold::<Avx2, 2, 4>(unit, tops) }
+    }
+}
+
+/// One query group: `2·LANES` queries packed coordinate-major, their sums (`Min`), running
+/// thresholds (`-∞` in lanes past the last query, which then never take a key) and excluded ids.
+struct Group {
+    packed: Vec<f32>,
+    sums: Vec<f32>,
+    thr: Vec<f32>,
+    skip: Vec<u32>,
+    first: usize,
+    len: usize,
+}
+
+/// The whole unit with vectors `S`, groups of `QV` query vectors and `NR` base points per
+/// micro-kernel call.
+#[inline(always)]
+unsafe fn fold<S: Simd, const QV: usize, const NR: usize>(unit: &Unit<'_, '_>, tops: &mut [TopK]) {
+    let req = unit.req;
     let d = req.base.dim();
-    let linf = req.kernel == Kernel::Linf;
-    let mut i = qr.start;
-    while i < qr.end {
-        let g = (qr.end - i).min(QUERY_GROUP);
-        let qs: Vec<&[f32]> = (0..QUERY_GROUP)
-            .map(|l| req.queries.row(i + l.min(g - 1)))
-            .collect();
-        let skips: Vec<Option<u32>> = (0..g).map(|l| req.exclude.map(|e| e[i + l])).collect();
-        let mut thr: Vec<f32> = (0..g).map(|l| tops[i - qr.start + l].threshold()).collect();
-        for b in br.clone() {
-            let row = &req.base.as_slice()[b * d..(b + 1) * d];
-            let keys = if linf {
-                linf4(&qs, row)
-            } else {
-                l1_4(&qs, row)
-            };
-            for l in 0..g {
-                if keys[l] < thr[l] && Some(b as u32) != skips[l] {
-                    let t = &mut tops[i - qr.start + l];
-                    t.push(keys[l], b as u32);
-                    thr[l] = t.threshold();
+    let width = QV * S::LANES;
+    let mut groups: Vec<Group> = unit
+        .qr
+        .clone()
+        .step_by(width)
+        .map(|first| {
+            let len = (unit.qr.end - first).min(width);
+            let mut packed = vec![0.0f32; d * width];
+            let mut sums = vec![0.0f32; width];
+            let mut thr = vec![f32::NEG_INFINITY; width];
+            let mut skip = vec![u32::MAX; width];
+            for l in 0..len {
+                let q = req.queries.row(first + l);
+                for (j, &v) in q.iter().enumerate() {
+                    packed[j * width + l] = v;
+                }
+                sums[l] = sums_f64(q).0 as f32;
+                thr[l] = tops[first - unit.qr.start + l].threshold();
+                skip[l] = req.exclude.map_or(u32::MAX, |e| e[first + l]);
+            }
+            Group {
+                packed,
+                sums,
+                thr,
+                skip,
+                first: first - unit.qr.start,
+                len,
+            }
+        })
+        .collect();
+    let base = req.base.as_slice();
+    let mut b0 = unit.br.start;
+    while b0 < unit.br.end {
+        let b1 = (b0 + BASE_BLOCK).min(unit.br.end);
+        for g in &mut groups {
+            let tops = &mut tops[g.first..g.first + g.len];
+            // SAFETY: forwarded from the caller (the CPU has `S`'s features).
+            unsafe {
+                match unit.plan.op {
+                    DirectOp::AbsDiff => {
+                        fold_group::<S, OP_ABS_DIFF, QV, NR>(g, base, d, b0..b1, unit.plan, tops)
+                    }
+                    DirectOp::Min => {
+                        fold_group::<S, OP_MIN, QV, NR>(g, base, d, b0..b1, unit.plan, tops)
+                    }
+                    DirectOp::MinNonNegative => fold_group::<S, OP_MIN_NON_NEGATIVE, QV, NR>(
+                        g,
+                        base,
+                        d,
+                        b0..b1,
+                        unit.plan,
+                        tops,
+                    ),
+                    DirectOp::MaxAbsDiff => fold_group::<S, OP_MAX_ABS_DIFF, QV, NR>(
+                        g,
+                        base,
+                        d,
+                        b0..b1,
+                        unit.plan,
+                        tops,
+                    ),
                 }
             }
         }
-        i += g;
+        b0 = b1;
     }
 }
 
-#[multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2+fma"))]
-fn l1_4(qs: &[&[f32]], b: &[f32]) -> [f32; QUERY_GROUP] {
-    let mut acc = [[0.0f32; 16]; QUERY_GROUP];
-    let d = b.len();
-    let full = d / 16 * 16;
-    let mut j = 0;
-    while j < full {
-        for (a, q) in acc.iter_mut().zip(qs) {
-            for l in 0..16 {
-                a[l] += (q[j + l] - b[j + l]).abs();
-            }
-        }
-        j += 16;
+/// Base points `br` against one query group: full micro-kernels of `NR` points, then the
+/// remaining points one at a time.
+#[inline(always)]
+unsafe fn fold_group<S: Simd, const OP: u8, const QV: usize, const NR: usize>(
+    g: &mut Group,
+    base: &[f32],
+    d: usize,
+    br: Range<usize>,
+    plan: &DirectPlan,
+    tops: &mut [TopK],
+) {
+    let full = br.start + (br.len() / NR) * NR;
+    let mut b = br.start;
+    // SAFETY (both loops): rows `b..b + NR` lie in `br`, inside the base; forwarded features.
+    while b < full {
+        unsafe { micro::<S, OP, QV, NR>(g, base, d, b, plan, tops) };
+        b += NR;
     }
-    let mut out = [0.0f32; QUERY_GROUP];
-    for (o, (a, q)) in out.iter_mut().zip(acc.iter().zip(qs)) {
-        *o = a.iter().sum::<f32>() + (full..d).map(|j| (q[j] - b[j]).abs()).sum::<f32>();
+    while b < br.end {
+        unsafe { micro::<S, OP, QV, 1>(g, base, d, b, plan, tops) };
+        b += 1;
     }
-    out
 }
 
-#[multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2+fma"))]
-fn linf4(qs: &[&[f32]], b: &[f32]) -> [f32; QUERY_GROUP] {
-    let mut acc = [[0.0f32; 16]; QUERY_GROUP];
-    let d = b.len();
-    let full = d / 16 * 16;
-    let mut j = 0;
-    while j < full {
-        for (a, q) in acc.iter_mut().zip(qs) {
-            for l in 0..16 {
-                a[l] = a[l].max((q[j + l] - b[j + l]).abs());
+/// Keys of base points `b0..b0 + NR` against the group, folded into its top-k lists.
+#[inline(always)]
+unsafe fn micro<S: Simd, const OP: u8, const QV: usize, const NR: usize>(
+    g: &mut Group,
+    base: &[f32],
+    d: usize,
+    b0: usize,
+    plan: &DirectPlan,
+    tops: &mut [TopK],
+) {
+    let lanes = S::LANES;
+    let width = QV * lanes;
+    debug_assert!(base.len() >= (b0 + NR) * d && g.packed.len() == d * width && width <= 64);
+    let rows: [*const f32; NR] = std::array::from_fn(|p| base[(b0 + p) * d..].as_ptr());
+    let qp = g.packed.as_ptr();
+    // SAFETY: the caller's CPU has `S`'s features; every pointer stays inside its slice:
+    // `qp + j·width + v·lanes + LANES ≤ d·width`, `rows[p] + j < (b0 + p + 1)·d`, and the
+    // group's `thr`/`sums` hold `width` values.
+    unsafe {
+        let mut acc = [[S::zero(); QV]; NR];
+        for j in 0..d {
+            let q: [S::V; QV] = std::array::from_fn(|v| S::load(qp.add(j * width + v * lanes)));
+            for (p, acc) in acc.iter_mut().enumerate() {
+                let b = S::splat(*rows[p].add(j));
+                for (v, a) in acc.iter_mut().enumerate() {
+                    // Pipes (Zen 4): float min/max/add/sub share the two adder pipes; integer
+                    // min/max, logic and FMAs use the others. Accumulating half the vectors (or
+                    // all, for `AbsDiff`) by FMA balances the load.
+                    *a = match OP {
+                        OP_MIN_NON_NEGATIVE if v % 2 == 0 => {
+                            S::add_on_fma(*a, S::min_bits(q[v], b))
+                        }
+                        OP_MIN_NON_NEGATIVE => S::add(*a, S::min_bits(q[v], b)),
+                        OP_MIN if v % 2 == 0 => S::add_on_fma(*a, S::min(q[v], b)),
+                        OP_MIN => S::add(*a, S::min(q[v], b)),
+                        OP_MAX_ABS_DIFF => S::max_bits(*a, S::abs(S::sub(q[v], b))),
+                        _ => S::add_on_fma(*a, S::abs(S::sub(q[v], b))),
+                    };
+                }
             }
         }
-        j += 16;
-    }
-    let mut out = [0.0f32; QUERY_GROUP];
-    for (o, (a, q)) in out.iter_mut().zip(acc.iter().zip(qs)) {
-        *o = (full..d).fold(a.iter().fold(0.0f32, |m, &v| m.max(v)), |m, j| {
-            m.max((q[j] - b[j]).abs())
+        let min_form = OP == OP_MIN || OP == OP_MIN_NON_NEGATIVE;
+        let sums: [S::V; QV] = std::array::from_fn(|v| {
+            if min_form {
+                S::load(g.sums.as_ptr().add(v * lanes))
+            } else {
+                S::zero()
+            }
         });
+        for (p, acc) in acc.into_iter().enumerate() {
+            let id = b0 + p;
+            let sb = S::splat(if min_form { plan.base_sums[id] } else { 0.0 });
+            let mut keys_v = acc;
+            let mut mask = 0u64;
+            for v in 0..QV {
+                if min_form {
+                    keys_v[v] = S::minus_twice(S::add(sums[v], sb), acc[v]);
+                }
+                // Thresholds are reloaded per point: a push may have just lowered them.
+                let t = S::load(g.thr.as_ptr().add(v * lanes));
+                mask |= u64::from(S::le_mask(keys_v[v], t)) << (v * lanes);
+            }
+            if mask == 0 {
+                continue;
+            }
+            let mut keys = [0.0f32; 64];
+            for (v, k) in keys_v.into_iter().enumerate() {
+                S::store(keys.as_mut_ptr().add(v * lanes), k);
+            }
+            while mask != 0 {
+                let l = mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                if g.skip[l] != id as u32 {
+                    let t = &mut tops[l];
+                    t.push(keys[l], id as u32);
+                    g.thr[l] = t.threshold();
+                }
+            }
+        }
     }
-    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use knn_core::MatrixRef;
+
+    /// A small deterministic generator (xorshift), values in `[lo, lo + span)`.
+    fn values(n: usize, seed: u64, lo: f32, span: f32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                lo + span * ((s >> 40) as f32 / (1u64 << 24) as f32)
+            })
+            .collect()
+    }
+
+    /// The instruction sets this CPU can run, best first.
+    fn isas() -> Vec<Isa> {
+        let all = [Isa::Avx512, Isa::Avx2, Isa::Scalar];
+        let best = all.iter().position(|&i| i == best_isa()).unwrap();
+        all[best..].to_vec()
+    }
+
+    /// Every key the kernels compute (width = all points) is within the plan's bound of the
+    /// exact key, for each operation, at dimensions around the vector widths and tile sizes.
+    #[test]
+    fn keys_within_bound_of_exact() {
+        for &(nq, nb, d) in &[
+            (1, 1, 1),
+            (33, 45, 3),
+            (17, 9, 16),
+            (40, 37, 17),
+            (70, 530, 129),
+        ] {
+            for (lo, span) in [
+                (0.0, 1.0),
+                (-3.0, 6.0),
+                (1000.0, 1.0),
+                (-1e5, 3e5),
+                (0.0, 1e-38),
+            ] {
+                let q = values(nq * d, 1 + d as u64, lo, span);
+                let b = values(nb * d, 2 + nb as u64, lo, span);
+                for kernel in [Kernel::L1, Kernel::Linf] {
+                    for precise in [false, true] {
+                        let req = CandidateRequest {
+                            base: MatrixRef::new("b", &b, d).unwrap(),
+                            queries: MatrixRef::new("q", &q, d).unwrap(),
+                            kernel,
+                            width: nb,
+                            exclude: None,
+                            precise,
+                        };
+                        let plan = DirectPlan::new(&req);
+                        for isa in isas() {
+                            let mut tops = vec![TopK::new(nb); nq];
+                            let unit = Unit {
+                                req: &req,
+                                plan: &plan,
+                                qr: 0..nq,
+                                br: 0..nb,
+                            };
+                            fold_with(isa, &unit, &mut tops);
+                            let (mut keys, mut ids) = (vec![0.0; nb], vec![0u32; nb]);
+                            for (i, t) in tops.iter_mut().enumerate() {
+                                assert_eq!(t.len(), nb);
+                                t.drain_sorted_into(&mut keys, &mut ids);
+                                let qi = req.queries.row(i);
+                                let bound = plan.bound(kernel, qi, keys[nb - 1]) as f64;
+                                let mut seen = vec![false; nb];
+                                for (&k, &id) in keys.iter().zip(&ids) {
+                                    seen[id as usize] = true;
+                                    let exact = kernel.exact(qi, req.base.row(id as usize));
+                                    assert!(
+                                    (k as f64 - exact).abs() <= bound,
+                                    "{isa:?} {:?} {kernel:?} d={d} lo={lo}: key {k} exact {exact} \
+                                     bound {bound}",
+                                    plan.op
+                                );
+                                }
+                                assert!(seen.iter().all(|&s| s));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn min_form_only_near_the_origin_and_not_when_precise() {
+        let d = 8;
+        let near = values(100 * d, 3, -1.0, 2.0);
+        let far = values(100 * d, 3, 4e6, 1.0);
+        let op = |data: &[f32], kernel, precise| {
+            let m = MatrixRef::new("x", data, d).unwrap();
+            DirectPlan::new(&CandidateRequest {
+                base: m,
+                queries: m,
+                kernel,
+                width: 1,
+                exclude: None,
+                precise,
+            })
+            .op
+        };
+        assert_eq!(op(&near, Kernel::L1, false), DirectOp::Min);
+        let positive = values(100 * d, 3, 0.0, 2.0);
+        assert_eq!(op(&positive, Kernel::L1, false), DirectOp::MinNonNegative);
+        assert_eq!(op(&near, Kernel::L1, true), DirectOp::AbsDiff);
+        assert_eq!(op(&far, Kernel::L1, false), DirectOp::AbsDiff);
+        assert_eq!(op(&near, Kernel::Linf, false), DirectOp::MaxAbsDiff);
+    }
 }

@@ -122,6 +122,7 @@ fn candidates(req: &CandidateRequest<'_>, bf16: bool) -> Candidates {
     let width = req.width;
     let threads = rayon::current_num_threads();
     let plan = req.kernel.is_gemm().then(|| GemmPlan::new(req, bf16));
+    let direct = (!req.kernel.is_gemm()).then(|| crate::direct::DirectPlan::new(req));
     // The bf16 path converts each base block once per unit: larger query tiles amortise it.
     let q_tile = if plan.as_ref().is_some_and(|p| p.bf16) {
         2 * QUERY_TILE
@@ -148,7 +149,13 @@ fn candidates(req: &CandidateRequest<'_>, bf16: bool) -> Candidates {
             match &plan {
                 Some(p) if p.bf16 => crate::bf16::fold_unit(req, p, q0..q1, b0..b1, &mut tops),
                 Some(p) => crate::gemm::fold_unit(req, &p.norms, q0..q1, b0..b1, &mut tops),
-                None => crate::direct::fold_unit(req, q0..q1, b0..b1, &mut tops),
+                None => crate::direct::fold_unit(
+                    req,
+                    direct.as_ref().expect("a direct kernel has a plan"),
+                    q0..q1,
+                    b0..b1,
+                    &mut tops,
+                ),
             }
             UnitResult { q_start: q0, tops }
         })
@@ -208,8 +215,11 @@ fn candidates(req: &CandidateRequest<'_>, bf16: bool) -> Candidates {
                     )
                 }
                 None => (
-                    req.kernel
-                        .error_bound(d, 0.0, 0.0, keys[width - 1], F32_UNIT, 0.0),
+                    direct.as_ref().expect("a direct kernel has a plan").bound(
+                        req.kernel,
+                        req.queries.row(i),
+                        keys[width - 1],
+                    ),
                     0.0,
                 ),
             };

@@ -6,8 +6,11 @@
 //!   products from faer's matmul (SIMD chosen at run time), turned into keys
 //!   `‖b‖² − 2 q·b` and folded into each query's running top-k ([`knn_core::TopK`]) while the
 //!   block is still in cache. The full `n_q × n_b` matrix never exists.
-//! - Direct kernels (L1, L∞): one query against a run of base points with many independent
-//!   SIMD accumulators, compiled for AVX-512, AVX2 and baseline x86-64 and picked at run time.
+//! - Direct kernels (L1, L∞): register-blocked micro-kernels (queries in SIMD lanes, base
+//!   coordinates broadcast, 6 base points × 64 queries of accumulators with AVX-512), for
+//!   AVX-512, AVX2 + FMA and plain x86-64, picked at run time. L1 on data near the origin uses
+//!   `Σ|q − b| = Σq + Σb − 2·Σmin(q, b)` (2 operations per coordinate instead of 3) with a
+//!   proven, wider floor bound; retries use `|q − b|` (see `direct.rs`).
 //!
 //! Results do not depend on the thread count: every selection is by (key, id).
 

@@ -8,6 +8,7 @@
 //! - into `i64`: every integer type, with `u64` above `i64::MAX` an error; floats are refused.
 
 use std::fmt;
+use std::io::Read;
 
 /// Largest magnitude up to which every integer is exactly representable in `f32`.
 pub(crate) const F32_EXACT_INT: i64 = 1 << 24;
@@ -108,9 +109,70 @@ pub(crate) trait Element: Sized + Copy {
     /// range, which `convert` reports).
     fn accepts(scalar: Scalar) -> bool;
 
+    /// Zero, to size an output before reading bytes straight into it.
+    const ZERO: Self;
+
     /// Appends the elements of `src` (a whole number of elements of `dtype`) to `out`.
     /// On a value `Self` cannot hold, returns its index within `src` (in elements).
     fn convert(dtype: DType, src: &[u8], out: &mut Vec<Self>) -> Result<(), (usize, BadValue)>;
+
+    /// The bytes of `out` when elements of `dtype` are stored exactly as `Self` is in memory
+    /// (same type, this machine's byte order), so a file's bytes can be read straight into it.
+    fn native_bytes(dtype: DType, out: &mut [Self]) -> Option<&mut [u8]>;
+}
+
+/// Why [`read_elements`] stopped.
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    /// The source failed or ended early.
+    Io(std::io::Error),
+    /// The element at this index (counted from the first one read by the call) does not fit.
+    Bad(usize, BadValue),
+}
+
+/// Bytes converted per step when elements cannot be read straight into the output.
+const CONVERT_CHUNK_BYTES: usize = 1 << 16;
+
+/// Reads `count` elements of `dtype` from `src` and appends them to `out`: straight into the
+/// output's memory when the stored bytes are its representation (no second copy of the data is
+/// ever resident), else through `scratch` in chunks of at most 64 KiB.
+pub(crate) fn read_elements<T: Element>(
+    src: &mut impl Read,
+    dtype: DType,
+    count: usize,
+    out: &mut Vec<T>,
+    scratch: &mut Vec<u8>,
+) -> Result<(), ReadError> {
+    let start = out.len();
+    if T::native_bytes(dtype, &mut []).is_some() {
+        if start == 0 && out.capacity() < count {
+            // A zeroed allocation: pages are only touched by the read itself.
+            *out = vec![T::ZERO; count];
+        } else {
+            out.resize(start + count, T::ZERO);
+        }
+        let bytes = T::native_bytes(dtype, &mut out[start..]).expect("checked above");
+        return src.read_exact(bytes).map_err(ReadError::Io);
+    }
+    let size = dtype.scalar.size();
+    let per_chunk = (CONVERT_CHUNK_BYTES / size).max(1);
+    out.reserve(count);
+    let mut done = 0;
+    while done < count {
+        let n = per_chunk.min(count - done);
+        scratch.resize(n * size, 0);
+        src.read_exact(&mut scratch[..n * size])
+            .map_err(ReadError::Io)?;
+        T::convert(dtype, &scratch[..n * size], out)
+            .map_err(|(i, bad)| ReadError::Bad(done + i, bad))?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// Whether `dtype` stores values in this machine's byte order.
+fn native_order(dtype: DType) -> bool {
+    dtype.big_endian == cfg!(target_endian = "big")
 }
 
 /// Decodes each `N`-byte element of `src` in the given byte order and pushes `f(value)`.
@@ -190,6 +252,18 @@ pub(crate) fn f16_to_f32(h: u16) -> f32 {
 
 impl Element for f32 {
     const WHAT: &'static str = "f32 values";
+    const ZERO: f32 = 0.0;
+
+    fn native_bytes(dtype: DType, out: &mut [f32]) -> Option<&mut [u8]> {
+        if dtype.scalar != Scalar::F32 || !native_order(dtype) {
+            return None;
+        }
+        // SAFETY: `out` is borrowed exclusively for the result's lifetime; every byte pattern
+        // is a valid f32, `u8` needs no alignment, and the length covers exactly `out`.
+        Some(unsafe {
+            std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4)
+        })
+    }
 
     fn accepts(_: Scalar) -> bool {
         true
@@ -228,6 +302,17 @@ impl Element for f32 {
 
 impl Element for i64 {
     const WHAT: &'static str = "integers";
+    const ZERO: i64 = 0;
+
+    fn native_bytes(dtype: DType, out: &mut [i64]) -> Option<&mut [u8]> {
+        if dtype.scalar != Scalar::I64 || !native_order(dtype) {
+            return None;
+        }
+        // SAFETY: as for f32: exclusive borrow, every byte pattern is a valid i64, exact length.
+        Some(unsafe {
+            std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 8)
+        })
+    }
 
     fn accepts(scalar: Scalar) -> bool {
         !scalar.is_float()

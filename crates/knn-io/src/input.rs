@@ -1,7 +1,8 @@
-//! Getting a file's bytes: memory-mapped when it is a regular file, read otherwise.
+//! Opening input files: as a buffered stream of known length (binary formats), or as all of
+//! their bytes (text, and anything that is not a regular file).
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{BufReader, Read};
 use std::path::Path;
 
 use memmap2::Mmap;
@@ -42,5 +43,37 @@ impl FileBytes {
             FileBytes::Mapped(m) => m,
             FileBytes::Read(v) => v,
         }
+    }
+}
+
+/// Read-ahead of the stream readers: large enough that per-call costs vanish, small next to
+/// any output worth streaming.
+const STREAM_BUFFER_BYTES: usize = 1 << 20;
+
+/// An input file opened for the binary readers.
+pub(crate) enum Input {
+    /// A regular file, read as a stream; `len` is its size when opened.
+    File { reader: BufReader<File>, len: usize },
+    /// Everything else (pipes, devices): its whole contents.
+    Bytes(Vec<u8>),
+}
+
+impl Input {
+    pub(crate) fn open(path: &Path, name: &str) -> Result<Input, IoError> {
+        let io = |e| IoError::io(name, e);
+        let mut file = File::open(path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        if meta.is_dir() {
+            return Err(IoError::invalid(name, "is a directory, not a file"));
+        }
+        if meta.is_file() {
+            if let Ok(len) = usize::try_from(meta.len()) {
+                let reader = BufReader::with_capacity(STREAM_BUFFER_BYTES, file);
+                return Ok(Input::File { reader, len });
+            }
+        }
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(io)?;
+        Ok(Input::Bytes(bytes))
     }
 }

@@ -9,8 +9,11 @@
 //! | [`read_f32_from_bytes`], [`read_i64_from_bytes`] | the same parsers on bytes in memory |
 //!
 //! `None` picks the [`Format`] from the extension; `Some(format)` overrides it. Results are
-//! a row-major [`Table`]. Path readers memory-map the file and convert straight from the mapped
-//! bytes into the output (one copy for fvecs and `<f4` npy). Writers write a temporary file in the
+//! a row-major [`Table`]. Path readers read fvecs, ivecs, bvecs and npy files as a stream,
+//! straight into the output when the stored bytes are its representation (fvecs and `<f4` npy
+//! into `f32`, `<i8` npy into `i64`) and through a small buffer otherwise, so the output is the
+//! only copy of the data in memory (peak memory = output, not file + output); CSV files are
+//! memory-mapped and parsed in place. Writers write a temporary file in the
 //! target's directory and rename it into place once complete, so a failed write leaves no partial
 //! output and keeps any existing file; a successful one replaces it (callers that must not
 //! overwrite check first).
@@ -80,7 +83,7 @@ pub use error::{IoError, ParseFormatError};
 pub use format::Format;
 
 use dtype::Element;
-use input::FileBytes;
+use input::{FileBytes, Input};
 use output::write_atomically;
 
 /// A dense row-major table: `rows` records of `cols` values each, `data.len() == rows * cols`;
@@ -128,9 +131,27 @@ fn read_from_bytes<T: Element + csv_text::CsvCell>(
     name: &str,
 ) -> Result<Table<T>, IoError> {
     match format {
-        Format::Fvecs | Format::Ivecs | Format::Bvecs => vecs::read(bytes, format, name),
-        Format::Npy => npy::read(bytes, name),
         Format::Csv => csv_text::read(bytes, name),
+        _ => read_binary(&mut &bytes[..], bytes.len(), format, name),
+    }
+}
+
+/// Any format from a source of `len` bytes; the binary ones as a stream.
+fn read_binary<T: Element + csv_text::CsvCell>(
+    src: &mut impl std::io::Read,
+    len: usize,
+    format: Format,
+    name: &str,
+) -> Result<Table<T>, IoError> {
+    match format {
+        Format::Fvecs | Format::Ivecs | Format::Bvecs => vecs::read(src, len, format, name),
+        Format::Npy => npy::read(src, len, name),
+        Format::Csv => {
+            let mut bytes = Vec::with_capacity(len);
+            src.read_to_end(&mut bytes)
+                .map_err(|e| IoError::io(name, e))?;
+            csv_text::read(&bytes, name)
+        }
     }
 }
 
@@ -140,8 +161,14 @@ fn read_path<T: Element + csv_text::CsvCell>(
 ) -> Result<Table<T>, IoError> {
     let format = resolve(path, format)?;
     let name = path.display().to_string();
-    let file = FileBytes::open(path, &name)?;
-    read_from_bytes(file.bytes(), format, &name)
+    if format == Format::Csv {
+        let file = FileBytes::open(path, &name)?;
+        return read_from_bytes(file.bytes(), format, &name);
+    }
+    match Input::open(path, &name)? {
+        Input::File { reader, len } => read_binary(&mut { reader }, len, format, &name),
+        Input::Bytes(bytes) => read_from_bytes(&bytes, format, &name),
+    }
 }
 
 /// Reads a matrix of numbers as `f32` from `path`, in `format` or (when `None`) the format

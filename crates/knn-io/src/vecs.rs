@@ -3,9 +3,9 @@
 //! Each record is a little-endian `i32` dimension `d` followed by `d` values: `f32` (fvecs),
 //! `i32` (ivecs) or `u8` (bvecs). All records of a file have the same `d >= 1`.
 
-use std::io::Write;
+use std::io::{Read, Write};
 
-use crate::dtype::{DType, Element, Scalar};
+use crate::dtype::{read_elements, DType, Element, ReadError, Scalar};
 use crate::{Format, IoError, Table};
 
 /// Bytes buffered before a `write` call while encoding records.
@@ -20,9 +20,11 @@ fn scalar_of(format: Format) -> Scalar {
     }
 }
 
-/// Reads a whole fvecs/ivecs/bvecs file. An empty input is a 0 x 0 table.
+/// Reads a whole fvecs/ivecs/bvecs file of `len` bytes from `src`, record by record, so the
+/// only copy of the values held in memory is the output. An empty input is a 0 x 0 table.
 pub(crate) fn read<T: Element>(
-    bytes: &[u8],
+    src: &mut impl Read,
+    len: usize,
     format: Format,
     name: &str,
 ) -> Result<Table<T>, IoError> {
@@ -37,23 +39,20 @@ pub(crate) fn read<T: Element>(
             ),
         ));
     }
-    if bytes.is_empty() {
+    if len == 0 {
         return Ok(Table::new(Vec::new(), 0, 0));
     }
+    let io = |e| IoError::io(name, e);
     let elem = scalar.size();
-    let dim_at = |offset: usize| -> Option<i32> {
-        let b = bytes.get(offset..offset.checked_add(4)?)?;
-        Some(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    let Some(first) = dim_at(0) else {
+    let mut dim = [0u8; 4];
+    if len < 4 {
         return Err(IoError::invalid(
             name,
-            format!(
-                "truncated: record 0 at byte 0 needs at least 4 bytes, {} remain",
-                bytes.len()
-            ),
+            format!("truncated: record 0 at byte 0 needs at least 4 bytes, {len} remain"),
         ));
-    };
+    }
+    src.read_exact(&mut dim).map_err(io)?;
+    let first = i32::from_le_bytes(dim);
     if first < 1 {
         return Err(IoError::invalid(
             name,
@@ -71,30 +70,38 @@ pub(crate) fn read<T: Element>(
                 format!("record 0 at byte 0: dimension {first} is too large for this machine"),
             )
         })?;
-    let rows = bytes.len() / record;
-    let tail = bytes.len() % record;
-    // rows * cols * elem <= bytes.len(): the allocation is bounded by the input.
+    let rows = len / record;
+    let tail = len % record;
+    // rows * cols * elem <= len: the allocation is bounded by the input.
     let mut data = Vec::with_capacity(rows * cols);
+    let mut scratch = Vec::new();
     let dtype = DType::le(scalar);
-    for (r, rec) in bytes.chunks_exact(record).enumerate() {
+    for r in 0..rows {
         let offset = r * record;
-        let d = i32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]);
-        if d != first {
-            return Err(dimension_mismatch(name, r, offset, d, first));
+        if r > 0 {
+            src.read_exact(&mut dim).map_err(io)?;
+            let d = i32::from_le_bytes(dim);
+            if d != first {
+                return Err(dimension_mismatch(name, r, offset, d, first));
+            }
         }
-        T::convert(dtype, &rec[4..], &mut data).map_err(|(i, bad)| {
-            IoError::invalid(
+        read_elements(src, dtype, cols, &mut data, &mut scratch).map_err(|e| match e {
+            ReadError::Io(e) => io(e),
+            ReadError::Bad(i, bad) => IoError::invalid(
                 name,
                 format!(
                     "record {r} at byte {offset}, element {i} (byte {}): {bad}",
                     offset + 4 + i * elem
                 ),
-            )
+            ),
         })?;
     }
     if tail != 0 {
         let offset = rows * record;
-        if let Some(d) = dim_at(offset) {
+        // A dimension that differs says more than "truncated"; the first record's was read.
+        if tail >= 4 && rows > 0 {
+            src.read_exact(&mut dim).map_err(io)?;
+            let d = i32::from_le_bytes(dim);
             if d != first {
                 return Err(dimension_mismatch(name, rows, offset, d, first));
             }

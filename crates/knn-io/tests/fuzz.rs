@@ -3,7 +3,7 @@
 
 mod common;
 
-use knn_io::{read_f32_from_bytes, read_i64_from_bytes, Format};
+use knn_io::{read_f32, read_f32_from_bytes, read_i64, read_i64_from_bytes, Format};
 use proptest::prelude::*;
 
 /// Runs both readers on `bytes` in `format`; any `Ok` must be a consistent table.
@@ -34,6 +34,41 @@ fn read_all_ways(bytes: &[u8], format: Format) {
     .flatten()
     {
         assert!(result.to_string().starts_with("fuzz: "), "{result}");
+    }
+}
+
+/// The path readers (streaming for the binary formats) give what the byte readers give: the
+/// same table, or the same error message once the file name is swapped.
+fn path_reads_like_bytes(bytes: &[u8], format: Format) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(format!("f.{format}"));
+    std::fs::write(&path, bytes).unwrap();
+    let name = path.display().to_string();
+    let msg = |e: knn_io::IoError| e.to_string().replacen(&name, "fuzz", 1);
+    let (a, b) = (
+        read_f32(&path, None),
+        read_f32_from_bytes(bytes, format, "fuzz"),
+    );
+    match (a, b) {
+        (Ok(a), Ok(b)) => {
+            let bits =
+                |t: &knn_io::Table<f32>| t.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                (a.rows, a.cols, bits(&a)),
+                (b.rows, b.cols, bits(&b)),
+                "{format}"
+            );
+        }
+        (Err(a), Err(b)) => assert_eq!(msg(a), b.to_string(), "{format}"),
+        (a, b) => panic!("{format}: path {a:?}, bytes {b:?}"),
+    }
+    match (
+        read_i64(&path, None),
+        read_i64_from_bytes(bytes, format, "fuzz"),
+    ) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b, "{format}"),
+        (Err(a), Err(b)) => assert_eq!(msg(a), b.to_string(), "{format}"),
+        (a, b) => panic!("{format}: path {a:?}, bytes {b:?}"),
     }
 }
 
@@ -238,5 +273,17 @@ proptest! {
             apply(&mut bytes, m);
         }
         read_all_ways(&bytes, format);
+    }
+
+    #[test]
+    fn path_readers_match_byte_readers(
+        (format, bytes, _, _) in valid_file(),
+        mutations in prop::collection::vec(mutation(), 0..4),
+    ) {
+        let mut bytes = bytes;
+        for m in &mutations {
+            apply(&mut bytes, m);
+        }
+        path_reads_like_bytes(&bytes, format);
     }
 }

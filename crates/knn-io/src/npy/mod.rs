@@ -6,9 +6,9 @@
 
 mod header;
 
-use std::io::Write;
+use std::io::{Read, Write};
 
-use crate::dtype::{DType, Element, Scalar};
+use crate::dtype::{read_elements, DType, Element, ReadError, Scalar};
 use crate::output::write_encoded;
 use crate::{IoError, Table};
 
@@ -17,14 +17,27 @@ const MAGIC: &[u8; 6] = b"\x93NUMPY";
 /// Side of the square blocks used to transpose Fortran-order data.
 const TRANSPOSE_BLOCK: usize = 64;
 
-/// Reads a 1-D (`n` rows of 1) or 2-D `.npy` array into `T`.
-pub(crate) fn read<T: Element>(bytes: &[u8], name: &str) -> Result<Table<T>, IoError> {
+/// Reads a 1-D (`n` rows of 1) or 2-D `.npy` array of `len` bytes from `src` into `T`. The
+/// header is read and checked against `len` first; the elements then go straight into the
+/// output (or through a small buffer when they need converting), so the only copy of the data
+/// held in memory is the output (two for Fortran order, which is transposed).
+pub(crate) fn read<T: Element>(
+    src: &mut impl Read,
+    len: usize,
+    name: &str,
+) -> Result<Table<T>, IoError> {
     let invalid = |msg: String| IoError::invalid(name, msg);
-    if bytes.is_empty() {
+    let io = |e| IoError::io(name, e);
+    if len == 0 {
         return Err(invalid(
             "file is empty, but an npy file starts with a header".to_owned(),
         ));
     }
+    // The preamble: magic, version, header length (12 bytes at most).
+    let mut pre = [0u8; 12];
+    let pre_len = len.min(pre.len());
+    src.read_exact(&mut pre[..pre_len]).map_err(io)?;
+    let bytes = &pre[..pre_len];
     let magic_len = bytes.len().min(MAGIC.len());
     if bytes[..magic_len] != MAGIC[..magic_len] {
         return Err(invalid(
@@ -35,8 +48,7 @@ pub(crate) fn read<T: Element>(bytes: &[u8], name: &str) -> Result<Table<T>, IoE
         (Some(&a), Some(&b)) => (a, b),
         _ => {
             return Err(invalid(format!(
-                "truncated: the npy preamble needs 10 bytes, {} remain",
-                bytes.len()
+                "truncated: the npy preamble needs 10 bytes, {len} remain"
             )))
         }
     };
@@ -45,8 +57,7 @@ pub(crate) fn read<T: Element>(bytes: &[u8], name: &str) -> Result<Table<T>, IoE
             Some(b) => (usize::from(u16::from_le_bytes([b[0], b[1]])), 10usize),
             None => {
                 return Err(invalid(format!(
-                    "truncated: the npy 1.0 preamble needs 10 bytes, {} remain",
-                    bytes.len()
+                    "truncated: the npy 1.0 preamble needs 10 bytes, {len} remain"
                 )))
             }
         },
@@ -59,8 +70,7 @@ pub(crate) fn read<T: Element>(bytes: &[u8], name: &str) -> Result<Table<T>, IoE
             }
             None => {
                 return Err(invalid(format!(
-                    "truncated: the npy {major}.0 preamble needs 12 bytes, {} remain",
-                    bytes.len()
+                    "truncated: the npy {major}.0 preamble needs 12 bytes, {len} remain"
                 )))
             }
         },
@@ -70,7 +80,7 @@ pub(crate) fn read<T: Element>(bytes: &[u8], name: &str) -> Result<Table<T>, IoE
             )))
         }
     };
-    let remaining = bytes.len() - header_start;
+    let remaining = len - header_start;
     if header_len > remaining {
         return Err(invalid(format!(
             "truncated: the npy header at byte {header_start} needs {header_len} bytes, \
@@ -78,8 +88,13 @@ pub(crate) fn read<T: Element>(bytes: &[u8], name: &str) -> Result<Table<T>, IoE
         )));
     }
     let data_start = header_start + header_len;
-    let hd = header::parse(&bytes[header_start..data_start])
-        .map_err(|e| invalid(format!("bad npy header: {e}")))?;
+    // The header: the preamble bytes read past `header_start`, then the rest (bounded by `len`).
+    let mut head = bytes[header_start.min(pre_len)..pre_len.min(data_start)].to_vec();
+    let have = head.len();
+    head.resize(header_len, 0);
+    src.read_exact(&mut head[have..]).map_err(io)?;
+    let hd = header::parse(&head).map_err(|e| invalid(format!("bad npy header: {e}")))?;
+    drop(head);
     let (rows, cols) = match hd.shape[..] {
         [n] => (n, 1),
         [r, c] => (r, c),
@@ -102,21 +117,20 @@ pub(crate) fn read<T: Element>(bytes: &[u8], name: &str) -> Result<Table<T>, IoE
     let size = hd.dtype.scalar.size();
     let count = rows.checked_mul(cols).ok_or_else(too_large)?;
     let needed = count.checked_mul(size).ok_or_else(too_large)?;
-    let data = &bytes[data_start..];
+    let data_len = len - data_start;
     // Checked before allocating: the output is bounded by the file, whatever the header says.
-    if data.len() < needed {
+    if data_len < needed {
         return Err(invalid(format!(
             "truncated: data of shape {shape_text} and dtype '{}' at byte {data_start} needs \
-             {needed} bytes, {} remain",
+             {needed} bytes, {data_len} remain",
             hd.dtype,
-            data.len()
         )));
     }
-    if data.len() > needed {
+    if data_len > needed {
         return Err(invalid(format!(
             "{} unexpected bytes after the data (shape {shape_text} and dtype '{}' at byte \
              {data_start} need {needed} bytes)",
-            data.len() - needed,
+            data_len - needed,
             hd.dtype
         )));
     }
@@ -137,16 +151,26 @@ pub(crate) fn read<T: Element>(bytes: &[u8], name: &str) -> Result<Table<T>, IoE
         format!("element {index} at byte {}", data_start + k * size)
     };
     let file_order_is_c = !hd.fortran_order || rows <= 1 || cols <= 1;
-    let mut out = Vec::with_capacity(count);
+    // Bytes of the 12-byte preamble read past the header (a header under 2 bytes, which the
+    // parser refuses, so this is for robustness only) come first.
+    let mut src = bytes[data_start.min(pre_len)..].chain(src);
+    let mut scratch = Vec::new();
+    let mut out = Vec::new();
     if file_order_is_c {
-        T::convert(hd.dtype, data, &mut out)
-            .map_err(|(k, bad)| invalid(format!("{}: {bad}", at(k / cols, k % cols, k))))?;
+        read_elements(&mut src, hd.dtype, count, &mut out, &mut scratch).map_err(|e| match e {
+            ReadError::Io(e) => io(e),
+            ReadError::Bad(k, bad) => invalid(format!("{}: {bad}", at(k / cols, k % cols, k))),
+        })?;
         return Ok(Table::new(out, rows, cols));
     }
     // Fortran order: the file holds column 0, then column 1, ...; convert, then transpose.
-    let mut by_column = Vec::with_capacity(count);
-    T::convert(hd.dtype, data, &mut by_column)
-        .map_err(|(k, bad)| invalid(format!("{}: {bad}", at(k % rows, k / rows, k))))?;
+    let mut by_column = Vec::new();
+    read_elements(&mut src, hd.dtype, count, &mut by_column, &mut scratch).map_err(
+        |e| match e {
+            ReadError::Io(e) => io(e),
+            ReadError::Bad(k, bad) => invalid(format!("{}: {bad}", at(k % rows, k / rows, k))),
+        },
+    )?;
     out.extend_from_slice(&by_column);
     for jb in (0..cols).step_by(TRANSPOSE_BLOCK) {
         for ib in (0..rows).step_by(TRANSPOSE_BLOCK) {
