@@ -274,6 +274,50 @@ __device__ __forceinline__ void warp_insert(u64 e[S], u64 cv, int W, int lane) {
     }
 }
 
+// Sorts one value per lane ascending across the warp (bitonic network, 15 exchange steps).
+__device__ __forceinline__ u64 warp_sort(u64 v, int lane) {
+#pragma unroll
+    for (int k = 2; k <= 32; k <<= 1)
+#pragma unroll
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            u64 o = __shfl_xor_sync(0xffffffffu, v, j);
+            bool keep_min = ((lane & j) == 0) == ((lane & k) == 0);
+            v = keep_min ? min(v, o) : max(v, o);
+        }
+    return v;
+}
+
+// Sorts a bitonic sequence held one value per lane ascending (5 exchange steps).
+__device__ __forceinline__ u64 warp_clean(u64 v, int lane) {
+#pragma unroll
+    for (int j = 16; j > 0; j >>= 1) {
+        u64 o = __shfl_xor_sync(0xffffffffu, v, j);
+        v = (lane & j) == 0 ? min(v, o) : max(v, o);
+    }
+    return v;
+}
+
+// Merges 32 candidates (one per lane, any order, SENTINEL for none) into the sorted list e
+// (index s*32 + lane), keeping the W smallest: slot by slot, the lower half of (slot ∪ b) stays
+// and the upper half moves on (min / max of a sorted and a reversed sorted run are bitonic).
+template <int S>
+__device__ __forceinline__ void warp_merge(u64 e[S], u64 v, int W, int lane) {
+    u64 b = warp_sort(v, lane);
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        u64 br = __shfl_sync(0xffffffffu, b, 31 - lane);
+        u64 lo = min(e[s], br), hi = max(e[s], br);
+        e[s] = warp_clean(lo, lane);
+        b = warp_clean(hi, lane);
+    }
+#pragma unroll
+    for (int s = 0; s < S; s++)
+        if (s * 32 + lane >= W) e[s] = SENTINEL;
+}
+
+// Chunks with at least this many candidates below the threshold are merged as a batch.
+#define BATCH_MIN 6
+
 template <int S>
 __device__ __forceinline__ u64 warp_kth(const u64 e[S], int W) {
     int t = W - 1;
@@ -307,36 +351,50 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
     for (int i = tid; i < BQ * LW; i += THREADS) lists[i] = SENTINEL;
 
     for (long long b0 = s0; b0 < s1; b0 += BB) {
+        // gthr[q]: the smallest W-th key any split of this query has reached. The union's W-th
+        // key is at most that, so larger candidates can never be selected. Loaded for the
+        // warp's 16 rows (lane i: row warp + 8i) before the tile's product hides the latency;
+        // a stale value is still a valid bound.
+        u64 gpre = SENTINEL;
+        if (gthr && lane < BQ / 8 && q0 + warp + 8 * lane < nq)
+            gpre = *(volatile u64*)&gthr[q0 + warp + 8 * lane];
         keys_to_smem<KERNEL, TF>(Q, qn, nq, q0, B, bn, s1, b0, d, work);
         __syncthreads();
         int ncols = (int)min((long long)BB, s1 - b0);
-        for (int r = warp; r < BQ; r += THREADS / 32) {
+        for (int r = warp, ri = 0; r < BQ; r += THREADS / 32, ri++) {
             long long q = q0 + r;
+            u64 g = __shfl_sync(0xffffffffu, gpre, ri);
             if (q >= nq) break;
             u32 skip = exclude ? exclude[q] : NO_ID;
             u64 e[S];
 #pragma unroll
             for (int s = 0; s < S; s++) e[s] = lists[r * LW + s * 32 + lane];
-            // gthr[q]: the smallest W-th key any split of this query has reached. The union's
-            // W-th key is at most that, so larger candidates can never be selected.
-            u64 g = gthr ? *(volatile u64*)&gthr[q] : SENTINEL;
-            u64 thr = min(warp_kth<S>(e, W), g);
-            bool changed = false;
+            u64 cv[BB / 32];
 #pragma unroll
             for (int j = 0; j < BB / 32; j++) {
                 int c = j * 32 + lane;
                 u32 id = id_base + (u32)(b0 + c);
-                u64 cv = SENTINEL;
-                if (c < ncols && id != skip) cv = composite(work[r * TS + c], id);
-                unsigned mask = __ballot_sync(0xffffffffu, cv < thr);
+                cv[j] = (c < ncols && id != skip) ? composite(work[r * TS + c], id) : SENTINEL;
+            }
+            u64 thr = min(warp_kth<S>(e, W), g);
+            bool changed = false;
+#pragma unroll
+            for (int j = 0; j < BB / 32; j++) {
+                unsigned mask = __ballot_sync(0xffffffffu, cv[j] < thr);
+                if (__popc(mask) >= BATCH_MIN) {
+                    warp_merge<S>(e, cv[j] < thr ? cv[j] : SENTINEL, W, lane);
+                    thr = min(warp_kth<S>(e, W), g);
+                    changed = true;
+                    continue;
+                }
                 while (mask) {
                     int src = __ffs(mask) - 1;
-                    u64 v = __shfl_sync(0xffffffffu, cv, src);
+                    u64 v = __shfl_sync(0xffffffffu, cv[j], src);
                     warp_insert<S>(e, v, W, lane);
                     thr = min(warp_kth<S>(e, W), g);
                     changed = true;
                     mask &= ~(1u << src);
-                    mask &= __ballot_sync(0xffffffffu, cv < thr);
+                    mask &= __ballot_sync(0xffffffffu, cv[j] < thr);
                 }
             }
             if (changed) {
@@ -435,14 +493,23 @@ __device__ void filter_keys(const float* __restrict__ Q, const float* __restrict
     float* work = (float*)smem;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     long long q0 = (long long)blockIdx.x * BQ, b0 = (long long)blockIdx.y * BB;
+    // Thresholds and excluded ids of the warp's 16 rows (lane i: row warp + 8i), loaded before
+    // the product so that their latency is hidden.
+    u64 tpre = SENTINEL;
+    u32 xpre = NO_ID;
+    if (lane < BQ / 8 && q0 + warp + 8 * lane < nq) {
+        long long q = q0 + warp + 8 * lane;
+        if (running) tpre = running[q * W + W - 1];
+        if (exclude) xpre = exclude[q];
+    }
     keys_to_smem<KERNEL, TF>(Q, qn, nq, q0, B, bn, nb, b0, d, work);
     __syncthreads();
     int ncols = (int)min((long long)BB, nb - b0);
-    for (int r = warp; r < BQ; r += THREADS / 32) {
+    for (int r = warp, ri = 0; r < BQ; r += THREADS / 32, ri++) {
         long long q = q0 + r;
+        u64 thr = __shfl_sync(0xffffffffu, tpre, ri);
+        u32 skip = __shfl_sync(0xffffffffu, xpre, ri);
         if (q >= nq) break;
-        u32 skip = exclude ? exclude[q] : NO_ID;
-        u64 thr = running ? running[q * W + W - 1] : SENTINEL;
 #pragma unroll
         for (int j = 0; j < BB / 32; j++) {
             int c = j * 32 + lane;
