@@ -61,7 +61,13 @@ fn round_down(x: f64) -> f32 {
 /// Per-row floors for rows of `width` sorted keys computed with accumulation unit `u` and input
 /// rounding `u_in` (`F32_UNIT, 0.0` for the FP32 kernels; `TF32_ACC_UNIT, TF32_INPUT_UNIT`
 /// for the tensor-core ones).
-pub fn floors(req: &CandidateRequest<'_>, keys: &[f32], bn_max: f32, u: f64, u_in: f64) -> Vec<f32> {
+pub fn floors(
+    req: &CandidateRequest<'_>,
+    keys: &[f32],
+    bn_max: f32,
+    u: f64,
+    u_in: f64,
+) -> Vec<f32> {
     let w = req.width;
     let d = req.base.dim();
     let nq = req.queries.rows();

@@ -165,7 +165,8 @@ pub(crate) fn run(
                     32 * slots
                 );
                 let f = gpu.func(&name)?;
-                let smem = QUERY_TILE * 32 * slots * 8 + if tf { TILE_SMEM_TF32 } else { TILE_SMEM };
+                let smem =
+                    QUERY_TILE * 32 * slots * 8 + if tf { TILE_SMEM_TF32 } else { TILE_SMEM };
                 if smem > gpu.max_smem_optin {
                     return Err(KnnError::Device(format!(
                         "{name} needs {smem} bytes of shared memory, the device allows {}",
