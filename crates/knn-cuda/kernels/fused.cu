@@ -361,68 +361,47 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
         keys_to_smem<KERNEL, TF>(Q, qn, nq, q0, B, bn, s1, b0, d, work);
         __syncthreads();
         int ncols = (int)min((long long)BB, s1 - b0);
-        // Two rows per step (r and r + 8): their insertion chains are independent and
-        // straight-line (inserting SENTINEL is a no-op), so their latencies overlap.
-        for (int r0 = warp, ri = 0; r0 < BQ; r0 += 2 * (THREADS / 32), ri += 2) {
-            if (q0 + r0 >= nq) break;
-            u64 e[2][S], cv[2][BB / 32], thr[2], g[2];
-            bool ok[2], changed[2];
+        for (int r = warp, ri = 0; r < BQ; r += THREADS / 32, ri++) {
+            long long q = q0 + r;
+            u64 g = __shfl_sync(0xffffffffu, gpre, ri);
+            if (q >= nq) break;
+            u32 skip = exclude ? exclude[q] : NO_ID;
+            u64 e[S];
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int r = r0 + h * (THREADS / 32);
-                long long q = q0 + r;
-                ok[h] = q < nq;
-                changed[h] = false;
-                g[h] = __shfl_sync(0xffffffffu, gpre, ri + h);
-                u32 skip = (exclude && ok[h]) ? exclude[q] : NO_ID;
-#pragma unroll
-                for (int s = 0; s < S; s++) e[h][s] = lists[r * LW + s * 32 + lane];
-#pragma unroll
-                for (int j = 0; j < BB / 32; j++) {
-                    int c = j * 32 + lane;
-                    u32 id = id_base + (u32)(b0 + c);
-                    cv[h][j] = (ok[h] && c < ncols && id != skip)
-                                   ? composite(work[r * TS + c], id)
-                                   : SENTINEL;
-                }
-                thr[h] = min(warp_kth<S>(e[h], W), g[h]);
-            }
+            for (int s = 0; s < S; s++) e[s] = lists[r * LW + s * 32 + lane];
+            u64 cv[BB / 32];
 #pragma unroll
             for (int j = 0; j < BB / 32; j++) {
-                unsigned mask[2];
+                int c = j * 32 + lane;
+                u32 id = id_base + (u32)(b0 + c);
+                cv[j] = (c < ncols && id != skip) ? composite(work[r * TS + c], id) : SENTINEL;
+            }
+            u64 thr = min(warp_kth<S>(e, W), g);
+            bool changed = false;
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    mask[h] = __ballot_sync(0xffffffffu, cv[h][j] < thr[h]);
-                    if (__popc(mask[h]) >= BATCH_MIN) {
-                        warp_merge<S>(e[h], cv[h][j] < thr[h] ? cv[h][j] : SENTINEL, W, lane);
-                        thr[h] = min(warp_kth<S>(e[h], W), g[h]);
-                        changed[h] = true;
-                        mask[h] = 0;
-                    }
+            for (int j = 0; j < BB / 32; j++) {
+                unsigned mask = __ballot_sync(0xffffffffu, cv[j] < thr);
+                if (__popc(mask) >= BATCH_MIN) {
+                    warp_merge<S>(e, cv[j] < thr ? cv[j] : SENTINEL, W, lane);
+                    thr = min(warp_kth<S>(e, W), g);
+                    changed = true;
+                    continue;
                 }
-                while (mask[0] | mask[1]) {
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        int src = mask[h] ? __ffs(mask[h]) - 1 : 0;
-                        u64 v = __shfl_sync(0xffffffffu, cv[h][j], src);
-                        v = mask[h] ? v : SENTINEL;
-                        changed[h] |= mask[h] != 0;
-                        warp_insert<S>(e[h], v, W, lane);
-                        thr[h] = min(warp_kth<S>(e[h], W), g[h]);
-                        mask[h] &= ~(1u << src);
-                        mask[h] &= __ballot_sync(0xffffffffu, cv[h][j] < thr[h]);
-                    }
+                while (mask) {
+                    int src = __ffs(mask) - 1;
+                    u64 v = __shfl_sync(0xffffffffu, cv[j], src);
+                    warp_insert<S>(e, v, W, lane);
+                    thr = min(warp_kth<S>(e, W), g);
+                    changed = true;
+                    mask &= ~(1u << src);
+                    mask &= __ballot_sync(0xffffffffu, cv[j] < thr);
                 }
             }
+            if (changed) {
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                if (ok[h] && changed[h]) {
-                    int r = r0 + h * (THREADS / 32);
-#pragma unroll
-                    for (int s = 0; s < S; s++) lists[r * LW + s * 32 + lane] = e[h][s];
-                    u64 own = warp_kth<S>(e[h], W);
-                    if (gthr && lane == 0 && own < g[h]) atomicMin(&gthr[q0 + r], own);
-                }
+                for (int s = 0; s < S; s++) lists[r * LW + s * 32 + lane] = e[s];
+                u64 own = warp_kth<S>(e, W);
+                if (gthr && lane == 0 && own < g) atomicMin(&gthr[q], own);
             }
         }
         __syncthreads();  // the key tile becomes staging again
