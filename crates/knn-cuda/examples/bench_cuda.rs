@@ -1,7 +1,9 @@
 //! Times the CUDA engine on the seed-000 size (16384 base × 4096 queries, d = 128, k = 16):
 //! the fused kernels alone (CUDA events), `candidates` and the full exact `search` (wall clock,
 //! synchronous), median of repeated runs after warm-up, for every method and for L1.
-//! Usage: cargo run --release -p knn-cuda --example bench_cuda [nb nq d k [reps]]
+//! Usage: cargo run --release -p knn-cuda --example bench_cuda [nb nq d k [reps]] [fused] [l2]
+//! (`fused`: only the fused method; `l2`: skip L1). The candidate width is the engine's own
+//! first-try width (`Engine::candidate_width`), as in `search`.
 
 use knn_core::synth::{generate, Distribution};
 use knn_core::{search, CandidateRequest, Engine, Matrix, Metric};
@@ -26,6 +28,7 @@ fn main() {
     );
     let reps = *a.get(4).unwrap_or(&10);
     let only_fused = std::env::args().any(|s| s == "fused");
+    let only_l2 = std::env::args().any(|s| s == "l2");
     if !CudaEngine::available() {
         eprintln!("no CUDA device");
         std::process::exit(1);
@@ -44,7 +47,14 @@ fn main() {
                 &Method::ALL[..]
             },
         ),
-        (Metric::L1, &[Method::Fused][..]),
+        (
+            Metric::L1,
+            if only_l2 {
+                &Method::ALL[..0]
+            } else {
+                &[Method::Fused][..]
+            },
+        ),
     ] {
         for &m in methods {
             let e = CudaEngine::new(0, m).unwrap();
@@ -76,7 +86,7 @@ fn main() {
                 base: base.view(),
                 queries: queries.view(),
                 kernel: metric.kernel(),
-                width: (k + 4 + k / 16).min(nb),
+                width: e.candidate_width(k, nb, metric.kernel()),
                 exclude: None,
                 precise: false,
             };
@@ -95,8 +105,9 @@ fn main() {
                 }
             }
             println!(
-                "{metric:>11} {m:>8}: candidates {:8.3} ms (wall, incl. upload + host floors)",
-                median(cand)
+                "{metric:>11} {m:>8}: candidates {:8.3} ms (wall, incl. upload + host floors), width {}",
+                median(cand),
+                req.width
             );
             let w = median(wall);
             if kern.is_empty() {

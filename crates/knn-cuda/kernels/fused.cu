@@ -96,6 +96,162 @@ __device__ __forceinline__ float finish_key(float acc, float qn, float bn) {
     return acc;
 }
 
+// ---- TF32 tensor-core path (SqL2 / NegDot, non-precise requests) ----
+// mma.sync m16n8k8 with inputs rounded to nearest TF32 (cvt.rna: |x̃ − x| ≤ 2⁻¹¹|x|), f32
+// accumulation; the floors use Kernel::error_bound with u_in = 2⁻¹¹ and a 4× f32 unit for the
+// tensor cores' accumulation (it truncates). Warps: wq = warp&1 owns query rows [64wq, +64),
+// wb = warp>>1 owns base columns [32wb, +32): 4 × 4 tiles of 16 × 8 per warp.
+#define SPAD_TF 136   // staging stride: fragment loads (bank 8t+g) and stores are conflict-free
+#define TS_TF 136     // key tile stride: float2 stores of the accumulators are conflict-free
+
+__device__ __forceinline__ float tf32_round(float x) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return __uint_as_float(r);
+}
+
+__device__ __forceinline__ void mma_tf32(float c[4], const u32 a[4], const u32 b[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Staged value i of a thread: row w*16 + (i>>2)*8 + (lane>>2), coordinate (i&3)*4 + (lane&3), so
+// that a warp's 32 stores hit 32 banks (bank = 8k + row mod 32).
+__device__ __forceinline__ void load_stage_tf(const float* __restrict__ X, long long rows,
+                                              long long r0, int d, int k0, float v[8]) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int k = (i & 3) * 4 + (lane & 3), r = w * 16 + (i >> 2) * 8 + (lane >> 2);
+        long long row = r0 + r;
+        int col = k0 + k;
+        v[i] = (row < rows && col < d) ? X[row * (long long)d + col] : 0.f;
+    }
+}
+
+__device__ __forceinline__ void store_stage_tf(float* S, const float v[8]) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int k = (i & 3) * 4 + (lane & 3), r = w * 16 + (i >> 2) * 8 + (lane >> 2);
+        S[k * SPAD_TF + r] = tf32_round(v[i]);
+    }
+}
+
+// acc[i][j][c] = q̃·b̃ of query row 64wq + 16i + g + 8(c>>1) and base column 32wb + 8j + 2t + (c&1)
+// (g = lane>>2, t = lane&3). `work` holds 2*KC*SPAD_TF floats.
+__device__ __forceinline__ void tile_compute_tf(const float* __restrict__ Q, long long nq,
+                                                long long q0, const float* __restrict__ B,
+                                                long long nb, long long b0, int d, float* work,
+                                                float acc[4][4][4]) {
+    float* As = work;
+    float* Bs = work + KC * SPAD_TF;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int g = lane >> 2, t = lane & 3;
+    int qr = (warp & 1) * 64 + g, bc = (warp >> 1) * 32 + g;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+    float va[8], vb[8];
+    load_stage_tf(Q, nq, q0, d, 0, va);
+    load_stage_tf(B, nb, b0, d, 0, vb);
+    for (int k0 = 0; k0 < d; k0 += KC) {
+        __syncthreads();
+        store_stage_tf(As, va);
+        store_stage_tf(Bs, vb);
+        __syncthreads();
+        if (k0 + KC < d) {
+            load_stage_tf(Q, nq, q0, d, k0 + KC, va);
+            load_stage_tf(B, nb, b0, d, k0 + KC, vb);
+        }
+#pragma unroll
+        for (int kk = 0; kk < KC; kk += 8) {
+            const float* alo = As + (kk + t) * SPAD_TF + qr;
+            const float* ahi = As + (kk + t + 4) * SPAD_TF + qr;
+            const float* blo = Bs + (kk + t) * SPAD_TF + bc;
+            const float* bhi = Bs + (kk + t + 4) * SPAD_TF + bc;
+            u32 bf[4][2];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                bf[j][0] = __float_as_uint(blo[8 * j]);
+                bf[j][1] = __float_as_uint(bhi[8 * j]);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                u32 af[4] = {__float_as_uint(alo[16 * i]), __float_as_uint(alo[16 * i + 8]),
+                             __float_as_uint(ahi[16 * i]), __float_as_uint(ahi[16 * i + 8])};
+#pragma unroll
+                for (int j = 0; j < 4; j++) mma_tf32(acc[i][j], af, bf[j]);
+            }
+        }
+    }
+}
+
+// Computes the BQ x BB key tile of queries [q0, q0+BQ) x base rows [b0, b0+BB) (rows at or past
+// nb / nq hold garbage) into work[row * stride + col], stride TS_TF when TF else TSTRIDE.
+// Starts and ends with the staging area free (the caller syncs before reading the tile).
+template <int KERNEL, bool TF>
+__device__ __forceinline__ void keys_to_smem(const float* __restrict__ Q,
+                                             const float* __restrict__ qn, long long nq,
+                                             long long q0, const float* __restrict__ B,
+                                             const float* __restrict__ bn, long long nb,
+                                             long long b0, int d, float* work) {
+    int tid = threadIdx.x;
+    if constexpr (TF) {
+        float acc[4][4][4];
+        tile_compute_tf(Q, nq, q0, B, nb, b0, d, work, acc);
+        int lane = tid & 31, warp = tid >> 5;
+        int g = lane >> 2, t = lane & 3;
+        float qv[8], bv[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            long long q = q0 + (warp & 1) * 64 + (i >> 1) * 16 + g + 8 * (i & 1);
+            long long b = b0 + (warp >> 1) * 32 + (i >> 1) * 8 + 2 * t + (i & 1);
+            qv[i] = (KERNEL == KERNEL_SQL2 && q < nq) ? qn[q] : 0.f;
+            bv[i] = (KERNEL == KERNEL_SQL2 && b < nb) ? bn[b] : 0.f;
+        }
+        __syncthreads();  // staging area becomes the key tile
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int row = (warp & 1) * 64 + i * 16 + g + 8 * h;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    int col = (warp >> 1) * 32 + j * 8 + 2 * t;
+                    float2 v;
+                    v.x = finish_key<KERNEL>(acc[i][j][2 * h], qv[2 * i + h], bv[2 * j]);
+                    v.y = finish_key<KERNEL>(acc[i][j][2 * h + 1], qv[2 * i + h], bv[2 * j + 1]);
+                    *(float2*)&work[row * TS_TF + col] = v;
+                }
+            }
+    } else {
+        int ty = tid >> 4, tx = tid & 15;
+        float acc[8][8];
+        tile_compute<KERNEL>(Q, nq, q0, B, nb, b0, d, work, acc);
+        float qv[8], bv[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            long long q = q0 + tile_row(ty, i), b = b0 + tile_row(tx, i);
+            qv[i] = (KERNEL == KERNEL_SQL2 && q < nq) ? qn[q] : 0.f;
+            bv[i] = (KERNEL == KERNEL_SQL2 && b < nb) ? bn[b] : 0.f;
+        }
+        __syncthreads();  // staging area becomes the key tile
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                work[tile_row(ty, i) * TSTRIDE + tile_row(tx, j)] =
+                    finish_key<KERNEL>(acc[i][j], qv[i], bv[j]);
+    }
+}
+
 // Inserts composite cv (cv < current W-th entry) into a warp's sorted list held as e[s] at list
 // index s*32 + lane; entries at index >= W stay SENTINEL.
 template <int S>
@@ -118,6 +274,50 @@ __device__ __forceinline__ void warp_insert(u64 e[S], u64 cv, int W, int lane) {
     }
 }
 
+// Sorts one value per lane ascending across the warp (bitonic network, 15 exchange steps).
+__device__ __forceinline__ u64 warp_sort(u64 v, int lane) {
+#pragma unroll
+    for (int k = 2; k <= 32; k <<= 1)
+#pragma unroll
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            u64 o = __shfl_xor_sync(0xffffffffu, v, j);
+            bool keep_min = ((lane & j) == 0) == ((lane & k) == 0);
+            v = keep_min ? min(v, o) : max(v, o);
+        }
+    return v;
+}
+
+// Sorts a bitonic sequence held one value per lane ascending (5 exchange steps).
+__device__ __forceinline__ u64 warp_clean(u64 v, int lane) {
+#pragma unroll
+    for (int j = 16; j > 0; j >>= 1) {
+        u64 o = __shfl_xor_sync(0xffffffffu, v, j);
+        v = (lane & j) == 0 ? min(v, o) : max(v, o);
+    }
+    return v;
+}
+
+// Merges 32 candidates (one per lane, any order, SENTINEL for none) into the sorted list e
+// (index s*32 + lane), keeping the W smallest: slot by slot, the lower half of (slot ∪ b) stays
+// and the upper half moves on (min / max of a sorted and a reversed sorted run are bitonic).
+template <int S>
+__device__ __forceinline__ void warp_merge(u64 e[S], u64 v, int W, int lane) {
+    u64 b = warp_sort(v, lane);
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        u64 br = __shfl_sync(0xffffffffu, b, 31 - lane);
+        u64 lo = min(e[s], br), hi = max(e[s], br);
+        e[s] = warp_clean(lo, lane);
+        b = warp_clean(hi, lane);
+    }
+#pragma unroll
+    for (int s = 0; s < S; s++)
+        if (s * 32 + lane >= W) e[s] = SENTINEL;
+}
+
+// Chunks with at least this many candidates below the threshold are merged as a batch.
+#define BATCH_MIN 6
+
 template <int S>
 __device__ __forceinline__ u64 warp_kth(const u64 e[S], int W) {
     int t = W - 1;
@@ -133,69 +333,68 @@ __device__ __forceinline__ u64 warp_kth(const u64 e[S], int W) {
 // the shared per-query threshold gthr[q] (may be null) are dropped, so a split's list may hold
 // fewer than W real entries (SENTINEL-padded), but the union always holds the true top W.
 // Base ids are id_base + local row. exclude (may be null) is indexed by local query row.
-// Dynamic shared memory: BQ*32*S u64 lists, then max(2*KC*SPAD, BQ*TSTRIDE) floats.
-template <int KERNEL, int S>
+// Dynamic shared memory: BQ*32*S u64 lists, then BQ*TSTRIDE floats (BQ*TS_TF when TF).
+template <int KERNEL, int S, bool TF>
 __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict__ qn, long long nq,
                            const float* __restrict__ B, const float* __restrict__ bn, long long nb,
                            u32 id_base, int d, const u32* __restrict__ exclude, int W,
                            long long split_len, u64* __restrict__ out, u64* __restrict__ gthr) {
+    constexpr int TS = TF ? TS_TF : TSTRIDE;
     extern __shared__ __align__(16) unsigned char smem[];
     u64* lists = (u64*)smem;
     float* work = (float*)(lists + BQ * 32 * S);
     const int LW = 32 * S;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int ty = tid >> 4, tx = tid & 15;
     long long q0 = (long long)blockIdx.x * BQ;
     long long s0 = (long long)blockIdx.y * split_len;
     long long s1 = min(s0 + split_len, nb);
     for (int i = tid; i < BQ * LW; i += THREADS) lists[i] = SENTINEL;
 
     for (long long b0 = s0; b0 < s1; b0 += BB) {
-        float acc[8][8];
-        tile_compute<KERNEL>(Q, nq, q0, B, s1, b0, d, work, acc);
-        float qv[8], bv[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            long long q = q0 + tile_row(ty, i), b = b0 + tile_row(tx, i);
-            qv[i] = (KERNEL == KERNEL_SQL2 && q < nq) ? qn[q] : 0.f;
-            bv[i] = (KERNEL == KERNEL_SQL2 && b < s1) ? bn[b] : 0.f;
-        }
-        __syncthreads();  // staging area becomes the key tile
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                work[tile_row(ty, i) * TSTRIDE + tile_row(tx, j)] =
-                    finish_key<KERNEL>(acc[i][j], qv[i], bv[j]);
+        // gthr[q]: the smallest W-th key any split of this query has reached. The union's W-th
+        // key is at most that, so larger candidates can never be selected. Loaded for the
+        // warp's 16 rows (lane i: row warp + 8i) before the tile's product hides the latency;
+        // a stale value is still a valid bound.
+        u64 gpre = SENTINEL;
+        if (gthr && lane < BQ / 8 && q0 + warp + 8 * lane < nq)
+            gpre = *(volatile u64*)&gthr[q0 + warp + 8 * lane];
+        keys_to_smem<KERNEL, TF>(Q, qn, nq, q0, B, bn, s1, b0, d, work);
         __syncthreads();
         int ncols = (int)min((long long)BB, s1 - b0);
-        for (int r = warp; r < BQ; r += THREADS / 32) {
+        for (int r = warp, ri = 0; r < BQ; r += THREADS / 32, ri++) {
             long long q = q0 + r;
+            u64 g = __shfl_sync(0xffffffffu, gpre, ri);
             if (q >= nq) break;
             u32 skip = exclude ? exclude[q] : NO_ID;
             u64 e[S];
 #pragma unroll
             for (int s = 0; s < S; s++) e[s] = lists[r * LW + s * 32 + lane];
-            // gthr[q]: the smallest W-th key any split of this query has reached. The union's
-            // W-th key is at most that, so larger candidates can never be selected.
-            u64 g = gthr ? *(volatile u64*)&gthr[q] : SENTINEL;
-            u64 thr = min(warp_kth<S>(e, W), g);
-            bool changed = false;
+            u64 cv[BB / 32];
 #pragma unroll
             for (int j = 0; j < BB / 32; j++) {
                 int c = j * 32 + lane;
                 u32 id = id_base + (u32)(b0 + c);
-                u64 cv = SENTINEL;
-                if (c < ncols && id != skip) cv = composite(work[r * TSTRIDE + c], id);
-                unsigned mask = __ballot_sync(0xffffffffu, cv < thr);
+                cv[j] = (c < ncols && id != skip) ? composite(work[r * TS + c], id) : SENTINEL;
+            }
+            u64 thr = min(warp_kth<S>(e, W), g);
+            bool changed = false;
+#pragma unroll
+            for (int j = 0; j < BB / 32; j++) {
+                unsigned mask = __ballot_sync(0xffffffffu, cv[j] < thr);
+                if (__popc(mask) >= BATCH_MIN) {
+                    warp_merge<S>(e, cv[j] < thr ? cv[j] : SENTINEL, W, lane);
+                    thr = min(warp_kth<S>(e, W), g);
+                    changed = true;
+                    continue;
+                }
                 while (mask) {
                     int src = __ffs(mask) - 1;
-                    u64 v = __shfl_sync(0xffffffffu, cv, src);
+                    u64 v = __shfl_sync(0xffffffffu, cv[j], src);
                     warp_insert<S>(e, v, W, lane);
                     thr = min(warp_kth<S>(e, W), g);
                     changed = true;
                     mask &= ~(1u << src);
-                    mask &= __ballot_sync(0xffffffffu, cv < thr);
+                    mask &= __ballot_sync(0xffffffffu, cv[j] < thr);
                 }
             }
             if (changed) {
@@ -215,26 +414,32 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
     }
 }
 
-#define FUSED(NAME, K, S)                                                                          \
+#define FUSED(NAME, K, S, TF)                                                                      \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                    \
         const float* __restrict__ Q, const float* __restrict__ qn, long long nq,                   \
         const float* __restrict__ B, const float* __restrict__ bn, long long nb, u32 id_base,      \
         int d, const u32* __restrict__ exclude, int W, long long split_len, u64* __restrict__ out, \
         u64* __restrict__ gthr) {                                                                  \
-        fused_topk<K, S>(Q, qn, nq, B, bn, nb, id_base, d, exclude, W, split_len, out, gthr);      \
+        fused_topk<K, S, TF>(Q, qn, nq, B, bn, nb, id_base, d, exclude, W, split_len, out, gthr);  \
     }
-FUSED(fused_sql2_w32, KERNEL_SQL2, 1)
-FUSED(fused_sql2_w64, KERNEL_SQL2, 2)
-FUSED(fused_sql2_w128, KERNEL_SQL2, 4)
-FUSED(fused_negdot_w32, KERNEL_NEGDOT, 1)
-FUSED(fused_negdot_w64, KERNEL_NEGDOT, 2)
-FUSED(fused_negdot_w128, KERNEL_NEGDOT, 4)
-FUSED(fused_l1_w32, KERNEL_L1, 1)
-FUSED(fused_l1_w64, KERNEL_L1, 2)
-FUSED(fused_l1_w128, KERNEL_L1, 4)
-FUSED(fused_linf_w32, KERNEL_LINF, 1)
-FUSED(fused_linf_w64, KERNEL_LINF, 2)
-FUSED(fused_linf_w128, KERNEL_LINF, 4)
+FUSED(fused_sql2_w32, KERNEL_SQL2, 1, false)
+FUSED(fused_sql2_w64, KERNEL_SQL2, 2, false)
+FUSED(fused_sql2_w128, KERNEL_SQL2, 4, false)
+FUSED(fused_negdot_w32, KERNEL_NEGDOT, 1, false)
+FUSED(fused_negdot_w64, KERNEL_NEGDOT, 2, false)
+FUSED(fused_negdot_w128, KERNEL_NEGDOT, 4, false)
+FUSED(fused_l1_w32, KERNEL_L1, 1, false)
+FUSED(fused_l1_w64, KERNEL_L1, 2, false)
+FUSED(fused_l1_w128, KERNEL_L1, 4, false)
+FUSED(fused_linf_w32, KERNEL_LINF, 1, false)
+FUSED(fused_linf_w64, KERNEL_LINF, 2, false)
+FUSED(fused_linf_w128, KERNEL_LINF, 4, false)
+FUSED(fused_tf32_sql2_w32, KERNEL_SQL2, 1, true)
+FUSED(fused_tf32_sql2_w64, KERNEL_SQL2, 2, true)
+FUSED(fused_tf32_sql2_w128, KERNEL_SQL2, 4, true)
+FUSED(fused_tf32_negdot_w32, KERNEL_NEGDOT, 1, true)
+FUSED(fused_tf32_negdot_w64, KERNEL_NEGDOT, 2, true)
+FUSED(fused_tf32_negdot_w128, KERNEL_NEGDOT, 4, true)
 
 // Key tile to global memory (the large-width path): keys[q * ld + b] for the nq x nb block.
 // Grid: (ceil(nq/BQ), ceil(nb/BB)); shared memory 2*KC*SPAD floats.
@@ -271,3 +476,74 @@ TILE(tile_sql2, KERNEL_SQL2)
 TILE(tile_negdot, KERNEL_NEGDOT)
 TILE(tile_l1, KERNEL_L1)
 TILE(tile_linf, KERNEL_LINF)
+
+// Threshold filter (the large-width path): computes the key tile of queries [q0, +BQ) x base
+// rows [b0, +BB) and appends every composite below the query's current W-th one
+// (running[q * W + W - 1]; all of them when running is null) to buf[q * cap + slot], slot from
+// count[q] (atomic). Slots past cap are counted but not stored: the host sees the overflow.
+// Grid: (ceil(nq/BQ), ceil(nb/BB)). Dynamic shared memory: BQ*TSTRIDE floats (BQ*TS_TF if TF).
+template <int KERNEL, bool TF>
+__device__ void filter_keys(const float* __restrict__ Q, const float* __restrict__ qn, long long nq,
+                            const float* __restrict__ B, const float* __restrict__ bn, long long nb,
+                            u32 id_base, int d, const u32* __restrict__ exclude,
+                            const u64* __restrict__ running, int W, int cap,
+                            u64* __restrict__ buf, u32* __restrict__ count) {
+    constexpr int TS = TF ? TS_TF : TSTRIDE;
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* work = (float*)smem;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    long long q0 = (long long)blockIdx.x * BQ, b0 = (long long)blockIdx.y * BB;
+    // Thresholds and excluded ids of the warp's 16 rows (lane i: row warp + 8i), loaded before
+    // the product so that their latency is hidden.
+    u64 tpre = SENTINEL;
+    u32 xpre = NO_ID;
+    if (lane < BQ / 8 && q0 + warp + 8 * lane < nq) {
+        long long q = q0 + warp + 8 * lane;
+        if (running) tpre = running[q * W + W - 1];
+        if (exclude) xpre = exclude[q];
+    }
+    keys_to_smem<KERNEL, TF>(Q, qn, nq, q0, B, bn, nb, b0, d, work);
+    __syncthreads();
+    int ncols = (int)min((long long)BB, nb - b0);
+    for (int r = warp, ri = 0; r < BQ; r += THREADS / 32, ri++) {
+        long long q = q0 + r;
+        u64 thr = __shfl_sync(0xffffffffu, tpre, ri);
+        u32 skip = __shfl_sync(0xffffffffu, xpre, ri);
+        if (q >= nq) break;
+#pragma unroll
+        for (int j = 0; j < BB / 32; j++) {
+            int c = j * 32 + lane;
+            u32 id = id_base + (u32)(b0 + c);
+            bool keep = false;
+            u64 cv = SENTINEL;
+            if (c < ncols && id != skip) {
+                cv = composite(work[r * TS + c], id);
+                keep = cv < thr;
+            }
+            unsigned m = __ballot_sync(0xffffffffu, keep);
+            if (m) {
+                u32 base = 0;
+                if (lane == 0) base = atomicAdd(&count[q], (u32)__popc(m));
+                base = __shfl_sync(0xffffffffu, base, 0);
+                u32 slot = base + __popc(m & ((1u << lane) - 1u));
+                if (keep && slot < (u32)cap) buf[q * (long long)cap + slot] = cv;
+            }
+        }
+    }
+}
+
+#define FILTER(NAME, K, TF)                                                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                    \
+        const float* __restrict__ Q, const float* __restrict__ qn, long long nq,                   \
+        const float* __restrict__ B, const float* __restrict__ bn, long long nb, u32 id_base,      \
+        int d, const u32* __restrict__ exclude, const u64* __restrict__ running, int W, int cap,   \
+        u64* __restrict__ buf, u32* __restrict__ count) {                                          \
+        filter_keys<K, TF>(Q, qn, nq, B, bn, nb, id_base, d, exclude, running, W, cap, buf,        \
+                           count);                                                                 \
+    }
+FILTER(filter_sql2, KERNEL_SQL2, false)
+FILTER(filter_negdot, KERNEL_NEGDOT, false)
+FILTER(filter_l1, KERNEL_L1, false)
+FILTER(filter_linf, KERNEL_LINF, false)
+FILTER(filter_tf32_sql2, KERNEL_SQL2, true)
+FILTER(filter_tf32_negdot, KERNEL_NEGDOT, true)

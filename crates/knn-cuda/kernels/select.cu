@@ -2,7 +2,7 @@
 // the union of two composite lists and one row of float keys; any W up to 4096.
 //
 //   lists_a[row * ma + i]  (i < ma)   composites (e.g. per-split top lists, or a running list)
-//   lists_b[row * mb + i]  (i < mb)   composites (a running list)
+//   lists_b[row * mb + i]  (i < mb, and i < bcount[row] when bcount is not null)  composites
 //   keys[row * ld + i]     (i < nk)   keys of base ids id_base + i; exclude[row] is skipped
 // Output: out[row * W + i], the W smallest composites, sorted (SENTINEL pads missing entries).
 // Dynamic shared memory: P u64, P = the power of two >= W.
@@ -22,7 +22,7 @@ __device__ __forceinline__ u64 sel_elem(const u64* __restrict__ a, int ma, const
 
 extern "C" __global__ void __launch_bounds__(SEL_THREADS)
 select_topk(const u64* __restrict__ lists_a, int ma, const u64* __restrict__ lists_b, int mb,
-            const float* __restrict__ keys, long long ld, int nk, u32 id_base,
+            const u32* __restrict__ bcount, const float* __restrict__ keys, long long ld, int nk, u32 id_base,
             const u32* __restrict__ exclude, int W, int P, u64* __restrict__ out) {
     extern __shared__ __align__(16) unsigned char smem[];
     u64* buf = (u64*)smem;
@@ -34,6 +34,7 @@ select_topk(const u64* __restrict__ lists_a, int ma, const u64* __restrict__ lis
     int tid = threadIdx.x;
     const u64* a = lists_a ? lists_a + row * ma : lists_a;
     const u64* b = lists_b ? lists_b + row * mb : lists_b;
+    if (bcount) mb = (int)min(bcount[row], (u32)mb);
     const float* k = keys ? keys + row * ld : keys;
     u32 skip = exclude ? exclude[row] : NO_ID;
     long long total = (long long)ma + mb + (keys ? nk : 0);

@@ -154,6 +154,9 @@ impl Gpu {
         for n in [
             "fused_sql2_w32",
             "fused_sql2_w128",
+            "fused_tf32_sql2_w32",
+            "fused_tf32_sql2_w128",
+            "filter_tf32_sql2",
             "fused_l1_w32",
             "tile_sql2",
             "select_topk",
@@ -264,12 +267,13 @@ impl Gpu {
     }
 }
 
-/// `extern "C" __global__ void NAME(` and `FUSED(NAME,` / `TILE(NAME,` / `DIST(NAME,` entries.
+/// `extern "C" __global__ void NAME(` and `FUSED(NAME,` / `TILE(NAME,` / `DIST(NAME,` /
+/// `FILTER(NAME,` entries.
 fn kernel_names(src: &str) -> Vec<String> {
     let mut names = Vec::new();
     for line in src.lines() {
         let l = line.trim_start();
-        for mac in ["FUSED(", "TILE(", "DIST("] {
+        for mac in ["FUSED(", "TILE(", "DIST(", "FILTER("] {
             if let Some(rest) = l.strip_prefix(mac) {
                 if let Some(n) = rest.split(',').next() {
                     if n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !n.is_empty() {
@@ -396,6 +400,8 @@ mod tests {
             "fill_u64",
             "fused_sql2_w32",
             "fused_linf_w128",
+            "fused_tf32_negdot_w64",
+            "filter_linf",
             "tile_l1",
             "select_topk",
             "dist_texture_linf",

@@ -1,9 +1,9 @@
 //! [`CudaEngine`]: the public face of the crate; no CUDA types cross it.
 
 use crate::device::{driver_device_count, is_oom, Gpu};
-use crate::floor::{floors, max_norm};
-use crate::fused::{self, SELECT_WIDTH_MAX};
-use knn_core::{CandidateRequest, Candidates, Engine, KnnError, Result};
+use crate::floor::{floors, max_norm, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
+use crate::fused::{self, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX};
+use knn_core::{CandidateRequest, Candidates, Engine, Kernel, KnnError, Result};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -162,6 +162,21 @@ impl Engine for CudaEngine {
         format!("cuda:{}/{}", self.ordinal, self.method)
     }
 
+    /// The fused method's first tries of GEMM kernels run on TF32 tensor cores, whose rounding
+    /// bound (about 4·2⁻¹¹‖q‖‖b‖) spans more neighbours: on-chip widths are filled up to their
+    /// slot count (32, 64, 128: same cost), wider lists get k/4 more.
+    fn candidate_width(&self, k: usize, available: usize, kernel: Kernel) -> usize {
+        let w = k + 4 + k / 16;
+        let w = if self.method != Method::Fused || !kernel.is_gemm() {
+            w
+        } else if w <= SMALL_WIDTH_MAX {
+            w.next_power_of_two().max(32)
+        } else {
+            w.max(k + k / 4)
+        };
+        w.min(available)
+    }
+
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
         let (nq, nb, w) = (req.queries.rows(), req.base.rows(), req.width);
         if w == 0 || w > req.available() {
@@ -207,7 +222,12 @@ impl Engine for CudaEngine {
         } else {
             0.0
         };
-        let floor = floors(req, &keys, bn_max);
+        let (u, u_in) = if self.method == Method::Fused && fused::uses_tf32(req) {
+            (TF32_ACC_UNIT, TF32_INPUT_UNIT)
+        } else {
+            (F32_UNIT, 0.0)
+        };
+        let floor = floors(req, &keys, bn_max, u, u_in);
         Ok(Candidates {
             width: w,
             ids,

@@ -10,15 +10,23 @@
 //! engine uses too). A point left out has a computed key at least the W-th returned one, so
 //! `floor = k̂_W − bound(‖q‖, max‖b‖, k̂_W)` bounds its exact key from below.
 //!
-//! (For reduced-precision tensor-core inputs the dot product error would grow to
-//! (2u_in + u_in² + γ_d)·Σ|qᵢbᵢ| ≤ that·‖q‖‖b‖ with u_in = 2⁻¹¹ for TF32 and 2⁻⁸ for BF16;
-//! the FP32 kernels of this crate do not round their inputs.)
+//! The TF32 tensor-core kernels (GEMM kernels, first tries) round q and b to TF32 first, so the
+//! dot product error grows to (2u_in + u_in²)(1+γ)·Σ|qᵢbᵢ| + γ·Σ|qᵢbᵢ| ≤ that·‖q‖‖b‖ with
+//! u_in = 2⁻¹¹ ([`TF32_INPUT_UNIT`]); their f32 accumulation may truncate, so γ is taken with
+//! 4u ([`TF32_ACC_UNIT`]). Norms stay f32 sums of the unrounded inputs.
 
 use knn_core::{CandidateRequest, Kernel, MatrixRef};
 use rayon::prelude::*;
 
 /// Unit roundoff of f32.
 pub const F32_UNIT: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// Input rounding of the TF32 kernels (`cvt.rna.tf32.f32`: 10 explicit mantissa bits).
+pub const TF32_INPUT_UNIT: f64 = 1.0 / (1u64 << 11) as f64;
+
+/// Accumulation unit assumed for the tensor cores: 4·2⁻²⁴, covering truncation (2⁻²³) with a
+/// factor 2 to spare for the alignment of each 8-term block before its addition.
+pub const TF32_ACC_UNIT: f64 = 4.0 * F32_UNIT;
 
 /// Largest Euclidean norm of the rows (in f64, rounded up), for the GEMM-form bounds.
 pub fn max_norm(m: MatrixRef<'_>) -> f32 {
@@ -50,8 +58,16 @@ fn round_down(x: f64) -> f32 {
     }
 }
 
-/// Per-row floors for rows of `width` sorted keys computed in f32 arithmetic.
-pub fn floors(req: &CandidateRequest<'_>, keys: &[f32], bn_max: f32) -> Vec<f32> {
+/// Per-row floors for rows of `width` sorted keys computed with accumulation unit `u` and input
+/// rounding `u_in` (`F32_UNIT, 0.0` for the FP32 kernels; `TF32_ACC_UNIT, TF32_INPUT_UNIT`
+/// for the tensor-core ones).
+pub fn floors(
+    req: &CandidateRequest<'_>,
+    keys: &[f32],
+    bn_max: f32,
+    u: f64,
+    u_in: f64,
+) -> Vec<f32> {
     let w = req.width;
     let d = req.base.dim();
     let nq = req.queries.rows();
@@ -66,7 +82,7 @@ pub fn floors(req: &CandidateRequest<'_>, keys: &[f32], bn_max: f32) -> Vec<f32>
                 Kernel::SqL2 | Kernel::NegDot => norm(req.queries.row(i)),
                 _ => 0.0,
             };
-            let bound = req.kernel.error_bound(d, qn, bn_max, kth, F32_UNIT, 0.0);
+            let bound = req.kernel.error_bound(d, qn, bn_max, kth, u, u_in);
             let f = round_down(kth as f64 - bound as f64);
             if f.is_nan() {
                 f32::NEG_INFINITY

@@ -13,8 +13,39 @@ pub const BASE_TILE: usize = 128;
 pub const SMALL_WIDTH_MAX: usize = 128;
 /// Widest list the radix select sorts in shared memory.
 pub const SELECT_WIDTH_MAX: usize = 8192;
-/// Key columns per select step on the large-width path.
+/// Key columns per select step on the large-width path's overflow fallback.
 const KEY_BLOCK: usize = 32768;
+/// Survivor slots per query of the large-width threshold filter (at least 2·W).
+const FILTER_CAP: usize = 16384;
+/// Key tile bytes in shared memory: FP32 tiles (128 × 129 floats) and TF32 ones (128 × 136).
+const TILE_SMEM: usize = 128 * 129 * 4;
+const TILE_SMEM_TF32: usize = 128 * 136 * 4;
+
+/// `true` when the request runs on the tensor cores (TF32 inputs, see [`crate::floor`]): GEMM
+/// kernels on first tries. Retries (`precise`) and L1/L∞ use the FP32 kernels.
+pub(crate) fn uses_tf32(req: &CandidateRequest<'_>) -> bool {
+    !req.precise && req.kernel.is_gemm()
+}
+
+/// Splits of the base for `qblocks` query tiles on `slots` resident blocks: the fewest whose
+/// last wave is at least 95 % full (else the fullest), at most `tiles`.
+fn split_count(qblocks: usize, slots: usize, tiles: usize) -> usize {
+    let limit = (4 * slots).div_ceil(qblocks).clamp(1, tiles.max(1));
+    let eff = |n: usize| {
+        let blocks = qblocks * n;
+        blocks as f64 / (blocks.div_ceil(slots) * slots) as f64
+    };
+    let mut best = 1;
+    for n in 1..=limit {
+        if eff(n) >= 0.95 {
+            return n;
+        }
+        if eff(n) > eff(best) + 1e-9 {
+            best = n;
+        }
+    }
+    best
+}
 const SENTINEL: u64 = u64::MAX;
 
 fn kernel_tag(k: Kernel) -> &'static str {
@@ -71,14 +102,16 @@ pub(crate) fn run(
     };
     let base_bytes = bc * row_bytes;
     let rest = budget.saturating_sub(base_bytes).max(1 << 20);
-    let nsplit_max = (2 * gpu.sm_count).max(1);
+    let nsplit_max = (8 * gpu.sm_count).max(1);
+    let tf = uses_tf32(req);
+    let cap = FILTER_CAP.max(2 * w);
     let per_query = d * 4
         + 8
         + 2 * w * 8
         + if small {
             nsplit_max.min(nb.div_ceil(BASE_TILE)) * w * 8
         } else {
-            KEY_BLOCK.min(bc) * 4
+            cap * 8 + 4
         };
     let qc = (rest / per_query).clamp(1, nq.max(1));
     let qc = if qc >= QUERY_TILE {
@@ -125,9 +158,15 @@ pub(crate) fn run(
             };
             let bl = be - bs;
             if small {
-                let name = format!("fused_{}_w{}", kernel_tag(req.kernel), 32 * slots);
+                let name = format!(
+                    "fused_{}{}_w{}",
+                    if tf { "tf32_" } else { "" },
+                    kernel_tag(req.kernel),
+                    32 * slots
+                );
                 let f = gpu.func(&name)?;
-                let smem = QUERY_TILE * 32 * slots * 8 + 66048;
+                let smem =
+                    QUERY_TILE * 32 * slots * 8 + if tf { TILE_SMEM_TF32 } else { TILE_SMEM };
                 if smem > gpu.max_smem_optin {
                     return Err(KnnError::Device(format!(
                         "{name} needs {smem} bytes of shared memory, the device allows {}",
@@ -139,8 +178,8 @@ pub(crate) fn run(
                     smem as i32,
                 )
                 .map_err(dev_err("shared memory limit"))?;
-                // Split the base so that the grid fills exactly one wave of resident blocks
-                // (a second, mostly empty wave would double the time).
+                // Split the base so that the last wave of resident blocks is (nearly) full: with
+                // 79 query tiles on 132 single-block SMs, 5 splits fill 3 waves.
                 let per_sm = f
                     .occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
                     .unwrap_or(1)
@@ -148,7 +187,7 @@ pub(crate) fn run(
                 let slots_total = gpu.sm_count * per_sm;
                 let qblocks = n.div_ceil(QUERY_TILE);
                 let tiles = bl.div_ceil(BASE_TILE);
-                let want = (slots_total / qblocks).clamp(1, tiles);
+                let want = split_count(qblocks, slots_total, tiles);
                 let split_len = tiles.div_ceil(want) * BASE_TILE;
                 let nsplit = bl.div_ceil(split_len);
                 let partial = gpu.alloc::<u64>(n * nsplit * w)?;
@@ -201,56 +240,27 @@ pub(crate) fn run(
                     w,
                     (gpu.ptr(&partial), nsplit * w),
                     running.as_ref().map_or((0, 0), |r| (gpu.ptr(&r.buf), w)),
+                    0,
                     None,
                 )?;
                 gpu.sync()?;
                 running = Some(next);
             } else {
-                let kb = KEY_BLOCK.min(bl);
-                let keys = gpu.alloc::<f32>(n * kb)?;
-                let name = format!("tile_{}", kernel_tag(req.kernel));
-                let f = gpu.func(&name)?;
-                for ks in (0..bl).step_by(kb) {
-                    let ke = (ks + kb).min(bl);
-                    let kl = ke - ks;
-                    let pb = gpu.ptr(b) + (ks * d * 4) as u64;
-                    let pbn = gpu.ptr(bn) + (ks * 4) as u64;
-                    let (pq, pqn, pk) = (gpu.ptr(&q), gpu.ptr(&qn), gpu.ptr(&keys));
-                    let (nq64, nb64, dd, ld) = (n as i64, kl as i64, d as i32, kl as i64);
-                    let mut l = gpu.stream.launch_builder(f);
-                    l.arg(&pq)
-                        .arg(&pqn)
-                        .arg(&nq64)
-                        .arg(&pb)
-                        .arg(&pbn)
-                        .arg(&nb64)
-                        .arg(&dd)
-                        .arg(&ld)
-                        .arg(&pk);
-                    // SAFETY: keys holds n×kb floats ≥ n×kl; b, bn offset inside the chunk.
-                    unsafe {
-                        l.launch(LaunchConfig {
-                            grid_dim: (
-                                n.div_ceil(QUERY_TILE) as u32,
-                                kl.div_ceil(BASE_TILE) as u32,
-                                1,
-                            ),
-                            block_dim: (256, 1, 1),
-                            shared_mem_bytes: 0,
-                        })
-                    }
-                    .map_err(dev_err(&name))?;
-                    let next = select(
-                        gpu,
-                        n,
-                        w,
-                        running.as_ref().map_or((0, 0), |r| (gpu.ptr(&r.buf), w)),
-                        (0, 0),
-                        Some((pk, kl, kl, (bs + ks) as u32, excl_ptr)),
-                    )?;
-                    gpu.sync()?;
-                    running = Some(next);
-                }
+                let ctx = Large {
+                    kernel: req.kernel,
+                    tf,
+                    n,
+                    d,
+                    w,
+                    cap,
+                    q: gpu.ptr(&q),
+                    qn: gpu.ptr(&qn),
+                    excl: excl_ptr,
+                    b: gpu.ptr(b),
+                    bn: gpu.ptr(bn),
+                    id0: bs,
+                };
+                running = Some(large(gpu, &ctx, bl, running)?);
             }
         }
         if let (Some(t0), Some(t1)) = (
@@ -285,14 +295,16 @@ fn upload_base(
     Ok((b, bn))
 }
 
-/// Launches `select_topk` for `n` rows: union of two composite lists (pointer, per-row count)
-/// and optionally a key block (pointer, columns, row stride, first id, exclude pointer).
+/// Launches `select_topk` for `n` rows: union of two composite lists (pointer, per-row count;
+/// `bcount`, when not 0, points to per-row counts that cap b's) and optionally a key block
+/// (pointer, columns, row stride, first id, exclude pointer).
 fn select(
     gpu: &Gpu,
     n: usize,
     w: usize,
     a: (u64, usize),
     b: (u64, usize),
+    bcount: u64,
     keys: Option<(u64, usize, usize, u32, u64)>,
 ) -> Result<Lists> {
     let out = gpu.alloc::<u64>(n * w)?;
@@ -316,6 +328,7 @@ fn select(
         .arg(&ma)
         .arg(&b.0)
         .arg(&mb)
+        .arg(&bcount)
         .arg(&pk)
         .arg(&ld64)
         .arg(&nk32)
@@ -334,4 +347,187 @@ fn select(
     }
     .map_err(dev_err("select_topk"))?;
     Ok(Lists { buf: out })
+}
+
+/// What the large-width path needs of one query chunk × base chunk (device addresses).
+struct Large {
+    kernel: Kernel,
+    tf: bool,
+    n: usize,
+    d: usize,
+    w: usize,
+    cap: usize,
+    q: u64,
+    qn: u64,
+    excl: u64,
+    b: u64,
+    bn: u64,
+    /// Id of the chunk's first base row.
+    id0: usize,
+}
+
+/// Widest column range of one filter launch (grid y ≤ 65535 tiles).
+const FILTER_COLS_MAX: usize = 1 << 22;
+
+/// Large widths (W > 128) over `bl` base rows: a threshold filter over growing column ranges,
+/// each followed by one select of (running list ∪ survivors). Survivors of a range are the keys
+/// below the running W-th one, about W·len/seen for data in random order, so ranges grow with
+/// the columns seen while staying under cap/2 expected survivors. A range whose survivors
+/// overflow `cap` in some row is redone with whole key blocks in device memory.
+fn large(gpu: &Gpu, c: &Large, bl: usize, mut running: Option<Lists>) -> Result<Lists> {
+    let (n, d, w, cap) = (c.n, c.d, c.w, c.cap);
+    let buf = gpu.alloc::<u64>(n * cap)?;
+    let mut count = gpu.alloc::<u32>(n)?;
+    let name = format!(
+        "filter_{}{}",
+        if c.tf { "tf32_" } else { "" },
+        kernel_tag(c.kernel)
+    );
+    let f = gpu.func(&name)?;
+    let smem = if c.tf { TILE_SMEM_TF32 } else { TILE_SMEM };
+    f.set_attribute(
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .map_err(dev_err("shared memory limit"))?;
+    let mut seen = 0;
+    while seen < bl {
+        let done = c.id0 + seen;
+        let len = match &running {
+            None => cap,
+            Some(_) => (done * cap / (2 * w)).max(cap),
+        };
+        let len = (len.min(FILTER_COLS_MAX) / BASE_TILE * BASE_TILE)
+            .max(BASE_TILE)
+            .min(bl - seen);
+        gpu.stream
+            .memset_zeros(&mut count)
+            .map_err(dev_err("clearing counts"))?;
+        let run_ptr = running.as_ref().map_or(0, |r| gpu.ptr(&r.buf));
+        let (pb, pbn) = (c.b + (seen * d * 4) as u64, c.bn + (seen * 4) as u64);
+        let (nq64, nb64, id0, dd, ww, cc) = (
+            n as i64,
+            len as i64,
+            done as u32,
+            d as i32,
+            w as i32,
+            cap as i32,
+        );
+        let (pbuf, pcount) = (gpu.ptr(&buf), gpu.ptr(&count));
+        let mut l = gpu.stream.launch_builder(f);
+        l.arg(&c.q)
+            .arg(&c.qn)
+            .arg(&nq64)
+            .arg(&pb)
+            .arg(&pbn)
+            .arg(&nb64)
+            .arg(&id0)
+            .arg(&dd)
+            .arg(&c.excl)
+            .arg(&run_ptr)
+            .arg(&ww)
+            .arg(&cc)
+            .arg(&pbuf)
+            .arg(&pcount);
+        // SAFETY: q n×d, qn n, b/bn offset to `seen` inside the chunk with len rows left,
+        // exclude n (or null), running n×w (or null), buf n×cap, count n.
+        unsafe {
+            l.launch(LaunchConfig {
+                grid_dim: (
+                    n.div_ceil(QUERY_TILE) as u32,
+                    len.div_ceil(BASE_TILE) as u32,
+                    1,
+                ),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: smem as u32,
+            })
+        }
+        .map_err(dev_err(&name))?;
+        let a = running.as_ref().map_or((0, 0), |r| (gpu.ptr(&r.buf), w));
+        let next = select(gpu, n, w, a, (pbuf, cap), pcount, None)?;
+        let counts = gpu.download(&count, n)?;
+        let next = if counts.iter().any(|&k| k as usize > cap) {
+            key_blocks(gpu, c, seen, len, running)?
+        } else {
+            next
+        };
+        running = Some(next);
+        seen += len;
+    }
+    Ok(running.expect("the base chunk is not empty"))
+}
+
+/// Columns [seen, seen+len) of the chunk with FP32 key blocks in device memory, each merged into
+/// the running list by a full select (the filter's overflow fallback).
+fn key_blocks(
+    gpu: &Gpu,
+    c: &Large,
+    seen: usize,
+    len: usize,
+    mut running: Option<Lists>,
+) -> Result<Lists> {
+    let (n, d, w) = (c.n, c.d, c.w);
+    let kb = KEY_BLOCK.min(len);
+    let keys = gpu.alloc::<f32>(n * kb)?;
+    let name = format!("tile_{}", kernel_tag(c.kernel));
+    let f = gpu.func(&name)?;
+    for ks in (seen..seen + len).step_by(kb) {
+        let ke = (ks + kb).min(seen + len);
+        let kl = ke - ks;
+        let pb = c.b + (ks * d * 4) as u64;
+        let pbn = c.bn + (ks * 4) as u64;
+        let pk = gpu.ptr(&keys);
+        let (nq64, nb64, dd, ld) = (n as i64, kl as i64, d as i32, kl as i64);
+        let mut l = gpu.stream.launch_builder(f);
+        l.arg(&c.q)
+            .arg(&c.qn)
+            .arg(&nq64)
+            .arg(&pb)
+            .arg(&pbn)
+            .arg(&nb64)
+            .arg(&dd)
+            .arg(&ld)
+            .arg(&pk);
+        // SAFETY: keys holds n×kb floats ≥ n×kl; b, bn offset inside the chunk.
+        unsafe {
+            l.launch(LaunchConfig {
+                grid_dim: (
+                    n.div_ceil(QUERY_TILE) as u32,
+                    kl.div_ceil(BASE_TILE) as u32,
+                    1,
+                ),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(dev_err(&name))?;
+        let next = select(
+            gpu,
+            n,
+            w,
+            running.as_ref().map_or((0, 0), |r| (gpu.ptr(&r.buf), w)),
+            (0, 0),
+            0,
+            Some((pk, kl, kl, (c.id0 + ks) as u32, c.excl)),
+        )?;
+        gpu.sync()?;
+        running = Some(next);
+    }
+    Ok(running.expect("the range is not empty"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_count;
+
+    #[test]
+    fn splits_fill_the_last_wave() {
+        // 79 query tiles on 132 single-block SMs: 5 splits → 395 of 396 slots.
+        assert_eq!(split_count(79, 132, 7813), 5);
+        // 32 query tiles on 264 slots: 8 splits → 256 of 264.
+        assert_eq!(split_count(32, 264, 128), 8);
+        // Never more splits than base tiles.
+        assert_eq!(split_count(1, 264, 3), 3);
+        assert_eq!(split_count(1000, 132, 1), 1);
+    }
 }
