@@ -50,6 +50,10 @@ pub struct EngineArgs {
     /// or the seed-000 GPU baselines global, texture, cublas.
     #[arg(long, default_value = "auto")]
     pub method: String,
+    /// Several GPUs at once: all, or CUDA ordinals such as 0,2,3. Query tiles go to the GPUs
+    /// from a shared queue; the answer is identical to one GPU's.
+    #[arg(long, conflicts_with = "device")]
+    pub devices: Option<String>,
     /// Cap on the GPU memory used for tiles, e.g. 2GiB, 512MiB, 1e9 (default: 70 % of free
     /// memory). Inputs beyond it are streamed from host memory in tiles.
     #[arg(long)]

@@ -27,11 +27,16 @@ pub fn engine(a: &EngineArgs) -> Result<Knn> {
     let device: Device = a.device.parse()?;
     let method: Method = a.method.parse()?;
     let gpu_memory = a.gpu_memory.as_deref().map(parse_bytes).transpose()?;
+    let gpus = match a.devices.as_deref() {
+        None => Vec::new(),
+        Some(list) => parse_gpus(list)?,
+    };
     let knn = Knn::new(&Options {
         device,
         threads: a.threads,
         method,
         gpu_memory,
+        gpus,
     })?;
     if device == Device::Auto && knn.device() == Device::Cpu && gpu_memory.is_some() {
         eprintln!(
@@ -40,6 +45,26 @@ pub fn engine(a: &EngineArgs) -> Result<Knn> {
         );
     }
     Ok(knn)
+}
+
+/// `all` (every usable GPU) or a comma list of CUDA ordinals.
+fn parse_gpus(list: &str) -> Result<Vec<usize>> {
+    let gpus: Vec<usize> = if list.trim() == "all" {
+        knn::gpu_devices().into_iter().map(|(n, _)| n).collect()
+    } else {
+        list.split(',')
+            .map(|s| {
+                let s = s.trim();
+                s.strip_prefix("cuda:").unwrap_or(s).parse().map_err(|_| {
+                    anyhow::anyhow!("--devices: '{s}' is not a GPU number (e.g. 0,2,3 or all)")
+                })
+            })
+            .collect::<Result<_>>()?
+    };
+    if gpus.is_empty() {
+        bail!("--devices {list}: no usable GPU ({})", knn::gpu_status());
+    }
+    Ok(gpus)
 }
 
 /// Parses a byte count: `2GiB`, `512MiB`, `64KiB`, `1GB`, `1e9` or plain bytes.
