@@ -4,6 +4,7 @@ use crate::best::Best;
 use crate::build::{GridIndex, MAX_AXES};
 use crate::search::{search_level, KeyKind, Linf, SqL2, L1};
 use knn_core::{CandidateRequest, Candidates, Engine, Kernel, KnnError, Result};
+use rayon::iter::Either;
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -131,6 +132,32 @@ impl Engine for GridEngine {
     }
 
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
+        Ok(self.search(req, false)?.0)
+    }
+
+    /// The exact keys come from the index's own copy of the points (the same f32 values as
+    /// the base, read back from cache right after the search), through `req.kernel.exact`.
+    fn candidates_with_exact(
+        &self,
+        req: &CandidateRequest<'_>,
+    ) -> Result<(Candidates, Option<Vec<f64>>)> {
+        self.search(req, true)
+    }
+
+    /// All queries of a round in one call: the queries are sorted by cell, and the more of
+    /// them, the more consecutive queries share cells in cache.
+    fn min_round_queries(&self) -> usize {
+        1 << 20
+    }
+}
+
+impl GridEngine {
+    /// Candidates of `req`, with their exact keys when `exact` is set.
+    fn search(
+        &self,
+        req: &CandidateRequest<'_>,
+        exact: bool,
+    ) -> Result<(Candidates, Option<Vec<f64>>)> {
         if req.kernel == Kernel::NegDot {
             return Err(KnnError::Option(
                 "the grid method supports l2, sqeuclidean, hellinger, mahalanobis, l1 and linf; \
@@ -158,18 +185,18 @@ impl Engine for GridEngine {
             let cached = self.index(req.base.as_slice(), req.base.dim());
             let ix = &cached.index;
             Ok(match (req.kernel, ix.d) {
-                (Kernel::SqL2, 1) => run::<SqL2, 1>(ix, req),
-                (Kernel::SqL2, 2) => run::<SqL2, 2>(ix, req),
-                (Kernel::SqL2, 3) => run::<SqL2, 3>(ix, req),
-                (Kernel::SqL2, _) => run::<SqL2, 0>(ix, req),
-                (Kernel::L1, 1) => run::<L1, 1>(ix, req),
-                (Kernel::L1, 2) => run::<L1, 2>(ix, req),
-                (Kernel::L1, 3) => run::<L1, 3>(ix, req),
-                (Kernel::L1, _) => run::<L1, 0>(ix, req),
-                (Kernel::Linf, 1) => run::<Linf, 1>(ix, req),
-                (Kernel::Linf, 2) => run::<Linf, 2>(ix, req),
-                (Kernel::Linf, 3) => run::<Linf, 3>(ix, req),
-                (Kernel::Linf, _) => run::<Linf, 0>(ix, req),
+                (Kernel::SqL2, 1) => run::<SqL2, 1>(ix, req, exact),
+                (Kernel::SqL2, 2) => run::<SqL2, 2>(ix, req, exact),
+                (Kernel::SqL2, 3) => run::<SqL2, 3>(ix, req, exact),
+                (Kernel::SqL2, _) => run::<SqL2, 0>(ix, req, exact),
+                (Kernel::L1, 1) => run::<L1, 1>(ix, req, exact),
+                (Kernel::L1, 2) => run::<L1, 2>(ix, req, exact),
+                (Kernel::L1, 3) => run::<L1, 3>(ix, req, exact),
+                (Kernel::L1, _) => run::<L1, 0>(ix, req, exact),
+                (Kernel::Linf, 1) => run::<Linf, 1>(ix, req, exact),
+                (Kernel::Linf, 2) => run::<Linf, 2>(ix, req, exact),
+                (Kernel::Linf, 3) => run::<Linf, 3>(ix, req, exact),
+                (Kernel::Linf, _) => run::<Linf, 0>(ix, req, exact),
                 (Kernel::NegDot, _) => unreachable!("refused above"),
             })
         })
@@ -195,7 +222,13 @@ fn round_down(x: f64) -> f32 {
 }
 
 /// Runs every query of `req` through the grid: queries in root-cell order, in parallel chunks.
-fn run<K: KeyKind, const D: usize>(ix: &GridIndex, req: &CandidateRequest<'_>) -> Candidates {
+/// With `want_exact`, also the exact key (`req.kernel.exact`) of every candidate, computed from
+/// the index's copy of its coordinates.
+fn run<K: KeyKind, const D: usize>(
+    ix: &GridIndex,
+    req: &CandidateRequest<'_>,
+    want_exact: bool,
+) -> (Candidates, Option<Vec<f64>>) {
     let nq = req.queries.rows();
     let width = req.width;
     let d = ix.d;
@@ -228,24 +261,37 @@ fn run<K: KeyKind, const D: usize>(ix: &GridIndex, req: &CandidateRequest<'_>) -
 
     let mut ids_s = vec![0u32; nq * width];
     let mut keys_s = vec![0f32; nq * width];
+    let mut exact_s = vec![0f64; if want_exact { nq * width } else { 0 }];
     let mut floor_s = vec![f32::INFINITY; nq];
+    let exact_chunks = if want_exact {
+        Either::Left(exact_s.par_chunks_mut(QUERY_CHUNK * width).map(Some))
+    } else {
+        Either::Right((0..nq.div_ceil(QUERY_CHUNK)).into_par_iter().map(|_| None))
+    };
     ids_s
         .par_chunks_mut(QUERY_CHUNK * width)
         .zip(keys_s.par_chunks_mut(QUERY_CHUNK * width))
+        .zip(exact_chunks)
         .zip(floor_s.par_chunks_mut(QUERY_CHUNK))
         .zip(order.par_chunks(QUERY_CHUNK))
         .zip(sorted_q.par_chunks(QUERY_CHUNK * d))
-        .for_each(|((((ids, keys), floors), ord), qs)| {
-            let mut best = Best::new(width);
+        .for_each(|(((((ids, keys), mut exact), floors), ord), qs)| {
+            let mut best = Best::new(width, &ix.ids);
             for (j, (&o, q)) in ord.iter().zip(qs.chunks_exact(d)).enumerate() {
                 let qi = (o & 0xFFFF_FFFF) as usize;
                 best.reset(req.exclude.map(|e| e[qi]));
                 search_level::<K, D>(ix, root, q, &axes_of(q), &mut best);
                 let items = best.finish();
                 debug_assert_eq!(items.len(), width);
-                for (t, &(k, id)) in items.iter().enumerate() {
+                for (t, &(k, pos)) in items.iter().enumerate() {
                     keys[j * width + t] = k;
-                    ids[j * width + t] = id;
+                    ids[j * width + t] = ix.ids[pos as usize];
+                }
+                if let Some(exact) = exact.as_deref_mut() {
+                    for (t, &(_, pos)) in items.iter().enumerate() {
+                        let p = &ix.points[pos as usize * d..(pos as usize + 1) * d];
+                        exact[j * width + t] = req.kernel.exact(q, p);
+                    }
                 }
                 if width < available {
                     // Left out: examined points (computed key ≥ runner-up, so exact key ≥
@@ -282,10 +328,27 @@ fn run<K: KeyKind, const D: usize>(ix: &GridIndex, req: &CandidateRequest<'_>) -
             }
             *fl = floor_s[p];
         });
-    Candidates {
-        width,
-        ids,
-        keys,
-        floor,
-    }
+    let exact = want_exact.then(|| {
+        let mut exact = vec![0f64; nq * width];
+        exact
+            .par_chunks_mut(width)
+            .zip(pos.par_iter())
+            .with_min_len(1024)
+            .for_each(|(e, &p)| {
+                let p = p as usize;
+                for (t, e) in e.iter_mut().enumerate() {
+                    *e = exact_s[p * width + t];
+                }
+            });
+        exact
+    });
+    (
+        Candidates {
+            width,
+            ids,
+            keys,
+            floor,
+        },
+        exact,
+    )
 }

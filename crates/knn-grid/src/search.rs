@@ -125,17 +125,16 @@ pub(crate) fn search_level<K: KeyKind, const D: usize>(
 
     let scan = |s: usize, e: usize, best: &mut Best| {
         let pts = &ix.points[s * d..e * d];
-        let ids = &ix.ids[s..e];
         if D > 0 {
             // Fixed-size rows: the key loop is fully unrolled.
             let q: &[f32; D] = q[..D].try_into().expect("query has D coordinates");
-            for (i, &id) in ids.iter().enumerate() {
+            for (i, pos) in (s..e).enumerate() {
                 let p: &[f32; D] = pts[i * D..(i + 1) * D].try_into().expect("row of D");
-                best.offer(K::key(q, p), id);
+                best.offer(K::key(q, p), pos as u32);
             }
         } else {
-            for (p, &id) in pts.chunks_exact(d).zip(ids) {
-                best.offer(K::key(&q[..d], p), id);
+            for (p, pos) in pts.chunks_exact(d).zip(s..e) {
+                best.offer(K::key(&q[..d], p), pos as u32);
             }
         }
     };
