@@ -164,6 +164,13 @@ impl<'a> Best<'a> {
     }
 }
 
+impl Best<'_> {
+    /// The selection as [`Best::finish`] left it.
+    pub(crate) fn selected(&self) -> &[(f32, u32)] {
+        &self.items
+    }
+}
+
 /// (key, id) order of two `(key, position)` pairs.
 fn order(ids: &[u32], a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
     a.0.total_cmp(&b.0)

@@ -4,7 +4,6 @@ use crate::best::Best;
 use crate::build::{GridIndex, MAX_AXES};
 use crate::search::{search_level, KeyKind, Linf, SqL2, L1};
 use knn_core::{CandidateRequest, Candidates, Engine, Kernel, KnnError, Result};
-use rayon::iter::Either;
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -229,6 +228,7 @@ fn run<K: KeyKind, const D: usize>(
     req: &CandidateRequest<'_>,
     want_exact: bool,
 ) -> (Candidates, Option<Vec<f64>>) {
+    debug_assert_eq!(K::KERNEL, req.kernel);
     let nq = req.queries.rows();
     let width = req.width;
     let d = ix.d;
@@ -259,89 +259,66 @@ fn run<K: KeyKind, const D: usize>(
         .with_min_len(4096)
         .for_each(|(dst, &o)| dst.copy_from_slice(req.queries.row((o & 0xFFFF_FFFF) as usize)));
 
-    let mut ids_s = vec![0u32; nq * width];
-    let mut keys_s = vec![0f32; nq * width];
-    let mut exact_s = vec![0f64; if want_exact { nq * width } else { 0 }];
-    let mut floor_s = vec![f32::INFINITY; nq];
-    let exact_chunks = if want_exact {
-        Either::Left(exact_s.par_chunks_mut(QUERY_CHUNK * width).map(Some))
-    } else {
-        Either::Right((0..nq.div_ceil(QUERY_CHUNK)).into_par_iter().map(|_| None))
+    // Results go straight to the caller's row order (one scattered row per query, instead of
+    // a second pass that gathers them back).
+    let mut ids = vec![0u32; nq * width];
+    let mut keys = vec![0f32; nq * width];
+    let mut exact = vec![0f64; if want_exact { nq * width } else { 0 }];
+    let mut floor = vec![f32::INFINITY; nq];
+    let out = RowWriter {
+        ids: SyncPtr(ids.as_mut_ptr()),
+        keys: SyncPtr(keys.as_mut_ptr()),
+        exact: SyncPtr(exact.as_mut_ptr()),
+        floor: SyncPtr(floor.as_mut_ptr()),
     };
-    ids_s
-        .par_chunks_mut(QUERY_CHUNK * width)
-        .zip(keys_s.par_chunks_mut(QUERY_CHUNK * width))
-        .zip(exact_chunks)
-        .zip(floor_s.par_chunks_mut(QUERY_CHUNK))
-        .zip(order.par_chunks(QUERY_CHUNK))
+    order
+        .par_chunks(QUERY_CHUNK)
         .zip(sorted_q.par_chunks(QUERY_CHUNK * d))
-        .for_each(|(((((ids, keys), mut exact), floors), ord), qs)| {
+        .for_each(|(ord, qs)| {
+            let out = &out;
             let mut best = Best::new(width, &ix.ids);
-            for (j, (&o, q)) in ord.iter().zip(qs.chunks_exact(d)).enumerate() {
+            for (&o, q) in ord.iter().zip(qs.chunks_exact(d)) {
                 let qi = (o & 0xFFFF_FFFF) as usize;
                 best.reset(req.exclude.map(|e| e[qi]));
                 search_level::<K, D>(ix, root, q, &axes_of(q), &mut best);
-                let items = best.finish();
+                // Final selection first: it may evict pairs into the runner-up.
+                best.finish();
+                // Left out: examined points (computed key ≥ runner-up, so exact key ≥
+                // runner-up − its rounding bound) and skipped regions (proven bounds).
+                let r = best.runner_up;
+                let examined = if r.is_finite() {
+                    r as f64 - rounding_bound(d, r) as f64
+                } else {
+                    f64::INFINITY
+                };
+                let fl = if width < available {
+                    round_down(examined.min(best.skipped as f64))
+                } else {
+                    f32::INFINITY
+                };
+                let items = best.selected();
                 debug_assert_eq!(items.len(), width);
-                for (t, &(k, pos)) in items.iter().enumerate() {
-                    keys[j * width + t] = k;
-                    ids[j * width + t] = ix.ids[pos as usize];
-                }
-                if let Some(exact) = exact.as_deref_mut() {
-                    for (t, &(_, pos)) in items.iter().enumerate() {
-                        let p = &ix.points[pos as usize * d..(pos as usize + 1) * d];
-                        exact[j * width + t] = req.kernel.exact(q, p);
+                // SAFETY: `order` is a permutation of `0..nq`, so row `qi` is written by this
+                // iteration only, and `qi < nq` keeps every write inside the vectors, which
+                // outlive the loop and are not otherwise accessed during it.
+                unsafe {
+                    *out.floor.0.add(qi) = fl;
+                    for (t, &(k, pos)) in items.iter().enumerate() {
+                        *out.keys.0.add(qi * width + t) = k;
+                        *out.ids.0.add(qi * width + t) = ix.ids[pos as usize];
+                        if want_exact {
+                            let p = &ix.points[pos as usize * d..(pos as usize + 1) * d];
+                            *out.exact.0.add(qi * width + t) = if D > 0 {
+                                K::exact(q, p)
+                            } else {
+                                req.kernel.exact(q, p)
+                            };
+                        }
                     }
                 }
-                if width < available {
-                    // Left out: examined points (computed key ≥ runner-up, so exact key ≥
-                    // runner-up − its rounding bound) and skipped regions (proven bounds).
-                    let r = best.runner_up;
-                    let examined = if r.is_finite() {
-                        r as f64 - rounding_bound(d, r) as f64
-                    } else {
-                        f64::INFINITY
-                    };
-                    floors[j] = round_down(examined.min(best.skipped as f64));
-                }
             }
         });
-    // Back to the caller's query order.
-    let mut pos = vec![0u32; nq];
-    for (p, &o) in order.iter().enumerate() {
-        pos[(o & 0xFFFF_FFFF) as usize] = p as u32;
-    }
-    let mut ids = vec![0u32; nq * width];
-    let mut keys = vec![0f32; nq * width];
-    let mut floor = vec![0f32; nq];
-    ids.par_chunks_mut(width)
-        .zip(keys.par_chunks_mut(width))
-        .zip(floor.par_iter_mut())
-        .zip(pos.par_iter())
-        .with_min_len(1024)
-        .for_each(|(((ids, keys), fl), &p)| {
-            let p = p as usize;
-            // Element loops: rows are short, a memcpy call per row costs more.
-            for (t, (i, k)) in ids.iter_mut().zip(keys.iter_mut()).enumerate() {
-                *i = ids_s[p * width + t];
-                *k = keys_s[p * width + t];
-            }
-            *fl = floor_s[p];
-        });
-    let exact = want_exact.then(|| {
-        let mut exact = vec![0f64; nq * width];
-        exact
-            .par_chunks_mut(width)
-            .zip(pos.par_iter())
-            .with_min_len(1024)
-            .for_each(|(e, &p)| {
-                let p = p as usize;
-                for (t, e) in e.iter_mut().enumerate() {
-                    *e = exact_s[p * width + t];
-                }
-            });
-        exact
-    });
+    let exact = want_exact.then_some(exact);
     (
         Candidates {
             width,
@@ -351,4 +328,19 @@ fn run<K: KeyKind, const D: usize>(
         },
         exact,
     )
+}
+
+/// A raw pointer that may cross threads: the query loop writes disjoint rows through it.
+#[derive(Clone, Copy)]
+struct SyncPtr<T>(*mut T);
+// SAFETY: only used by `run`, where every row is written by exactly one query.
+unsafe impl<T> Send for SyncPtr<T> {}
+unsafe impl<T> Sync for SyncPtr<T> {}
+
+/// Where `run` writes its rows (caller order).
+struct RowWriter {
+    ids: SyncPtr<u32>,
+    keys: SyncPtr<f32>,
+    exact: SyncPtr<f64>,
+    floor: SyncPtr<f32>,
 }
