@@ -63,4 +63,28 @@ pub trait Engine: Sync {
         let _ = kernel;
         (k + 4 + k / 16).min(available)
     }
+
+    /// [`Engine::candidates`], plus, optionally, the exact kernel key of every candidate.
+    ///
+    /// The pipeline calls this instead of `candidates` only when the request's data *is* the
+    /// metric's exact space (nothing centred, scaled, normalised or square-rooted in between) and
+    /// the metric's exact key is `req.kernel.exact`. An engine that holds the candidates'
+    /// coordinates at hand (a cache-resident copy of the base) may then return
+    /// `Some(exact)` with `exact.len() == ids.len()` and, bit for bit,
+    /// `exact[i] == req.kernel.exact(query row, req.base.row(ids[i]))` (the same function on the
+    /// same f32 values); the pipeline uses these instead of reading each candidate's base row.
+    /// Default: the candidates and `None`.
+    fn candidates_with_exact(
+        &self,
+        req: &CandidateRequest<'_>,
+    ) -> Result<(Candidates, Option<Vec<f64>>)> {
+        Ok((self.candidates(req)?, None))
+    }
+
+    /// Queries per pipeline round the engine wants at least (the pipeline still bounds a round
+    /// by its memory budget). Small rounds give smooth progress reports; an engine that reorders
+    /// the queries of a call for locality (the grid) gains from large ones. Default 4096.
+    fn min_round_queries(&self) -> usize {
+        4096
+    }
 }

@@ -119,6 +119,81 @@ pub fn graph_with_progress(
 /// keep every engine's tiles full.
 const MIN_ROUND: usize = 4096;
 
+/// One row's candidates as the engine returned them.
+struct RowCandidates<'c> {
+    ids: &'c [u32],
+    keys: &'c [f32],
+    floor: f32,
+    /// The engine's exact keys of `ids`, when it gave them (see
+    /// [`Engine::candidates_with_exact`]).
+    exact: Option<&'c [f64]>,
+}
+
+/// What stays fixed across the rows of one pipeline run.
+struct Rerank<'m, 'x> {
+    metric: &'m Metric,
+    xb: MatrixRef<'x>,
+    k: usize,
+    key_scale: f64,
+    /// `true` when the candidate lists hold every available point.
+    complete: bool,
+}
+
+impl Rerank<'_, '_> {
+    /// Re-ranks one row exactly into `ids_out` / `dists_out` (`k` each) and returns `true`
+    /// when its floor proves it complete; `false` leaves the outputs unspecified (the row is
+    /// asked again). `scratch` is reused across rows, so no row allocates.
+    fn row(
+        &self,
+        q: &[f32],
+        c: &RowCandidates<'_>,
+        scratch: &mut Vec<(f64, u32)>,
+        ids_out: &mut [u32],
+        dists_out: &mut [f32],
+    ) -> bool {
+        let (k, width) = (self.k, c.ids.len());
+        scratch.clear();
+        if let Some(exact) = c.exact {
+            scratch.extend(exact.iter().copied().zip(c.ids.iter().copied()));
+        } else {
+            // The engine's rounding bound, recovered from its floor; candidates whose key less
+            // that bound exceeds an exact k-th key cannot enter the top k.
+            let floor = c.floor as f64;
+            let slack = if floor.is_finite() {
+                c.keys[width - 1] as f64 - floor
+            } else {
+                f64::INFINITY
+            };
+            let mut kth_bound = f64::INFINITY;
+            for (&b, &key) in c.ids.iter().zip(c.keys) {
+                if scratch.len() >= k && key as f64 - slack > kth_bound {
+                    break;
+                }
+                scratch.push((self.metric.exact_key(q, self.xb.row(b as usize)), b));
+                if scratch.len() == k {
+                    kth_bound = scratch
+                        .iter()
+                        .map(|e| e.0)
+                        .fold(f64::NEG_INFINITY, f64::max)
+                        * self.key_scale;
+                }
+            }
+        }
+        let by_key = |a: &(f64, u32), b: &(f64, u32)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
+        if k < scratch.len() {
+            scratch.select_nth_unstable_by(k - 1, by_key);
+            scratch.truncate(k);
+        }
+        scratch.sort_unstable_by(by_key);
+        let kth = scratch[k - 1].0;
+        if !(kth * self.key_scale < c.floor as f64 || self.complete) {
+            return false;
+        }
+        finish_row(self.metric, scratch, ids_out, dists_out);
+        true
+    }
+}
+
 fn run(
     engine: &dyn Engine,
     base: MatrixRef<'_>,
@@ -133,6 +208,8 @@ fn run(
     let eq = prep.engine_queries();
     let xb = prep.exact_base.view();
     let xq = prep.exact_queries().unwrap_or(xb);
+    // The engine computes on the exact space itself: it may hand over exact keys.
+    let same_space = prep.engine.is_none() && !matches!(metric, Metric::Cosine | Metric::Hellinger);
     let self_join = queries.is_none();
     let nq = eq.rows();
     let mut out = Neighbors::with_shape(nq, k);
@@ -142,7 +219,7 @@ fn run(
         .clamp(k, available);
     let per_round = (CANDIDATE_BYTES_PER_ROUND / (8 * width0))
         .max(1024)
-        .min((nq / 32).max(MIN_ROUND));
+        .min((nq / 32).max(MIN_ROUND).max(engine.min_round_queries()));
 
     for start in (0..nq).step_by(per_round) {
         let end = (start + per_round).min(nq);
@@ -164,64 +241,77 @@ fn run(
                 gathered.view()
             };
             let exclude = self_join.then_some(pending.as_slice());
-            let cand = engine.candidates(&CandidateRequest {
+            let req = CandidateRequest {
                 base: eb,
                 queries: qv,
                 kernel,
                 width,
                 exclude,
                 precise: !contiguous,
-            })?;
+            };
+            let (cand, exact) = if same_space {
+                engine.candidates_with_exact(&req)?
+            } else {
+                (engine.candidates(&req)?, None)
+            };
             debug_assert_eq!(cand.ids.len(), pending.len() * width);
-            // Re-rank each row exactly; keep rows whose floor proves them complete.
-            let finished: Vec<Option<(Vec<u32>, Vec<f32>)>> = pending
-                .par_iter()
-                .enumerate()
-                .map(|(j, &qi)| {
-                    let ids = &cand.ids[j * width..(j + 1) * width];
-                    let keys = &cand.keys[j * width..(j + 1) * width];
-                    let q = xq.row(qi as usize);
-                    // The engine's rounding bound, recovered from its floor; candidates whose
-                    // key less that bound exceeds an exact k-th key cannot enter the top k.
-                    let floor = cand.floor[j] as f64;
-                    let slack = if floor.is_finite() {
-                        keys[width - 1] as f64 - floor
-                    } else {
-                        f64::INFINITY
-                    };
-                    let mut exact: Vec<(f64, u32)> = Vec::with_capacity(width);
-                    let mut kth_bound = f64::INFINITY;
-                    for (&b, &key) in ids.iter().zip(keys) {
-                        if exact.len() >= k && key as f64 - slack > kth_bound {
-                            break;
-                        }
-                        exact.push((metric.exact_key(q, xb.row(b as usize)), b));
-                        if exact.len() == k {
-                            kth_bound = exact.iter().map(|e| e.0).fold(f64::NEG_INFINITY, f64::max)
-                                * prep.key_scale;
-                        }
+            debug_assert!(exact.as_ref().is_none_or(|e| e.len() == cand.ids.len()));
+            let exact = exact.filter(|e| e.len() == cand.ids.len());
+            let rerank = Rerank {
+                metric,
+                xb,
+                k,
+                key_scale: prep.key_scale,
+                complete: width >= available,
+            };
+            let row_of = |j: usize| RowCandidates {
+                ids: &cand.ids[j * width..(j + 1) * width],
+                keys: &cand.keys[j * width..(j + 1) * width],
+                floor: cand.floor[j],
+                exact: exact.as_ref().map(|e| &e[j * width..(j + 1) * width]),
+            };
+            // Re-rank each row exactly; keep rows whose floor proves them complete. On the
+            // first try the rows are written in place; retries go through a buffer.
+            let mut proven = vec![false; pending.len()];
+            if contiguous {
+                out.ids[start * k..end * k]
+                    .par_chunks_mut(k)
+                    .zip(out.distances[start * k..end * k].par_chunks_mut(k))
+                    .zip(proven.par_iter_mut())
+                    .enumerate()
+                    .with_min_len(256)
+                    .for_each_init(Vec::new, |scratch, (j, ((ids, dists), ok))| {
+                        let q = xq.row(start + j);
+                        *ok = rerank.row(q, &row_of(j), scratch, ids, dists);
+                    });
+            } else {
+                let mut ids_buf = vec![0u32; pending.len() * k];
+                let mut dists_buf = vec![0f32; pending.len() * k];
+                ids_buf
+                    .par_chunks_mut(k)
+                    .zip(dists_buf.par_chunks_mut(k))
+                    .zip(proven.par_iter_mut())
+                    .enumerate()
+                    .with_min_len(64)
+                    .for_each_init(Vec::new, |scratch, (j, ((ids, dists), ok))| {
+                        let q = xq.row(pending[j] as usize);
+                        *ok = rerank.row(q, &row_of(j), scratch, ids, dists);
+                    });
+                for (j, &qi) in pending.iter().enumerate() {
+                    if proven[j] {
+                        let qi = qi as usize;
+                        out.ids[qi * k..(qi + 1) * k].copy_from_slice(&ids_buf[j * k..(j + 1) * k]);
+                        out.distances[qi * k..(qi + 1) * k]
+                            .copy_from_slice(&dists_buf[j * k..(j + 1) * k]);
                     }
-                    exact.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-                    let kth = exact[k - 1].0;
-                    if kth * prep.key_scale < cand.floor[j] as f64 || width >= available {
-                        Some(finish_row(metric, &exact[..k]))
-                    } else {
-                        None
-                    }
-                })
-                .collect();
-            let mut failed = Vec::new();
-            for (j, row) in finished.into_iter().enumerate() {
-                let qi = pending[j] as usize;
-                match row {
-                    Some((ids, dists)) => {
-                        out.ids[qi * k..(qi + 1) * k].copy_from_slice(&ids);
-                        out.distances[qi * k..(qi + 1) * k].copy_from_slice(&dists);
-                    }
-                    None => failed.push(pending[j]),
                 }
             }
-            pending = failed;
+            pending = pending
+                .iter()
+                .zip(&proven)
+                .filter(|(_, &ok)| !ok)
+                .map(|(&qi, _)| qi)
+                .collect();
             if pending.is_empty() {
                 break;
             }
@@ -233,7 +323,9 @@ fn run(
                     .map(|&qi| {
                         let skip = self_join.then_some(qi);
                         let exact = exact_scan(metric, xb, xq.row(qi as usize), k, skip);
-                        finish_row(metric, &exact)
+                        let (mut ids, mut dists) = (vec![0u32; k], vec![0f32; k]);
+                        finish_row(metric, &exact, &mut ids, &mut dists);
+                        (ids, dists)
                     })
                     .collect();
                 for (&qi, (ids, dists)) in pending.iter().zip(rows) {
@@ -255,17 +347,29 @@ fn run(
     Ok(out)
 }
 
-/// The chosen k (selected by exact f64 key) as reported: f32 distances, ordered by
-/// (distance, id) — by decreasing similarity for the inner product. Rounding to f32 can make
-/// distinct keys equal, so the order is fixed after rounding.
-fn finish_row(metric: &Metric, exact: &[(f64, u32)]) -> (Vec<u32>, Vec<f32>) {
+/// The chosen k (selected by exact f64 key, sorted by (key, id)) as reported, into `ids` and
+/// `dists`: f32 distances, ordered by (distance, id) — by decreasing similarity for the inner
+/// product. Rounding to f32 can make distinct keys equal, so the order is fixed after rounding
+/// (an insertion sort: the rows arrive sorted but for such groups).
+fn finish_row(metric: &Metric, exact: &[(f64, u32)], ids: &mut [u32], dists: &mut [f32]) {
     let sign = if metric.is_similarity() { -1.0f32 } else { 1.0 };
-    let mut row: Vec<(f32, u32)> = exact
-        .iter()
-        .map(|e| (metric.distance_from_key(e.0), e.1))
-        .collect();
-    row.sort_by(|a, b| (sign * a.0).total_cmp(&(sign * b.0)).then(a.1.cmp(&b.1)));
-    row.into_iter().map(|(d, i)| (i, d)).unzip()
+    let before = |a: (f32, u32), b: (f32, u32)| {
+        (sign * a.0)
+            .total_cmp(&(sign * b.0))
+            .then(a.1.cmp(&b.1))
+            .is_lt()
+    };
+    for (t, e) in exact.iter().enumerate() {
+        let item = (metric.distance_from_key(e.0), e.1);
+        let mut p = t;
+        while p > 0 && before(item, (dists[p - 1], ids[p - 1])) {
+            dists[p] = dists[p - 1];
+            ids[p] = ids[p - 1];
+            p -= 1;
+        }
+        dists[p] = item.0;
+        ids[p] = item.1;
+    }
 }
 
 /// The k smallest exact keys of one query over the whole base, sorted by (key, id).

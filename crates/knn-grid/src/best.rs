@@ -1,5 +1,7 @@
 //! The running selection of one query: the `cap` smallest `(key, id)` pairs seen so far, and
-//! what is known about every point left out.
+//! what is known about every point left out. Points are held by their position in the index's
+//! cell-ordered arrays (so the engine can read their coordinates back from cache); the id that
+//! orders ties and is excluded is looked up only when needed.
 //!
 //! Two modes, by width. Up to [`SMALL_CAP`] pairs are kept sorted by insertion. Wider
 //! selections are a reservoir, like [`knn_core::TopK`]: accepted pairs are appended and a
@@ -13,10 +15,12 @@ pub(crate) const SMALL_CAP: usize = 4;
 
 /// Selection of the `cap` smallest `(key, id)` pairs, ties by smaller id, never holding the
 /// excluded id; plus the two facts the floor is made of.
-pub(crate) struct Best {
+pub(crate) struct Best<'a> {
     cap: usize,
-    /// Small widths: sorted by (key, id), at most `cap` long. Reservoir: unsorted, below
-    /// `4·cap`; its `cap` smallest are the selection.
+    /// Id of each position (the index's `ids`).
+    ids: &'a [u32],
+    /// `(key, position)`. Small widths: sorted by (key, id), at most `cap` long. Reservoir:
+    /// unsorted, below `4·cap`; its `cap` smallest are the selection.
     items: Vec<(f32, u32)>,
     /// `true` once `cap` pairs were selected: from then on `limit` is the `cap`-th key of the
     /// last settled state (an upper bound of the current one; exact after [`Best::settle`]).
@@ -31,15 +35,12 @@ pub(crate) struct Best {
     exclude: Option<u32>,
 }
 
-#[inline]
-fn less(a: (f32, u32), b: (f32, u32)) -> bool {
-    a.0 < b.0 || (a.0 == b.0 && a.1 < b.1)
-}
-
-impl Best {
-    pub(crate) fn new(cap: usize) -> Self {
+impl<'a> Best<'a> {
+    /// An empty selection of `cap` over points whose ids are `ids` (by position).
+    pub(crate) fn new(cap: usize, ids: &'a [u32]) -> Self {
         Self {
             cap,
+            ids,
             items: Vec::with_capacity(if cap <= SMALL_CAP { cap + 1 } else { 4 * cap }),
             full: false,
             limit: f32::INFINITY,
@@ -65,14 +66,21 @@ impl Best {
         self.full
     }
 
-    /// Offers an examined point. Keys above `limit` only update the runner-up.
+    /// Offers the examined point at position `pos`. Keys above `limit` only update the
+    /// runner-up.
     #[inline]
-    pub(crate) fn offer(&mut self, key: f32, id: u32) {
+    pub(crate) fn offer(&mut self, key: f32, pos: u32) {
         if key > self.limit {
             self.runner_up = self.runner_up.min(key);
         } else {
-            self.insert(key, id);
+            self.insert(key, pos);
         }
+    }
+
+    /// `a` before `b` in (key, id) order (the id is read only on equal keys).
+    #[inline]
+    fn less(&self, a: (f32, u32), b: (f32, u32)) -> bool {
+        a.0 < b.0 || (a.0 == b.0 && self.ids[a.1 as usize] < self.ids[b.1 as usize])
     }
 
     /// Records a region left out whose points all have exact keys of at least `bound`.
@@ -82,12 +90,12 @@ impl Best {
     }
 
     #[inline]
-    fn insert(&mut self, key: f32, id: u32) {
-        if self.exclude == Some(id) {
+    fn insert(&mut self, key: f32, pos: u32) {
+        if self.exclude.is_some_and(|x| self.ids[pos as usize] == x) {
             return;
         }
         if self.cap > SMALL_CAP {
-            self.items.push((key, id));
+            self.items.push((key, pos));
             if self.items.len() == 4 * self.cap {
                 self.compact();
             }
@@ -95,7 +103,7 @@ impl Best {
         }
         if self.full {
             let last = self.items[self.cap - 1];
-            if !less((key, id), last) {
+            if !self.less((key, pos), last) {
                 self.runner_up = self.runner_up.min(key);
                 return;
             }
@@ -104,12 +112,12 @@ impl Best {
         }
         // Shift in place (a `Vec::insert` would call memmove for a handful of elements).
         let mut p = self.items.len();
-        self.items.push((key, id));
-        while p > 0 && less((key, id), self.items[p - 1]) {
+        self.items.push((key, pos));
+        while p > 0 && self.less((key, pos), self.items[p - 1]) {
             self.items[p] = self.items[p - 1];
             p -= 1;
         }
-        self.items[p] = (key, id);
+        self.items[p] = (key, pos);
         if self.items.len() == self.cap {
             self.full = true;
             self.limit = self.items[self.cap - 1].0;
@@ -124,7 +132,9 @@ impl Best {
             return;
         }
         if self.items.len() > self.cap {
-            self.items.select_nth_unstable_by(self.cap - 1, order);
+            let ids = self.ids;
+            self.items
+                .select_nth_unstable_by(self.cap - 1, |a, b| order(ids, a, b));
             let dropped = self.items[self.cap..]
                 .iter()
                 .fold(f32::INFINITY, |m, e| m.min(e.0));
@@ -143,18 +153,28 @@ impl Best {
         }
     }
 
-    /// The selected pairs, sorted by (key, id).
+    /// The selected `(key, position)` pairs, sorted by (key, id).
     pub(crate) fn finish(&mut self) -> &[(f32, u32)] {
         if self.cap > SMALL_CAP {
             self.compact();
-            self.items.sort_unstable_by(order);
+            let ids = self.ids;
+            self.items.sort_unstable_by(|a, b| order(ids, a, b));
         }
         &self.items
     }
 }
 
-fn order(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
-    a.0.total_cmp(&b.0).then(a.1.cmp(&b.1))
+impl Best<'_> {
+    /// The selection as [`Best::finish`] left it.
+    pub(crate) fn selected(&self) -> &[(f32, u32)] {
+        &self.items
+    }
+}
+
+/// (key, id) order of two `(key, position)` pairs.
+fn order(ids: &[u32], a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
+    a.0.total_cmp(&b.0)
+        .then(ids[a.1 as usize].cmp(&ids[b.1 as usize]))
 }
 
 #[cfg(test)]
@@ -163,23 +183,35 @@ mod tests {
 
     #[test]
     fn keeps_smallest_sorted_with_id_ties_exclusion_and_runner_up() {
-        let items: Vec<(f32, u32)> = (0..300).map(|i| (((i * 37) % 11) as f32, i)).collect();
+        // Positions 0..300 hold ids in another order, so ties must be broken by id, not
+        // position.
+        let ids: Vec<u32> = (0..300u32).map(|p| (p * 7 + 3) % 300).collect();
+        let items: Vec<(f32, u32)> = (0..300).map(|p| (((p * 37) % 11) as f32, p)).collect();
         for cap in [1usize, 2, 5, 31, 33, 100, 299] {
             for rev in [false, true] {
-                let mut b = Best::new(cap);
+                let mut b = Best::new(cap, &ids);
                 b.reset(Some(7));
                 let mut it = items.clone();
                 if rev {
                     it.reverse();
                 }
-                for (k, i) in it {
-                    b.offer(k, i);
+                for (k, p) in it {
+                    b.offer(k, p);
                 }
-                let mut expect: Vec<_> = items.iter().copied().filter(|e| e.1 != 7).collect();
+                let mut expect: Vec<(f32, u32)> = items
+                    .iter()
+                    .map(|&(k, p)| (k, ids[p as usize]))
+                    .filter(|e| e.1 != 7)
+                    .collect();
                 expect.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
                 let runner = expect.get(cap).map_or(f32::INFINITY, |e| e.0);
                 expect.truncate(cap);
-                assert_eq!(b.finish(), &expect[..], "cap {cap} rev {rev}");
+                let got: Vec<(f32, u32)> = b
+                    .finish()
+                    .iter()
+                    .map(|&(k, p)| (k, ids[p as usize]))
+                    .collect();
+                assert_eq!(got, expect, "cap {cap} rev {rev}");
                 assert_eq!(b.limit, expect[cap - 1].0);
                 assert_eq!(b.runner_up, runner, "cap {cap} rev {rev}");
             }

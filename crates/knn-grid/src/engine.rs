@@ -131,6 +131,32 @@ impl Engine for GridEngine {
     }
 
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
+        Ok(self.search(req, false)?.0)
+    }
+
+    /// The exact keys come from the index's own copy of the points (the same f32 values as
+    /// the base, read back from cache right after the search), through `req.kernel.exact`.
+    fn candidates_with_exact(
+        &self,
+        req: &CandidateRequest<'_>,
+    ) -> Result<(Candidates, Option<Vec<f64>>)> {
+        self.search(req, true)
+    }
+
+    /// All queries of a round in one call: the queries are sorted by cell, and the more of
+    /// them, the more consecutive queries share cells in cache.
+    fn min_round_queries(&self) -> usize {
+        1 << 20
+    }
+}
+
+impl GridEngine {
+    /// Candidates of `req`, with their exact keys when `exact` is set.
+    fn search(
+        &self,
+        req: &CandidateRequest<'_>,
+        exact: bool,
+    ) -> Result<(Candidates, Option<Vec<f64>>)> {
         if req.kernel == Kernel::NegDot {
             return Err(KnnError::Option(
                 "the grid method supports l2, sqeuclidean, hellinger, mahalanobis, l1 and linf; \
@@ -158,18 +184,18 @@ impl Engine for GridEngine {
             let cached = self.index(req.base.as_slice(), req.base.dim());
             let ix = &cached.index;
             Ok(match (req.kernel, ix.d) {
-                (Kernel::SqL2, 1) => run::<SqL2, 1>(ix, req),
-                (Kernel::SqL2, 2) => run::<SqL2, 2>(ix, req),
-                (Kernel::SqL2, 3) => run::<SqL2, 3>(ix, req),
-                (Kernel::SqL2, _) => run::<SqL2, 0>(ix, req),
-                (Kernel::L1, 1) => run::<L1, 1>(ix, req),
-                (Kernel::L1, 2) => run::<L1, 2>(ix, req),
-                (Kernel::L1, 3) => run::<L1, 3>(ix, req),
-                (Kernel::L1, _) => run::<L1, 0>(ix, req),
-                (Kernel::Linf, 1) => run::<Linf, 1>(ix, req),
-                (Kernel::Linf, 2) => run::<Linf, 2>(ix, req),
-                (Kernel::Linf, 3) => run::<Linf, 3>(ix, req),
-                (Kernel::Linf, _) => run::<Linf, 0>(ix, req),
+                (Kernel::SqL2, 1) => run::<SqL2, 1>(ix, req, exact),
+                (Kernel::SqL2, 2) => run::<SqL2, 2>(ix, req, exact),
+                (Kernel::SqL2, 3) => run::<SqL2, 3>(ix, req, exact),
+                (Kernel::SqL2, _) => run::<SqL2, 0>(ix, req, exact),
+                (Kernel::L1, 1) => run::<L1, 1>(ix, req, exact),
+                (Kernel::L1, 2) => run::<L1, 2>(ix, req, exact),
+                (Kernel::L1, 3) => run::<L1, 3>(ix, req, exact),
+                (Kernel::L1, _) => run::<L1, 0>(ix, req, exact),
+                (Kernel::Linf, 1) => run::<Linf, 1>(ix, req, exact),
+                (Kernel::Linf, 2) => run::<Linf, 2>(ix, req, exact),
+                (Kernel::Linf, 3) => run::<Linf, 3>(ix, req, exact),
+                (Kernel::Linf, _) => run::<Linf, 0>(ix, req, exact),
                 (Kernel::NegDot, _) => unreachable!("refused above"),
             })
         })
@@ -195,7 +221,14 @@ fn round_down(x: f64) -> f32 {
 }
 
 /// Runs every query of `req` through the grid: queries in root-cell order, in parallel chunks.
-fn run<K: KeyKind, const D: usize>(ix: &GridIndex, req: &CandidateRequest<'_>) -> Candidates {
+/// With `want_exact`, also the exact key (`req.kernel.exact`) of every candidate, computed from
+/// the index's copy of its coordinates.
+fn run<K: KeyKind, const D: usize>(
+    ix: &GridIndex,
+    req: &CandidateRequest<'_>,
+    want_exact: bool,
+) -> (Candidates, Option<Vec<f64>>) {
+    debug_assert_eq!(K::KERNEL, req.kernel);
     let nq = req.queries.rows();
     let width = req.width;
     let d = ix.d;
@@ -226,66 +259,88 @@ fn run<K: KeyKind, const D: usize>(ix: &GridIndex, req: &CandidateRequest<'_>) -
         .with_min_len(4096)
         .for_each(|(dst, &o)| dst.copy_from_slice(req.queries.row((o & 0xFFFF_FFFF) as usize)));
 
-    let mut ids_s = vec![0u32; nq * width];
-    let mut keys_s = vec![0f32; nq * width];
-    let mut floor_s = vec![f32::INFINITY; nq];
-    ids_s
-        .par_chunks_mut(QUERY_CHUNK * width)
-        .zip(keys_s.par_chunks_mut(QUERY_CHUNK * width))
-        .zip(floor_s.par_chunks_mut(QUERY_CHUNK))
-        .zip(order.par_chunks(QUERY_CHUNK))
+    // Results go straight to the caller's row order (one scattered row per query, instead of
+    // a second pass that gathers them back).
+    let mut ids = vec![0u32; nq * width];
+    let mut keys = vec![0f32; nq * width];
+    let mut exact = vec![0f64; if want_exact { nq * width } else { 0 }];
+    let mut floor = vec![f32::INFINITY; nq];
+    let out = RowWriter {
+        ids: SyncPtr(ids.as_mut_ptr()),
+        keys: SyncPtr(keys.as_mut_ptr()),
+        exact: SyncPtr(exact.as_mut_ptr()),
+        floor: SyncPtr(floor.as_mut_ptr()),
+    };
+    order
+        .par_chunks(QUERY_CHUNK)
         .zip(sorted_q.par_chunks(QUERY_CHUNK * d))
-        .for_each(|((((ids, keys), floors), ord), qs)| {
-            let mut best = Best::new(width);
-            for (j, (&o, q)) in ord.iter().zip(qs.chunks_exact(d)).enumerate() {
+        .for_each(|(ord, qs)| {
+            let out = &out;
+            let mut best = Best::new(width, &ix.ids);
+            for (&o, q) in ord.iter().zip(qs.chunks_exact(d)) {
                 let qi = (o & 0xFFFF_FFFF) as usize;
                 best.reset(req.exclude.map(|e| e[qi]));
                 search_level::<K, D>(ix, root, q, &axes_of(q), &mut best);
-                let items = best.finish();
+                // Final selection first: it may evict pairs into the runner-up.
+                best.finish();
+                // Left out: examined points (computed key ≥ runner-up, so exact key ≥
+                // runner-up − its rounding bound) and skipped regions (proven bounds).
+                let r = best.runner_up;
+                let examined = if r.is_finite() {
+                    r as f64 - rounding_bound(d, r) as f64
+                } else {
+                    f64::INFINITY
+                };
+                let fl = if width < available {
+                    round_down(examined.min(best.skipped as f64))
+                } else {
+                    f32::INFINITY
+                };
+                let items = best.selected();
                 debug_assert_eq!(items.len(), width);
-                for (t, &(k, id)) in items.iter().enumerate() {
-                    keys[j * width + t] = k;
-                    ids[j * width + t] = id;
-                }
-                if width < available {
-                    // Left out: examined points (computed key ≥ runner-up, so exact key ≥
-                    // runner-up − its rounding bound) and skipped regions (proven bounds).
-                    let r = best.runner_up;
-                    let examined = if r.is_finite() {
-                        r as f64 - rounding_bound(d, r) as f64
-                    } else {
-                        f64::INFINITY
-                    };
-                    floors[j] = round_down(examined.min(best.skipped as f64));
+                // SAFETY: `order` is a permutation of `0..nq`, so row `qi` is written by this
+                // iteration only, and `qi < nq` keeps every write inside the vectors, which
+                // outlive the loop and are not otherwise accessed during it.
+                unsafe {
+                    *out.floor.0.add(qi) = fl;
+                    for (t, &(k, pos)) in items.iter().enumerate() {
+                        *out.keys.0.add(qi * width + t) = k;
+                        *out.ids.0.add(qi * width + t) = ix.ids[pos as usize];
+                        if want_exact {
+                            let p = &ix.points[pos as usize * d..(pos as usize + 1) * d];
+                            *out.exact.0.add(qi * width + t) = if D > 0 {
+                                K::exact(q, p)
+                            } else {
+                                req.kernel.exact(q, p)
+                            };
+                        }
+                    }
                 }
             }
         });
-    // Back to the caller's query order.
-    let mut pos = vec![0u32; nq];
-    for (p, &o) in order.iter().enumerate() {
-        pos[(o & 0xFFFF_FFFF) as usize] = p as u32;
-    }
-    let mut ids = vec![0u32; nq * width];
-    let mut keys = vec![0f32; nq * width];
-    let mut floor = vec![0f32; nq];
-    ids.par_chunks_mut(width)
-        .zip(keys.par_chunks_mut(width))
-        .zip(floor.par_iter_mut())
-        .zip(pos.par_iter())
-        .with_min_len(1024)
-        .for_each(|(((ids, keys), fl), &p)| {
-            let p = p as usize;
-            // Element loops: rows are short, a memcpy call per row costs more.
-            for (t, (i, k)) in ids.iter_mut().zip(keys.iter_mut()).enumerate() {
-                *i = ids_s[p * width + t];
-                *k = keys_s[p * width + t];
-            }
-            *fl = floor_s[p];
-        });
-    Candidates {
-        width,
-        ids,
-        keys,
-        floor,
-    }
+    let exact = want_exact.then_some(exact);
+    (
+        Candidates {
+            width,
+            ids,
+            keys,
+            floor,
+        },
+        exact,
+    )
+}
+
+/// A raw pointer that may cross threads: the query loop writes disjoint rows through it.
+#[derive(Clone, Copy)]
+struct SyncPtr<T>(*mut T);
+// SAFETY: only used by `run`, where every row is written by exactly one query.
+unsafe impl<T> Send for SyncPtr<T> {}
+unsafe impl<T> Sync for SyncPtr<T> {}
+
+/// Where `run` writes its rows (caller order).
+struct RowWriter {
+    ids: SyncPtr<u32>,
+    keys: SyncPtr<f32>,
+    exact: SyncPtr<f64>,
+    floor: SyncPtr<f32>,
 }

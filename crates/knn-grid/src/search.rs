@@ -9,6 +9,7 @@
 
 use crate::best::Best;
 use crate::build::{GridIndex, Level, CROWDED, MAX_AXES};
+use knn_core::Kernel;
 
 /// What differs between kernels: the f32 key of two points and how per-axis gaps combine
 /// into a lower bound of the key.
@@ -18,6 +19,12 @@ pub(crate) trait KeyKind: Copy + Send + Sync + 'static {
     fn key(q: &[f32], p: &[f32]) -> f32;
     /// Lower bound of the key from per-axis gaps (`≥ 0`), exact up to f64 rounding.
     fn combine(gaps: &[f64]) -> f64;
+    /// The kernel's exact key, bit for bit [`Kernel::exact`] for rows shorter than 8 (where
+    /// it starts from 0 and folds the coordinates in order), inlined here for the grid's
+    /// fixed dimensions 1 to 3.
+    fn exact(q: &[f32], p: &[f32]) -> f64;
+    /// The kernel this is.
+    const KERNEL: Kernel;
 }
 
 /// Squared Euclidean: `Σ (qᵢ − pᵢ)²`.
@@ -44,6 +51,16 @@ impl KeyKind for SqL2 {
     fn combine(gaps: &[f64]) -> f64 {
         gaps.iter().map(|g| g * g).sum()
     }
+    #[inline(always)]
+    fn exact(q: &[f32], p: &[f32]) -> f64 {
+        let mut s = 0.0f64;
+        for (&a, &b) in q.iter().zip(p) {
+            let (a, b) = (a as f64, b as f64);
+            s += (a - b) * (a - b);
+        }
+        s
+    }
+    const KERNEL: Kernel = Kernel::SqL2;
 }
 
 impl KeyKind for L1 {
@@ -59,6 +76,15 @@ impl KeyKind for L1 {
     fn combine(gaps: &[f64]) -> f64 {
         gaps.iter().sum()
     }
+    #[inline(always)]
+    fn exact(q: &[f32], p: &[f32]) -> f64 {
+        let mut s = 0.0f64;
+        for (&a, &b) in q.iter().zip(p) {
+            s += (a as f64 - b as f64).abs();
+        }
+        s
+    }
+    const KERNEL: Kernel = Kernel::L1;
 }
 
 impl KeyKind for Linf {
@@ -74,6 +100,15 @@ impl KeyKind for Linf {
     fn combine(gaps: &[f64]) -> f64 {
         gaps.iter().fold(0.0, |m, &g| m.max(g))
     }
+    #[inline(always)]
+    fn exact(q: &[f32], p: &[f32]) -> f64 {
+        let mut s = 0.0f64;
+        for (&a, &b) in q.iter().zip(p) {
+            s = s.max((a as f64 - b as f64).abs());
+        }
+        s
+    }
+    const KERNEL: Kernel = Kernel::Linf;
 }
 
 /// The largest f32 not above `x` (after shaving the f64 rounding of the gap arithmetic: a few
@@ -125,17 +160,16 @@ pub(crate) fn search_level<K: KeyKind, const D: usize>(
 
     let scan = |s: usize, e: usize, best: &mut Best| {
         let pts = &ix.points[s * d..e * d];
-        let ids = &ix.ids[s..e];
         if D > 0 {
             // Fixed-size rows: the key loop is fully unrolled.
             let q: &[f32; D] = q[..D].try_into().expect("query has D coordinates");
-            for (i, &id) in ids.iter().enumerate() {
+            for (i, pos) in (s..e).enumerate() {
                 let p: &[f32; D] = pts[i * D..(i + 1) * D].try_into().expect("row of D");
-                best.offer(K::key(q, p), id);
+                best.offer(K::key(q, p), pos as u32);
             }
         } else {
-            for (p, &id) in pts.chunks_exact(d).zip(ids) {
-                best.offer(K::key(&q[..d], p), id);
+            for (p, pos) in pts.chunks_exact(d).zip(s..e) {
+                best.offer(K::key(&q[..d], p), pos as u32);
             }
         }
     };
@@ -257,5 +291,37 @@ pub(crate) fn search_level<K: KeyKind, const D: usize>(
             return best.skip(lb);
         }
         r += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The inlined exact keys are the pipeline's [`Kernel::exact`], bit for bit.
+    #[test]
+    fn exact_keys_match_the_kernel_bit_for_bit() {
+        fn check<K: KeyKind>() {
+            let mut x = 0x9E37_79B9_7F4A_7C15u64;
+            let mut next = || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Mixed magnitudes and signs.
+                let m = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                m * [1e-3f32, 1.0, 7e3, 3e7][(x & 3) as usize]
+            };
+            for d in 1..=3 {
+                for _ in 0..20_000 {
+                    let q: Vec<f32> = (0..d).map(|_| next()).collect();
+                    let p: Vec<f32> = (0..d).map(|_| next()).collect();
+                    let want = K::KERNEL.exact(&q, &p);
+                    assert_eq!(K::exact(&q, &p).to_bits(), want.to_bits(), "{q:?} {p:?}");
+                }
+            }
+        }
+        check::<SqL2>();
+        check::<L1>();
+        check::<Linf>();
     }
 }

@@ -162,8 +162,8 @@ fn grid_cases_against_the_oracle() {
 }
 
 /// The engine contract on raw candidates (no pipeline): rows hold distinct, non-excluded ids
-/// sorted by key, keys close to the exact ones, and the floor below the exact key of every
-/// point left out.
+/// sorted by key, keys close to the exact ones, exact keys (when asked) equal to
+/// `Kernel::exact`, and the floor below the exact key of every point left out.
 fn check_contract(
     e: &GridEngine,
     base: MatrixRef<'_>,
@@ -181,6 +181,26 @@ fn check_contract(
         precise: false,
     };
     let c = e.candidates(&req).map_err(|e| e.to_string())?;
+    // The same candidates with exact keys: those are `kernel.exact` of the base rows, bit for
+    // bit (the pipeline uses them in place of its own).
+    let (c2, exact) = e.candidates_with_exact(&req).map_err(|e| e.to_string())?;
+    if c2 != c {
+        return Err("candidates_with_exact returned other candidates".into());
+    }
+    let exact = exact.ok_or("no exact keys")?;
+    if exact.len() != c.ids.len() {
+        return Err(format!(
+            "{} exact keys for {} ids",
+            exact.len(),
+            c.ids.len()
+        ));
+    }
+    for (j, (&id, &x)) in c.ids.iter().zip(&exact).enumerate() {
+        let want = kernel.exact(queries.row(j / width), base.row(id as usize));
+        if x.to_bits() != want.to_bits() {
+            return Err(format!("candidate {j}: exact key {x} vs {want}"));
+        }
+    }
     let n = base.rows();
     for i in 0..queries.rows() {
         let ids = &c.ids[i * width..(i + 1) * width];
