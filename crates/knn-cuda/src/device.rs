@@ -10,11 +10,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// The kernel sources, concatenated in this order into one NVRTC program.
-const SOURCES: [&str; 4] = [
+const SOURCES: [&str; 5] = [
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/fused.cu"),
     include_str!("../kernels/select.cu"),
     include_str!("../kernels/baseline.cu"),
+    include_str!("../kernels/grid.cu"),
 ];
 
 /// What `knn info` shows for one CUDA device.
@@ -273,7 +274,7 @@ fn kernel_names(src: &str) -> Vec<String> {
     let mut names = Vec::new();
     for line in src.lines() {
         let l = line.trim_start();
-        for mac in ["FUSED(", "TILE(", "DIST(", "FILTER("] {
+        for mac in ["FUSED(", "TILE(", "DIST(", "FILTER(", "GRIDQ("] {
             if let Some(rest) = l.strip_prefix(mac) {
                 if let Some(n) = rest.split(',').next() {
                     if n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !n.is_empty() {
@@ -407,9 +408,34 @@ mod tests {
             "dist_texture_linf",
             "add_norms",
             "modified_insertion_sort",
+            "grid_count_3",
+            "grid_scan_blocks",
+            "grid_query_3_sql2_k8",
+            "grid_query_1_linf_k32",
         ] {
             assert!(names.iter().any(|x| x == n), "{n} not found in {names:?}");
         }
         assert!(!names.iter().any(|x| x == "NAME"));
+    }
+
+    /// Compiles every kernel for sm_90 with NVRTC when the library can be loaded (no GPU
+    /// needed: `LD_LIBRARY_PATH` pointing at a `libnvrtc.so` is enough); skips otherwise.
+    #[test]
+    fn kernels_compile_with_nvrtc() {
+        if nvrtc_version().is_err() {
+            eprintln!("SKIPPED: NVRTC not loadable here");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("knn-nvrtc-test-{}", std::process::id()));
+        std::env::set_var("XDG_CACHE_HOME", &dir);
+        let ptx = compiled_ptx(9, 0).expect("kernels compile");
+        let text = ptx.to_src();
+        for n in SOURCES.iter().flat_map(|s| kernel_names(s)) {
+            assert!(
+                text.contains(&format!(".entry {n}(")),
+                "{n} missing from the PTX"
+            );
+        }
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -17,6 +17,9 @@
 //! - `global`, `texture`, `cublas`: the three implementations of seed 000, each followed by the
 //!   seed's modified insertion sort, with queries (and base) split under a memory budget.
 //!
+//! [`CudaGridEngine`] is the exact grid for d ≤ 3 (counting sort into cells on the device, one
+//! thread per query searching rings of cells; see `src/grid.rs`).
+//!
 //! Every method returns, per query, the W smallest computed keys and a floor that is a proven
 //! lower bound on the exact key of every point left out (see [`floor`](crate::floor)).
 
@@ -25,6 +28,8 @@ mod device;
 mod engine;
 pub mod floor;
 mod fused;
+mod grid;
 
 pub use device::{devices, DeviceInfo};
 pub use engine::{CudaEngine, Method};
+pub use grid::{CudaGridEngine, GRID_WIDTH_MAX};

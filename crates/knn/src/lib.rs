@@ -81,14 +81,14 @@ impl fmt::Display for Device {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Method {
     /// The grid for low dimensions (d ≤ [`GRID_MAX_DIM`], a metric with a distance-to-cell
-    /// bound, at least [`GRID_MIN_POINTS`] base points) when the device is the CPU or was left
-    /// to `auto`; brute force otherwise.
+    /// bound, at least [`GRID_MIN_POINTS`] base points), on the device in use; brute force
+    /// otherwise.
     #[default]
     Auto,
     /// Brute force: the GEMM form with a fused top-k on the CPU, the fused kernels on a GPU.
     Brute,
-    /// The exact grid (cells, counting sort, ring search; on the CPU). L2, squared L2, L1, L∞
-    /// (and the metrics reduced to squared L2); not the inner product or cosine.
+    /// The exact grid (cells, counting sort, ring search) on the device in use. L2, squared L2,
+    /// L1, L∞ (and the metrics reduced to squared L2); not the inner product or cosine.
     Grid,
     /// Seed 000's global-memory CUDA kernel + insertion sort (a GPU baseline).
     Global,
@@ -159,10 +159,9 @@ pub struct Knn {
     brute: Box<dyn Engine>,
     device: Device,
     method: Method,
-    /// Whether `Method::Auto` may move low-dimensional work to the CPU grid.
-    grid_allowed: bool,
     threads: Option<usize>,
-    grid: OnceLock<Result<GridEngine>>,
+    /// The grid engine of the device in use, made on first use.
+    grid: OnceLock<Result<Box<dyn Engine + Send>>>,
 }
 
 impl Knn {
@@ -201,8 +200,6 @@ impl Knn {
             brute,
             device,
             method: opts.method,
-            // An explicit GPU keeps the work on the GPU; `auto` and `cpu` may use the CPU grid.
-            grid_allowed: !matches!(opts.device, Device::Cuda(_)) && opts.gpus.is_empty(),
             threads: opts.threads,
             grid: OnceLock::new(),
         })
@@ -219,10 +216,14 @@ impl Knn {
         self.brute.name()
     }
 
-    fn grid_engine(&self) -> Result<&GridEngine> {
+    fn grid_engine(&self) -> Result<&dyn Engine> {
         self.grid
-            .get_or_init(|| GridEngine::new(self.threads))
+            .get_or_init(|| match self.device {
+                Device::Cuda(n) => gpu::grid(n),
+                _ => GridEngine::new(self.threads).map(|g| Box::new(g) as Box<dyn Engine + Send>),
+            })
             .as_ref()
+            .map(|e| e.as_ref() as &dyn Engine)
             .map_err(|e| KnnError::Option(e.to_string()))
     }
 
@@ -234,12 +235,7 @@ impl Knn {
                 "the grid method has no distance-to-cell bound for {metric} (use --method brute)"
             ))),
             Method::Grid => Ok(self.grid_engine()?),
-            Method::Auto
-                if self.grid_allowed
-                    && grid_fits
-                    && dim <= GRID_MAX_DIM
-                    && points >= GRID_MIN_POINTS =>
-            {
+            Method::Auto if grid_fits && dim <= GRID_MAX_DIM && points >= GRID_MIN_POINTS => {
                 Ok(self.grid_engine()?)
             }
             _ => Ok(self.brute.as_ref()),
@@ -336,6 +332,10 @@ mod gpu {
             engine = engine.with_memory_budget(bytes);
         }
         Ok(Box::new(engine))
+    }
+
+    pub(super) fn grid(ordinal: usize) -> Result<Box<dyn Engine + Send>> {
+        Ok(Box::new(knn_cuda::CudaGridEngine::new(ordinal)?))
     }
 
     pub(super) fn multi(ordinals: &[usize], opts: &Options) -> Result<Box<dyn Engine>> {
