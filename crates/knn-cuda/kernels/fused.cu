@@ -316,7 +316,64 @@ __device__ __forceinline__ void warp_merge(u64 e[S], u64 v, int W, int lane) {
 }
 
 // Chunks with at least this many candidates below the threshold are merged as a batch.
+#ifndef BATCH_MIN
 #define BATCH_MIN 6
+#endif
+// Row tiles with at most this many candidates below the threshold insert them by rank.
+#ifndef RANK_MAX
+#define RANK_MAX 32
+#endif
+
+// Inserts the candidates cv[j] of the lanes set in m[j] (all below the list's W-th entry, none
+// already in it) into the sorted list e (index s*32 + lane), keeping the W smallest, through the
+// row's copy in shared memory (`row`, 32*S slots, slots >= W hold SENTINEL and stay so). Every
+// element's new index is its rank in the union: a list entry's index plus the candidates below
+// it, a candidate's count of list entries below it plus the candidates below it. Each candidate
+// costs one broadcast and S ballots, independent of the others (no serial shifting chain).
+template <int S>
+__device__ __forceinline__ void rank_insert(u64 e[S], const u64 cv[BB / 32],
+                                            const unsigned m[BB / 32], int W, int lane, u64* row) {
+    int ce[S], cr[BB / 32], lp[BB / 32];
+#pragma unroll
+    for (int s = 0; s < S; s++) ce[s] = 0;
+#pragma unroll
+    for (int j = 0; j < BB / 32; j++) {
+        cr[j] = 0;
+        lp[j] = 0;
+    }
+#pragma unroll
+    for (int j = 0; j < BB / 32; j++) {
+        unsigned mask = m[j];
+        while (mask) {
+            int src = __ffs(mask) - 1;
+            mask &= mask - 1;
+            u64 b = __shfl_sync(0xffffffffu, cv[j], src);
+            int below = 0;
+#pragma unroll
+            for (int s = 0; s < S; s++) {
+                below += __popc(__ballot_sync(0xffffffffu, e[s] < b));
+                ce[s] += b < e[s] ? 1 : 0;
+            }
+            if (lane == src) lp[j] = below;
+#pragma unroll
+            for (int jj = 0; jj < BB / 32; jj++) cr[jj] += b < cv[jj] ? 1 : 0;
+        }
+    }
+    __syncwarp();  // every lane has its entries in registers before the row is rewritten
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        int idx = s * 32 + lane + ce[s];
+        if (idx < W) row[idx] = e[s];
+    }
+#pragma unroll
+    for (int j = 0; j < BB / 32; j++) {
+        int idx = lp[j] + cr[j];
+        if (((m[j] >> lane) & 1u) && idx < W) row[idx] = cv[j];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int s = 0; s < S; s++) e[s] = row[s * 32 + lane];
+}
 
 template <int S>
 __device__ __forceinline__ u64 warp_kth(const u64 e[S], int W) {
@@ -377,32 +434,41 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
                 cv[j] = (c < ncols && id != skip) ? composite(work[r * TS + c], id) : SENTINEL;
             }
             u64 thr = min(warp_kth<S>(e, W), g);
-            bool changed = false;
+            unsigned m[BB / 32];
+            int total = 0;
 #pragma unroll
             for (int j = 0; j < BB / 32; j++) {
-                unsigned mask = __ballot_sync(0xffffffffu, cv[j] < thr);
-                if (__popc(mask) >= BATCH_MIN) {
-                    warp_merge<S>(e, cv[j] < thr ? cv[j] : SENTINEL, W, lane);
-                    thr = min(warp_kth<S>(e, W), g);
-                    changed = true;
-                    continue;
-                }
-                while (mask) {
-                    int src = __ffs(mask) - 1;
-                    u64 v = __shfl_sync(0xffffffffu, cv[j], src);
-                    warp_insert<S>(e, v, W, lane);
-                    thr = min(warp_kth<S>(e, W), g);
-                    changed = true;
-                    mask &= ~(1u << src);
-                    mask &= __ballot_sync(0xffffffffu, cv[j] < thr);
-                }
+                m[j] = __ballot_sync(0xffffffffu, cv[j] < thr);
+                total += __popc(m[j]);
             }
-            if (changed) {
+            if (total == 0) continue;
+            if (total <= RANK_MAX) {
+                rank_insert<S>(e, cv, m, W, lane, lists + r * LW);
+            } else {
+                // Many candidates (the first tiles): chunk by chunk, batches by sorting
+                // networks, stragglers one by one, the threshold tightening as the list fills.
+#pragma unroll
+                for (int j = 0; j < BB / 32; j++) {
+                    unsigned mask = __ballot_sync(0xffffffffu, cv[j] < thr);
+                    if (__popc(mask) >= BATCH_MIN) {
+                        warp_merge<S>(e, cv[j] < thr ? cv[j] : SENTINEL, W, lane);
+                        thr = min(warp_kth<S>(e, W), g);
+                        continue;
+                    }
+                    while (mask) {
+                        int src = __ffs(mask) - 1;
+                        u64 v = __shfl_sync(0xffffffffu, cv[j], src);
+                        warp_insert<S>(e, v, W, lane);
+                        thr = min(warp_kth<S>(e, W), g);
+                        mask &= ~(1u << src);
+                        mask &= __ballot_sync(0xffffffffu, cv[j] < thr);
+                    }
+                }
 #pragma unroll
                 for (int s = 0; s < S; s++) lists[r * LW + s * 32 + lane] = e[s];
-                u64 own = warp_kth<S>(e, W);
-                if (gthr && lane == 0 && own < g) atomicMin(&gthr[q], own);
             }
+            u64 own = warp_kth<S>(e, W);
+            if (gthr && lane == 0 && own < g) atomicMin(&gthr[q], own);
         }
         __syncthreads();  // the key tile becomes staging again
     }
@@ -413,6 +479,54 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
         for (int i = lane; i < W; i += 32) o[i] = lists[r * LW + i];
     }
 }
+
+// Top W of the union of sorted composite lists, one warp per row (W <= 32*S): `runs` runs of W
+// entries at a[(row * runs + r) * W + i] and, when b is not null, one more at b[row * W + i].
+// Writes out[row * W + i], sorted, SENTINEL-padded. Runs are sorted, so a run is read only up
+// to its first 32-entry chunk with nothing below the current W-th entry.
+template <int S>
+__device__ void merge_runs(const u64* __restrict__ a, int runs, const u64* __restrict__ b,
+                           long long n, int W, u64* __restrict__ out) {
+    int lane = threadIdx.x & 31;
+    long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (row >= n) return;
+    u64 e[S];
+#pragma unroll
+    for (int s = 0; s < S; s++) e[s] = SENTINEL;
+    int total = runs + (b ? 1 : 0);
+    for (int r = 0; r < total; r++) {
+        const u64* run = r < runs ? a + (row * runs + r) * (long long)W : b + row * (long long)W;
+        bool go = true;
+#pragma unroll
+        for (int s = 0; s < S; s++) {
+            if (go && s * 32 < W) {
+                int i = s * 32 + lane;
+                u64 v = i < W ? run[i] : SENTINEL;
+                u64 thr = warp_kth<S>(e, W);
+                unsigned mask = __ballot_sync(0xffffffffu, v < thr);
+                if (mask)
+                    warp_merge<S>(e, v < thr ? v : SENTINEL, W, lane);
+                else
+                    go = false;
+            }
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        int i = s * 32 + lane;
+        if (i < W) out[row * W + i] = e[s];
+    }
+}
+
+#define MERGE(NAME, S)                                                                             \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                    \
+        const u64* __restrict__ a, int runs, const u64* __restrict__ b, long long n, int W,        \
+        u64* __restrict__ out) {                                                                   \
+        merge_runs<S>(a, runs, b, n, W, out);                                                      \
+    }
+MERGE(merge_w32, 1)
+MERGE(merge_w64, 2)
+MERGE(merge_w128, 4)
 
 #define FUSED(NAME, K, S, TF)                                                                      \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                    \
