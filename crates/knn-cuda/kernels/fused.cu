@@ -193,6 +193,97 @@ __device__ __forceinline__ void tile_compute_tf(const float* __restrict__ Q, lon
     }
 }
 
+// Same product (same rounding, same mma sequence, so bit-identical keys) with the staging done
+// by cp.async, three stages deep, rows [row][k] of stride SROW_AS floats (fragment loads
+// conflict-free: bank 20g + t), TF32 rounding applied to the fragments. Needs d % 4 == 0 and
+// 16-byte aligned Q and B. `work` holds 3 stages of 2 * BQ * SROW_AS floats (61440 bytes).
+#ifndef TF_ASYNC
+#define TF_ASYNC 0
+#endif
+#define SROW_AS 20
+#define STAGE_AS (2 * BQ * SROW_AS)
+
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, int src_bytes) {
+    u32 s;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
+                 : "=r"(s)
+                 : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+                 "r"(src_bytes));
+}
+
+// Stage of coordinates [k0, k0+KC) of Q rows [q0, +BQ) and B rows [b0, +BB): 16-byte chunks,
+// chunk c = row * 4 + part (zero-filled outside the matrices).
+__device__ __forceinline__ void issue_stage_as(const float* __restrict__ Q, long long nq,
+                                               long long q0, const float* __restrict__ B,
+                                               long long nb, long long b0, int d, int k0,
+                                               float* st) {
+    int tid = threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int c = tid + THREADS * (i & 1);
+        int row = c >> 2, part = c & 3;
+        int col = k0 + part * 4;
+        const float* X = i < 2 ? Q : B;
+        long long r = (i < 2 ? q0 : b0) + row;
+        bool ok = r < (i < 2 ? nq : nb) && col < d;
+        cp_async16(st + (i < 2 ? 0 : BQ * SROW_AS) + row * SROW_AS + part * 4,
+                   ok ? X + r * (long long)d + col : X, ok ? 16 : 0);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+__device__ __forceinline__ void tile_compute_tf_async(const float* __restrict__ Q, long long nq,
+                                                      long long q0, const float* __restrict__ B,
+                                                      long long nb, long long b0, int d,
+                                                      float* work, float acc[4][4][4]) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int g = lane >> 2, t = lane & 3;
+    int qr = (warp & 1) * 64 + g, bc = (warp >> 1) * 32 + g;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+    int nk = (d + KC - 1) / KC;
+    issue_stage_as(Q, nq, q0, B, nb, b0, d, 0, work);
+    if (nk > 1)
+        issue_stage_as(Q, nq, q0, B, nb, b0, d, KC, work + STAGE_AS);
+    else
+        asm volatile("cp.async.commit_group;\n" ::);
+    for (int s = 0; s < nk; s++) {
+        asm volatile("cp.async.wait_group 1;\n" ::);
+        __syncthreads();  // stage s landed for all; stage s-1's buffer is free
+        if (s + 2 < nk)
+            issue_stage_as(Q, nq, q0, B, nb, b0, d, (s + 2) * KC, work + ((s + 2) % 3) * STAGE_AS);
+        else
+            asm volatile("cp.async.commit_group;\n" ::);
+        const float* As = work + (s % 3) * STAGE_AS;
+        const float* Bs = As + BQ * SROW_AS;
+#pragma unroll
+        for (int kk = 0; kk < KC; kk += 8) {
+            u32 bf[4][2];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float* p = Bs + (bc + 8 * j) * SROW_AS + kk + t;
+                bf[j][0] = __float_as_uint(tf32_round(p[0]));
+                bf[j][1] = __float_as_uint(tf32_round(p[4]));
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float* p = As + (qr + 16 * i) * SROW_AS + kk + t;
+                u32 af[4] = {__float_as_uint(tf32_round(p[0])),
+                             __float_as_uint(tf32_round(p[8 * SROW_AS])),
+                             __float_as_uint(tf32_round(p[4])),
+                             __float_as_uint(tf32_round(p[8 * SROW_AS + 4]))};
+#pragma unroll
+                for (int j = 0; j < 4; j++) mma_tf32(acc[i][j], af, bf[j]);
+            }
+        }
+    }
+}
+
 // Computes the BQ x BB key tile of queries [q0, q0+BQ) x base rows [b0, b0+BB) (rows at or past
 // nb / nq hold garbage) into work[row * stride + col], stride TS_TF when TF else TSTRIDE.
 // Starts and ends with the staging area free (the caller syncs before reading the tile).
@@ -205,7 +296,10 @@ __device__ __forceinline__ void keys_to_smem(const float* __restrict__ Q,
     int tid = threadIdx.x;
     if constexpr (TF) {
         float acc[4][4][4];
-        tile_compute_tf(Q, nq, q0, B, nb, b0, d, work, acc);
+        if (TF_ASYNC && (d & 3) == 0 && ((((unsigned long long)Q) | ((unsigned long long)B)) & 15) == 0)
+            tile_compute_tf_async(Q, nq, q0, B, nb, b0, d, work, acc);
+        else
+            tile_compute_tf(Q, nq, q0, B, nb, b0, d, work, acc);
         int lane = tid & 31, warp = tid >> 5;
         int g = lane >> 2, t = lane & 3;
         float qv[8], bv[8];
