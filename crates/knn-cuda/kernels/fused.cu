@@ -198,7 +198,7 @@ __device__ __forceinline__ void tile_compute_tf(const float* __restrict__ Q, lon
 // conflict-free: bank 20g + t), TF32 rounding applied to the fragments. Needs d % 4 == 0 and
 // 16-byte aligned Q and B. `work` holds 3 stages of 2 * BQ * SROW_AS floats (61440 bytes).
 #ifndef TF_ASYNC
-#define TF_ASYNC 0
+#define TF_ASYNC 1
 #endif
 #define SROW_AS 20
 #define STAGE_AS (2 * BQ * SROW_AS)
@@ -415,7 +415,7 @@ __device__ __forceinline__ void warp_merge(u64 e[S], u64 v, int W, int lane) {
 #endif
 // Row tiles with at most this many candidates below the threshold insert them by rank.
 #ifndef RANK_MAX
-#define RANK_MAX 32
+#define RANK_MAX 64
 #endif
 
 // Inserts the candidates cv[j] of the lanes set in m[j] (all below the list's W-th entry, none

@@ -301,7 +301,14 @@ fn upload_base(
 
 /// Launches `merge_w{slots}` for `n` rows: the top `w` of `a.1` sorted runs of `w` composites per
 /// row at `a.0` and, when `b` is not 0, of one more sorted run per row at `b`; one warp per row.
-fn merge_runs(gpu: &Gpu, n: usize, w: usize, slots: usize, a: (u64, usize), b: u64) -> Result<Lists> {
+fn merge_runs(
+    gpu: &Gpu,
+    n: usize,
+    w: usize,
+    slots: usize,
+    a: (u64, usize),
+    b: u64,
+) -> Result<Lists> {
     let out = gpu.alloc::<u64>(n * w)?;
     let name = format!("merge_w{slots}");
     let f = gpu.func(&name)?;
