@@ -6,9 +6,34 @@
 //! first-try width (`Engine::candidate_width`), as in `search`.
 
 use knn_core::synth::{generate, Distribution};
-use knn_core::{search, CandidateRequest, Engine, Matrix, Metric};
+use knn_core::{search, CandidateRequest, Candidates, Engine, Kernel, Matrix, Metric, Result};
 use knn_cuda::{CudaEngine, Method};
+use std::sync::Mutex;
 use std::time::Instant;
+
+/// Delegates to the engine and records every `candidates` call: (rows, width, precise, ms).
+struct Counting<'a> {
+    inner: &'a CudaEngine,
+    calls: Mutex<Vec<(usize, usize, bool, f64)>>,
+}
+
+impl Engine for Counting<'_> {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn candidate_width(&self, k: usize, available: usize, kernel: Kernel) -> usize {
+        self.inner.candidate_width(k, available, kernel)
+    }
+    fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
+        let t = Instant::now();
+        let c = self.inner.candidates(req);
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        if let Ok(mut v) = self.calls.lock() {
+            v.push((req.queries.rows(), req.width, req.precise, ms));
+        }
+        c
+    }
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -80,6 +105,26 @@ fn main() {
                     }
                 }
             }
+            // Where the wall time of one more `search` goes: engine calls (first tries and
+            // retries of rows whose floor was too low) and the rest (prepare, f64 re-rank).
+            let counting = Counting {
+                inner: &e,
+                calls: Mutex::new(Vec::new()),
+            };
+            let t = Instant::now();
+            let res = search(&counting, base.view(), queries.view(), k, &metric).unwrap();
+            let total = t.elapsed().as_secs_f64() * 1e3;
+            std::hint::black_box(&res);
+            let calls = counting.calls.into_inner().unwrap_or_default();
+            let first: f64 = calls.iter().filter(|c| !c.2).map(|c| c.3).sum();
+            let retry_rows: usize = calls.iter().filter(|c| c.2).map(|c| c.0).sum();
+            let retry: f64 = calls.iter().filter(|c| c.2).map(|c| c.3).sum();
+            let widths: Vec<usize> = calls.iter().filter(|c| c.2).map(|c| c.1).collect();
+            println!(
+                "{metric:>11} {m:>8}: search {total:8.3} ms = first tries {first:8.3} ms ({} calls) + retries {retry:8.3} ms ({retry_rows} rows, widths {widths:?}) + re-rank/prepare {:8.3} ms",
+                calls.iter().filter(|c| !c.2).count(),
+                total - first - retry
+            );
             // The engine alone on the whole request (the pipeline above may also make small
             // retry calls, so its last_kernel_ms is not the figure to report).
             let req = CandidateRequest {

@@ -193,6 +193,97 @@ __device__ __forceinline__ void tile_compute_tf(const float* __restrict__ Q, lon
     }
 }
 
+// Same product (same rounding, same mma sequence, so bit-identical keys) with the staging done
+// by cp.async, three stages deep, rows [row][k] of stride SROW_AS floats (fragment loads
+// conflict-free: bank 20g + t), TF32 rounding applied to the fragments. Needs d % 4 == 0 and
+// 16-byte aligned Q and B. `work` holds 3 stages of 2 * BQ * SROW_AS floats (61440 bytes).
+#ifndef TF_ASYNC
+#define TF_ASYNC 1
+#endif
+#define SROW_AS 20
+#define STAGE_AS (2 * BQ * SROW_AS)
+
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, int src_bytes) {
+    u32 s;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
+                 : "=r"(s)
+                 : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+                 "r"(src_bytes));
+}
+
+// Stage of coordinates [k0, k0+KC) of Q rows [q0, +BQ) and B rows [b0, +BB): 16-byte chunks,
+// chunk c = row * 4 + part (zero-filled outside the matrices).
+__device__ __forceinline__ void issue_stage_as(const float* __restrict__ Q, long long nq,
+                                               long long q0, const float* __restrict__ B,
+                                               long long nb, long long b0, int d, int k0,
+                                               float* st) {
+    int tid = threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int c = tid + THREADS * (i & 1);
+        int row = c >> 2, part = c & 3;
+        int col = k0 + part * 4;
+        const float* X = i < 2 ? Q : B;
+        long long r = (i < 2 ? q0 : b0) + row;
+        bool ok = r < (i < 2 ? nq : nb) && col < d;
+        cp_async16(st + (i < 2 ? 0 : BQ * SROW_AS) + row * SROW_AS + part * 4,
+                   ok ? X + r * (long long)d + col : X, ok ? 16 : 0);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+__device__ __forceinline__ void tile_compute_tf_async(const float* __restrict__ Q, long long nq,
+                                                      long long q0, const float* __restrict__ B,
+                                                      long long nb, long long b0, int d,
+                                                      float* work, float acc[4][4][4]) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int g = lane >> 2, t = lane & 3;
+    int qr = (warp & 1) * 64 + g, bc = (warp >> 1) * 32 + g;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+    int nk = (d + KC - 1) / KC;
+    issue_stage_as(Q, nq, q0, B, nb, b0, d, 0, work);
+    if (nk > 1)
+        issue_stage_as(Q, nq, q0, B, nb, b0, d, KC, work + STAGE_AS);
+    else
+        asm volatile("cp.async.commit_group;\n" ::);
+    for (int s = 0; s < nk; s++) {
+        asm volatile("cp.async.wait_group 1;\n" ::);
+        __syncthreads();  // stage s landed for all; stage s-1's buffer is free
+        if (s + 2 < nk)
+            issue_stage_as(Q, nq, q0, B, nb, b0, d, (s + 2) * KC, work + ((s + 2) % 3) * STAGE_AS);
+        else
+            asm volatile("cp.async.commit_group;\n" ::);
+        const float* As = work + (s % 3) * STAGE_AS;
+        const float* Bs = As + BQ * SROW_AS;
+#pragma unroll
+        for (int kk = 0; kk < KC; kk += 8) {
+            u32 bf[4][2];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float* p = Bs + (bc + 8 * j) * SROW_AS + kk + t;
+                bf[j][0] = __float_as_uint(tf32_round(p[0]));
+                bf[j][1] = __float_as_uint(tf32_round(p[4]));
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float* p = As + (qr + 16 * i) * SROW_AS + kk + t;
+                u32 af[4] = {__float_as_uint(tf32_round(p[0])),
+                             __float_as_uint(tf32_round(p[8 * SROW_AS])),
+                             __float_as_uint(tf32_round(p[4])),
+                             __float_as_uint(tf32_round(p[8 * SROW_AS + 4]))};
+#pragma unroll
+                for (int j = 0; j < 4; j++) mma_tf32(acc[i][j], af, bf[j]);
+            }
+        }
+    }
+}
+
 // Computes the BQ x BB key tile of queries [q0, q0+BQ) x base rows [b0, b0+BB) (rows at or past
 // nb / nq hold garbage) into work[row * stride + col], stride TS_TF when TF else TSTRIDE.
 // Starts and ends with the staging area free (the caller syncs before reading the tile).
@@ -205,7 +296,10 @@ __device__ __forceinline__ void keys_to_smem(const float* __restrict__ Q,
     int tid = threadIdx.x;
     if constexpr (TF) {
         float acc[4][4][4];
-        tile_compute_tf(Q, nq, q0, B, nb, b0, d, work, acc);
+        if (TF_ASYNC && (d & 3) == 0 && ((((unsigned long long)Q) | ((unsigned long long)B)) & 15) == 0)
+            tile_compute_tf_async(Q, nq, q0, B, nb, b0, d, work, acc);
+        else
+            tile_compute_tf(Q, nq, q0, B, nb, b0, d, work, acc);
         int lane = tid & 31, warp = tid >> 5;
         int g = lane >> 2, t = lane & 3;
         float qv[8], bv[8];
@@ -316,7 +410,64 @@ __device__ __forceinline__ void warp_merge(u64 e[S], u64 v, int W, int lane) {
 }
 
 // Chunks with at least this many candidates below the threshold are merged as a batch.
+#ifndef BATCH_MIN
 #define BATCH_MIN 6
+#endif
+// Row tiles with at most this many candidates below the threshold insert them by rank.
+#ifndef RANK_MAX
+#define RANK_MAX 64
+#endif
+
+// Inserts the candidates cv[j] of the lanes set in m[j] (all below the list's W-th entry, none
+// already in it) into the sorted list e (index s*32 + lane), keeping the W smallest, through the
+// row's copy in shared memory (`row`, 32*S slots, slots >= W hold SENTINEL and stay so). Every
+// element's new index is its rank in the union: a list entry's index plus the candidates below
+// it, a candidate's count of list entries below it plus the candidates below it. Each candidate
+// costs one broadcast and S ballots, independent of the others (no serial shifting chain).
+template <int S>
+__device__ __forceinline__ void rank_insert(u64 e[S], const u64 cv[BB / 32],
+                                            const unsigned m[BB / 32], int W, int lane, u64* row) {
+    int ce[S], cr[BB / 32], lp[BB / 32];
+#pragma unroll
+    for (int s = 0; s < S; s++) ce[s] = 0;
+#pragma unroll
+    for (int j = 0; j < BB / 32; j++) {
+        cr[j] = 0;
+        lp[j] = 0;
+    }
+#pragma unroll
+    for (int j = 0; j < BB / 32; j++) {
+        unsigned mask = m[j];
+        while (mask) {
+            int src = __ffs(mask) - 1;
+            mask &= mask - 1;
+            u64 b = __shfl_sync(0xffffffffu, cv[j], src);
+            int below = 0;
+#pragma unroll
+            for (int s = 0; s < S; s++) {
+                below += __popc(__ballot_sync(0xffffffffu, e[s] < b));
+                ce[s] += b < e[s] ? 1 : 0;
+            }
+            if (lane == src) lp[j] = below;
+#pragma unroll
+            for (int jj = 0; jj < BB / 32; jj++) cr[jj] += b < cv[jj] ? 1 : 0;
+        }
+    }
+    __syncwarp();  // every lane has its entries in registers before the row is rewritten
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        int idx = s * 32 + lane + ce[s];
+        if (idx < W) row[idx] = e[s];
+    }
+#pragma unroll
+    for (int j = 0; j < BB / 32; j++) {
+        int idx = lp[j] + cr[j];
+        if (((m[j] >> lane) & 1u) && idx < W) row[idx] = cv[j];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int s = 0; s < S; s++) e[s] = row[s * 32 + lane];
+}
 
 template <int S>
 __device__ __forceinline__ u64 warp_kth(const u64 e[S], int W) {
@@ -377,32 +528,41 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
                 cv[j] = (c < ncols && id != skip) ? composite(work[r * TS + c], id) : SENTINEL;
             }
             u64 thr = min(warp_kth<S>(e, W), g);
-            bool changed = false;
+            unsigned m[BB / 32];
+            int total = 0;
 #pragma unroll
             for (int j = 0; j < BB / 32; j++) {
-                unsigned mask = __ballot_sync(0xffffffffu, cv[j] < thr);
-                if (__popc(mask) >= BATCH_MIN) {
-                    warp_merge<S>(e, cv[j] < thr ? cv[j] : SENTINEL, W, lane);
-                    thr = min(warp_kth<S>(e, W), g);
-                    changed = true;
-                    continue;
-                }
-                while (mask) {
-                    int src = __ffs(mask) - 1;
-                    u64 v = __shfl_sync(0xffffffffu, cv[j], src);
-                    warp_insert<S>(e, v, W, lane);
-                    thr = min(warp_kth<S>(e, W), g);
-                    changed = true;
-                    mask &= ~(1u << src);
-                    mask &= __ballot_sync(0xffffffffu, cv[j] < thr);
-                }
+                m[j] = __ballot_sync(0xffffffffu, cv[j] < thr);
+                total += __popc(m[j]);
             }
-            if (changed) {
+            if (total == 0) continue;
+            if (total <= RANK_MAX) {
+                rank_insert<S>(e, cv, m, W, lane, lists + r * LW);
+            } else {
+                // Many candidates (the first tiles): chunk by chunk, batches by sorting
+                // networks, stragglers one by one, the threshold tightening as the list fills.
+#pragma unroll
+                for (int j = 0; j < BB / 32; j++) {
+                    unsigned mask = __ballot_sync(0xffffffffu, cv[j] < thr);
+                    if (__popc(mask) >= BATCH_MIN) {
+                        warp_merge<S>(e, cv[j] < thr ? cv[j] : SENTINEL, W, lane);
+                        thr = min(warp_kth<S>(e, W), g);
+                        continue;
+                    }
+                    while (mask) {
+                        int src = __ffs(mask) - 1;
+                        u64 v = __shfl_sync(0xffffffffu, cv[j], src);
+                        warp_insert<S>(e, v, W, lane);
+                        thr = min(warp_kth<S>(e, W), g);
+                        mask &= ~(1u << src);
+                        mask &= __ballot_sync(0xffffffffu, cv[j] < thr);
+                    }
+                }
 #pragma unroll
                 for (int s = 0; s < S; s++) lists[r * LW + s * 32 + lane] = e[s];
-                u64 own = warp_kth<S>(e, W);
-                if (gthr && lane == 0 && own < g) atomicMin(&gthr[q], own);
             }
+            u64 own = warp_kth<S>(e, W);
+            if (gthr && lane == 0 && own < g) atomicMin(&gthr[q], own);
         }
         __syncthreads();  // the key tile becomes staging again
     }
@@ -413,6 +573,54 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
         for (int i = lane; i < W; i += 32) o[i] = lists[r * LW + i];
     }
 }
+
+// Top W of the union of sorted composite lists, one warp per row (W <= 32*S): `runs` runs of W
+// entries at a[(row * runs + r) * W + i] and, when b is not null, one more at b[row * W + i].
+// Writes out[row * W + i], sorted, SENTINEL-padded. Runs are sorted, so a run is read only up
+// to its first 32-entry chunk with nothing below the current W-th entry.
+template <int S>
+__device__ void merge_runs(const u64* __restrict__ a, int runs, const u64* __restrict__ b,
+                           long long n, int W, u64* __restrict__ out) {
+    int lane = threadIdx.x & 31;
+    long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (row >= n) return;
+    u64 e[S];
+#pragma unroll
+    for (int s = 0; s < S; s++) e[s] = SENTINEL;
+    int total = runs + (b ? 1 : 0);
+    for (int r = 0; r < total; r++) {
+        const u64* run = r < runs ? a + (row * runs + r) * (long long)W : b + row * (long long)W;
+        bool go = true;
+#pragma unroll
+        for (int s = 0; s < S; s++) {
+            if (go && s * 32 < W) {
+                int i = s * 32 + lane;
+                u64 v = i < W ? run[i] : SENTINEL;
+                u64 thr = warp_kth<S>(e, W);
+                unsigned mask = __ballot_sync(0xffffffffu, v < thr);
+                if (mask)
+                    warp_merge<S>(e, v < thr ? v : SENTINEL, W, lane);
+                else
+                    go = false;
+            }
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        int i = s * 32 + lane;
+        if (i < W) out[row * W + i] = e[s];
+    }
+}
+
+#define MERGE(NAME, S)                                                                             \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                    \
+        const u64* __restrict__ a, int runs, const u64* __restrict__ b, long long n, int W,        \
+        u64* __restrict__ out) {                                                                   \
+        merge_runs<S>(a, runs, b, n, W, out);                                                      \
+    }
+MERGE(merge_w32, 1)
+MERGE(merge_w64, 2)
+MERGE(merge_w128, 4)
 
 #define FUSED(NAME, K, S, TF)                                                                      \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                    \

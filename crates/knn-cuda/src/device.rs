@@ -274,7 +274,7 @@ fn kernel_names(src: &str) -> Vec<String> {
     let mut names = Vec::new();
     for line in src.lines() {
         let l = line.trim_start();
-        for mac in ["FUSED(", "TILE(", "DIST(", "FILTER(", "GRIDQ("] {
+        for mac in ["FUSED(", "TILE(", "DIST(", "FILTER(", "MERGE(", "GRIDQ("] {
             if let Some(rest) = l.strip_prefix(mac) {
                 if let Some(n) = rest.split(',').next() {
                     if n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !n.is_empty() {
@@ -346,10 +346,17 @@ fn compiled_ptx(major: i32, minor: i32) -> Result<Ptx> {
     let (vmaj, vmin) = nvrtc_version()?;
     let arch = format!("sm_{major}{minor}");
     let src: String = SOURCES.concat();
+    // Tuning experiments: `KNN_CUDA_DEFINES="RANK_MAX=0 BATCH_MIN=8"` overrides kernel constants.
+    let defines: Vec<String> = std::env::var("KNN_CUDA_DEFINES")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|d| format!("-D{d}"))
+        .collect();
     let key = fnv1a(&[
         src.as_bytes(),
         arch.as_bytes(),
         format!("{vmaj}.{vmin}").as_bytes(),
+        defines.concat().as_bytes(),
     ]);
     let file = cache_dir().map(|d| d.join(format!("kernels-{arch}-{key:016x}.ptx")));
     if let Some(f) = &file {
@@ -364,7 +371,10 @@ fn compiled_ptx(major: i32, minor: i32) -> Result<Ptx> {
             format!("--gpu-architecture={arch}"),
             "--std=c++17".into(),
             "-lineinfo".into(),
-        ],
+        ]
+        .into_iter()
+        .chain(defines)
+        .collect(),
         ..Default::default()
     };
     let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(&src, opts))

@@ -234,15 +234,19 @@ pub(crate) fn run(
                     })
                 }
                 .map_err(dev_err(&name))?;
-                let next = select(
-                    gpu,
-                    n,
-                    w,
-                    (gpu.ptr(&partial), nsplit * w),
-                    running.as_ref().map_or((0, 0), |r| (gpu.ptr(&r.buf), w)),
-                    0,
-                    None,
-                )?;
+                // One split and no earlier chunk: the split's sorted list is the answer.
+                let next = if nsplit == 1 && running.is_none() {
+                    Lists { buf: partial }
+                } else {
+                    merge_runs(
+                        gpu,
+                        n,
+                        w,
+                        32 * slots,
+                        (gpu.ptr(&partial), nsplit),
+                        running.as_ref().map_or(0, |r| gpu.ptr(&r.buf)),
+                    )?
+                };
                 gpu.sync()?;
                 running = Some(next);
             } else {
@@ -293,6 +297,34 @@ fn upload_base(
     let bn = gpu.alloc::<f32>(be - bs)?;
     gpu.sq_norms(gpu.ptr(&b), be - bs, d, gpu.ptr(&bn))?;
     Ok((b, bn))
+}
+
+/// Launches `merge_w{slots}` for `n` rows: the top `w` of `a.1` sorted runs of `w` composites per
+/// row at `a.0` and, when `b` is not 0, of one more sorted run per row at `b`; one warp per row.
+fn merge_runs(
+    gpu: &Gpu,
+    n: usize,
+    w: usize,
+    slots: usize,
+    a: (u64, usize),
+    b: u64,
+) -> Result<Lists> {
+    let out = gpu.alloc::<u64>(n * w)?;
+    let name = format!("merge_w{slots}");
+    let f = gpu.func(&name)?;
+    let (runs, n64, ww, po) = (a.1 as i32, n as i64, w as i32, gpu.ptr(&out));
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&a.0).arg(&runs).arg(&b).arg(&n64).arg(&ww).arg(&po);
+    // SAFETY: a holds n×runs×w composites, b (or null) n×w, out n×w; every slot of out written.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid_dim: ((n * 32).div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+    .map_err(dev_err(&name))?;
+    Ok(Lists { buf: out })
 }
 
 /// Launches `select_topk` for `n` rows: union of two composite lists (pointer, per-row count;
