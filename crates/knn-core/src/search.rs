@@ -203,7 +203,20 @@ fn run(
     available: usize,
     progress: ProgressFn<'_>,
 ) -> Result<Neighbors> {
+    let profile = std::env::var_os("KNN_PROFILE").is_some();
+    let clock = std::time::Instant::now();
+    let lap = |what: &str, since: &mut std::time::Instant| {
+        if profile {
+            eprintln!(
+                "pipeline: {what}: {:.2} ms",
+                since.elapsed().as_secs_f64() * 1e3
+            );
+            *since = std::time::Instant::now();
+        }
+    };
+    let mut since = clock;
     let prep = prepare(metric, base, queries)?;
+    lap("prepare", &mut since);
     let eb = prep.engine_base();
     let eq = prep.engine_queries();
     let xb = prep.exact_base.view();
@@ -254,6 +267,7 @@ fn run(
             } else {
                 (engine.candidates(&req)?, None)
             };
+            lap("engine", &mut since);
             debug_assert_eq!(cand.ids.len(), pending.len() * width);
             debug_assert!(exact.as_ref().is_none_or(|e| e.len() == cand.ids.len()));
             let exact = exact.filter(|e| e.len() == cand.ids.len());
@@ -306,6 +320,7 @@ fn run(
                     }
                 }
             }
+            lap("re-rank", &mut since);
             pending = pending
                 .iter()
                 .zip(&proven)
@@ -338,7 +353,8 @@ fn run(
         }
         progress(end, nq);
     }
-    if let Some(i) = out.distances.iter().position(|d| !d.is_finite()) {
+    lap("rounds done", &mut since);
+    if let Some(i) = out.distances.par_iter().position_first(|d| !d.is_finite()) {
         return Err(KnnError::Overflow {
             metric: metric.name(),
             row: i / k,

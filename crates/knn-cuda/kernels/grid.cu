@@ -178,9 +178,9 @@ __device__ __forceinline__ float face_gap(const GridGeom& G, int a, int c, int s
 template <int D, int KERNEL, int KMAX>
 __device__ void grid_query(const float4* __restrict__ Qs, long long nq, const u32* __restrict__ exclude,
                            GridGeom G, const u32* __restrict__ starts, const float4* __restrict__ pts,
-                           int w, u32* __restrict__ out_ids, float* __restrict__ out_keys,
-                           double* __restrict__ out_exact, float* __restrict__ out_rest,
-                           float* __restrict__ out_region) {
+                           int w, int complete, u32* __restrict__ out_ids,
+                           float* __restrict__ out_keys, double* __restrict__ out_exact,
+                           float* __restrict__ out_floor) {
     // Queries come sorted by cell (consecutive threads share cells); w holds the query's index.
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= nq) return;
@@ -239,30 +239,47 @@ __device__ void grid_query(const float4* __restrict__ Qs, long long nq, const u3
                         if (k < worst || (k == worst && pid < worst_id)) {
                             // The evicted entry becomes a rejected candidate.
                             if (worst_id != NO_ID) rejected = fminf(rejected, worst);
-                            // Insertion from slot w-1 down, all indices compile-time (registers).
-                            bool placed = false;
+                            if (KMAX <= 32) {
+                                // Insertion from slot w-1 down, indices known at compile time
+                                // (the lists stay in registers).
+                                bool placed = false;
 #pragma unroll
-                            for (int t = KMAX - 1; t >= 0; t--) {
-                                if (t < w && !placed) {
-                                    bool shift = t > 0 && (key[t - 1] > k || (key[t - 1] == k && id[t - 1] > pid));
-                                    if (shift) {
-                                        key[t] = key[t - 1];
-                                        id[t] = id[t - 1];
-                                        pos[t] = pos[t - 1];
-                                    } else {
-                                        key[t] = k;
-                                        id[t] = pid;
-                                        pos[t] = p;
-                                        placed = true;
+                                for (int t = KMAX - 1; t >= 0; t--) {
+                                    if (t < w && !placed) {
+                                        bool shift = t > 0 && (key[t - 1] > k || (key[t - 1] == k && id[t - 1] > pid));
+                                        if (shift) {
+                                            key[t] = key[t - 1];
+                                            id[t] = id[t - 1];
+                                            pos[t] = pos[t - 1];
+                                        } else {
+                                            key[t] = k;
+                                            id[t] = pid;
+                                            pos[t] = p;
+                                            placed = true;
+                                        }
                                     }
                                 }
-                            }
 #pragma unroll
-                            for (int t = 0; t < KMAX; t++)
-                                if (t == w - 1) {
-                                    worst = key[t];
-                                    worst_id = id[t];
+                                for (int t = 0; t < KMAX; t++)
+                                    if (t == w - 1) {
+                                        worst = key[t];
+                                        worst_id = id[t];
+                                    }
+                            } else {
+                                // Wide lists (retries of rare rows): plain insertion in local memory.
+                                int t = w - 1;
+                                while (t > 0 && (key[t - 1] > k || (key[t - 1] == k && id[t - 1] > pid))) {
+                                    key[t] = key[t - 1];
+                                    id[t] = id[t - 1];
+                                    pos[t] = pos[t - 1];
+                                    t--;
                                 }
+                                key[t] = k;
+                                id[t] = pid;
+                                pos[t] = p;
+                                worst = key[w - 1];
+                                worst_id = id[w - 1];
+                            }
                         } else {
                             rejected = fminf(rejected, k);
                         }
@@ -282,25 +299,36 @@ __device__ void grid_query(const float4* __restrict__ Qs, long long nq, const u3
         if (worst_id != NO_ID && worst <= region) break;
     }
     long long o = qi * (long long)w;
+    if (KMAX <= 32) {
 #pragma unroll
-    for (int j = 0; j < KMAX; j++) {
-        if (j < w) {
+        for (int j = 0; j < KMAX; j++) {
+            if (j < w) {
+                out_ids[o + j] = id[j];
+                out_keys[o + j] = key[j];
+                out_exact[o + j] = id[j] != NO_ID ? grid_exact<D, KERNEL>(q, pts[pos[j]]) : 0.0;
+            }
+        }
+    } else {
+        for (int j = 0; j < w; j++) {
             out_ids[o + j] = id[j];
             out_keys[o + j] = key[j];
             out_exact[o + j] = id[j] != NO_ID ? grid_exact<D, KERNEL>(q, pts[pos[j]]) : 0.0;
         }
     }
-    out_rest[qi] = rejected;
-    out_region[qi] = region;
+    // Floor: every point left out is either unvisited (exact key >= region, up to the
+    // margins) or visited and rejected (exact key >= its computed key within 6u); shrunk by
+    // 2^-20 and rounded down so it stays a lower bound.
+    double f = fmin((double)rejected, (double)region) * (1.0 - 1.0 / 1048576.0);
+    out_floor[qi] = complete ? __int_as_float(0x7f800000) : __double2float_rd(f);
 }
 
 #define GRIDQ(NAME, D, K, KMAX)                                                                     \
     extern "C" __global__ void NAME(const float4* Q, long long nq, const u32* exclude, GridGeom G,  \
-                                    const u32* starts, const float4* pts, int w, u32* out_ids,     \
-                                    float* out_keys, double* out_exact, float* out_rest,           \
-                                    float* out_region) {                                           \
-        grid_query<D, K, KMAX>(Q, nq, exclude, G, starts, pts, w, out_ids, out_keys, out_exact,    \
-                               out_rest, out_region);                                               \
+                                    const u32* starts, const float4* pts, int w, int complete,     \
+                                    u32* out_ids, float* out_keys, double* out_exact,              \
+                                    float* out_floor) {                                            \
+        grid_query<D, K, KMAX>(Q, nq, exclude, G, starts, pts, w, complete, out_ids, out_keys,     \
+                               out_exact, out_floor);                                               \
     }
 
 GRIDQ(grid_query_1_sql2_k1, 1, KERNEL_SQL2, 1)
@@ -330,3 +358,12 @@ GRIDQ(grid_query_2_linf_k32, 2, KERNEL_LINF, 32)
 GRIDQ(grid_query_3_linf_k1, 3, KERNEL_LINF, 1)
 GRIDQ(grid_query_3_linf_k8, 3, KERNEL_LINF, 8)
 GRIDQ(grid_query_3_linf_k32, 3, KERNEL_LINF, 32)
+GRIDQ(grid_query_1_sql2_k128, 1, KERNEL_SQL2, 128)
+GRIDQ(grid_query_2_sql2_k128, 2, KERNEL_SQL2, 128)
+GRIDQ(grid_query_3_sql2_k128, 3, KERNEL_SQL2, 128)
+GRIDQ(grid_query_1_l1_k128, 1, KERNEL_L1, 128)
+GRIDQ(grid_query_2_l1_k128, 2, KERNEL_L1, 128)
+GRIDQ(grid_query_3_l1_k128, 3, KERNEL_L1, 128)
+GRIDQ(grid_query_1_linf_k128, 1, KERNEL_LINF, 128)
+GRIDQ(grid_query_2_linf_k128, 2, KERNEL_LINF, 128)
+GRIDQ(grid_query_3_linf_k128, 3, KERNEL_LINF, 128)

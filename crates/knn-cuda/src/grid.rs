@@ -15,21 +15,23 @@
 //! - the best computed key among visited points that were not kept, times (1 − 2⁻²⁰): a key of
 //!   at most 3 terms, each a rounded difference (and square), then rounded sums, is within
 //!   6u < 2⁻²⁰ (relative) of the exact one.
+//!
+//! The kernel computes the floor (in f64, rounded down to f32; `+∞` when the list holds every
+//! available point).
 
 use crate::device::{dev_err, Gpu};
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg};
 use knn_core::{CandidateRequest, Candidates, Engine, Kernel, KnnError, Result};
 use rayon::prelude::*;
 use std::sync::Mutex;
 
-/// Widest candidate list kept in registers; wider requests go to the CPU grid engine.
-pub const GRID_WIDTH_MAX: usize = 32;
+/// Widest candidate list on the GPU (up to 32 in registers, up to 128 in local memory for
+/// retries); wider requests go to the CPU grid engine.
+pub const GRID_WIDTH_MAX: usize = 128;
 /// Points per cell the grid aims at (before the width's share).
 const TARGET_PER_CELL: f64 = 2.0;
 /// Most cells of one grid (the scan handles 4096 · 4096 entries).
 const MAX_CELLS: usize = (1 << 24) - 1;
-/// Relative margin taken off every bound (see the module docs).
-const BOUND_SHRINK: f64 = 1.0 - 1.0 / (1u64 << 20) as f64;
 const SCAN_BLOCK: usize = 4096;
 
 /// Grid geometry as the kernels read it (`GridGeom` in `kernels/grid.cu`).
@@ -49,6 +51,72 @@ unsafe impl DeviceRepr for GridGeom {}
 pub struct CudaGridEngine {
     gpu: Mutex<Gpu>,
     ordinal: usize,
+    /// Page-locked staging memory for the downloads (kept between calls: pinning is slow,
+    /// pageable copies into fresh memory slower still).
+    staging: Mutex<Option<PinnedHostSlice<u8>>>,
+    /// For lists wider than [`GRID_WIDTH_MAX`] and d > 3 (its index cache persists).
+    cpu: knn_grid::GridEngine,
+    /// The binned base of the last call.
+    index: Mutex<Option<DeviceGrid>>,
+}
+
+/// A base binned on the device, with what identifies its data.
+struct DeviceGrid {
+    addr: usize,
+    len: usize,
+    dim: usize,
+    /// [`content_hash`] of the values: a base changed in place is binned anew.
+    hash: u64,
+    per_cell: f64,
+    geom: GridGeom,
+    cells: usize,
+    starts: CudaSlice<u32>,
+    sorted: CudaSlice<f32>,
+}
+
+/// Lists up to this width stay in registers; wider ones are retries of a few rows.
+const GRID_REGISTER_WIDTH: usize = 32;
+
+/// A 64-bit hash of the values, in parallel (1 MiB chunks hashed with a multiply–rotate mix,
+/// then the chunk hashes in order): tells a base changed in place from the cached one.
+fn content_hash(x: &[f32]) -> u64 {
+    let chunks: Vec<u64> = x
+        .par_chunks(1 << 18)
+        .map(|c| {
+            c.iter().fold(0x243f_6a88_85a3_08d3u64, |h, v| {
+                (h ^ v.to_bits() as u64)
+                    .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                    .rotate_left(29)
+            })
+        })
+        .collect();
+    chunks.iter().fold(x.len() as u64, |h, &c| {
+        (h ^ c).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(31)
+    })
+}
+
+/// Per-axis minimum and maximum of the rows (parallel).
+fn bounding_box(b: &[f32], d: usize) -> ([f32; 3], [f32; 3]) {
+    b.par_chunks(d * 4096)
+        .map(|c| {
+            let (mut lo, mut hi) = ([f32::INFINITY; 3], [f32::NEG_INFINITY; 3]);
+            for r in c.chunks_exact(d) {
+                for a in 0..d {
+                    lo[a] = lo[a].min(r[a]);
+                    hi[a] = hi[a].max(r[a]);
+                }
+            }
+            (lo, hi)
+        })
+        .reduce(
+            || ([f32::INFINITY; 3], [f32::NEG_INFINITY; 3]),
+            |(l1, h1), (l2, h2)| {
+                (
+                    std::array::from_fn(|a| l1[a].min(l2[a])),
+                    std::array::from_fn(|a| h1[a].max(h2[a])),
+                )
+            },
+        )
 }
 
 impl CudaGridEngine {
@@ -57,6 +125,9 @@ impl CudaGridEngine {
         Ok(Self {
             gpu: Mutex::new(Gpu::new(ordinal)?),
             ordinal,
+            staging: Mutex::new(None),
+            cpu: knn_grid::GridEngine::default(),
+            index: Mutex::new(None),
         })
     }
 }
@@ -120,16 +191,6 @@ fn tag(k: Kernel) -> Result<&'static str> {
             ))
         }
     })
-}
-
-/// The largest f32 not above `x`.
-fn round_down(x: f64) -> f32 {
-    let f = x as f32;
-    if (f as f64) > x {
-        f.next_down()
-    } else {
-        f
-    }
 }
 
 /// Phase timings on stderr when `KNN_PROFILE` is set (synchronising after each phase).
@@ -234,35 +295,47 @@ impl CudaGridEngine {
             .bind_to_thread()
             .map_err(dev_err("binding the context"))?;
         let prof = Profile::new();
-        // Bounding box of the base (host, parallel).
         let b = req.base.as_slice();
-        let (lo, hi) = b
-            .par_chunks(d * 4096)
-            .map(|c| {
-                let (mut lo, mut hi) = ([f32::INFINITY; 3], [f32::NEG_INFINITY; 3]);
-                for r in c.chunks_exact(d) {
-                    for a in 0..d {
-                        lo[a] = lo[a].min(r[a]);
-                        hi[a] = hi[a].max(r[a]);
-                    }
-                }
-                (lo, hi)
-            })
-            .reduce(
-                || ([f32::INFINITY; 3], [f32::NEG_INFINITY; 3]),
-                |(l1, h1), (l2, h2)| {
-                    (
-                        std::array::from_fn(|a| l1[a].min(l2[a])),
-                        std::array::from_fn(|a| h1[a].max(h2[a])),
-                    )
-                },
-            );
-        let geom = geometry(&lo[..d], &hi[..d], nb, TARGET_PER_CELL.max(w as f64 / 2.0));
-        let cells = geom.g.iter().map(|&g| g as usize).product::<usize>();
-
-        prof.mark(gpu, "bounding box")?;
-        let (starts, sorted) = bin(gpu, b, d, nb, &geom, cells)?;
-        prof.mark(gpu, "base upload + binning")?;
+        let per_cell = TARGET_PER_CELL.max(w as f64 / 2.0);
+        let hash = content_hash(b);
+        let mut cache = self
+            .index
+            .lock()
+            .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
+        // Reuse the binned base of the last call when it is the same data (the pipeline's
+        // rounds and retries); a retry's wider list keeps the first call's cell size.
+        let reuse = cache.as_ref().is_some_and(|c| {
+            c.addr == b.as_ptr() as usize
+                && c.len == b.len()
+                && c.dim == d
+                && c.hash == hash
+                && (c.per_cell == per_cell || w > GRID_REGISTER_WIDTH)
+        });
+        if !reuse {
+            *cache = None; // free the old grid first
+            let (lo, hi) = bounding_box(b, d);
+            let geom = geometry(&lo[..d], &hi[..d], nb, per_cell);
+            let cells = geom.g.iter().map(|&g| g as usize).product::<usize>();
+            prof.mark(gpu, "bounding box")?;
+            let (starts, sorted) = bin(gpu, b, d, nb, &geom, cells)?;
+            prof.mark(gpu, "base upload + binning")?;
+            *cache = Some(DeviceGrid {
+                addr: b.as_ptr() as usize,
+                len: b.len(),
+                dim: d,
+                hash,
+                per_cell,
+                geom,
+                cells,
+                starts,
+                sorted,
+            });
+        } else {
+            prof.mark(gpu, "cached grid check")?;
+        }
+        let grid = cache.as_ref().expect("built above");
+        let (geom, cells) = (grid.geom, grid.cells);
+        let (starts, sorted) = (&grid.starts, &grid.sorted);
         // Queries in cell order too, so that a warp's threads read the same cells.
         let (_qstarts, qsorted) = bin(gpu, req.queries.as_slice(), d, nq, &geom, cells)?;
         let excl = match req.exclude {
@@ -271,33 +344,33 @@ impl CudaGridEngine {
         };
         prof.mark(gpu, "query upload + binning")?;
         let stream = gpu.stream.clone();
-        let (p_starts, p_sorted) = (gpu.ptr(&starts), gpu.ptr(&sorted));
+        let (p_starts, p_sorted) = (gpu.ptr(starts), gpu.ptr(sorted));
         let ids = gpu.alloc::<u32>(nq * w)?;
         let keys = gpu.alloc::<f32>(nq * w)?;
         let exact = gpu.alloc::<f64>(nq * w)?;
-        let rest = gpu.alloc::<f32>(nq)?;
-        let region = gpu.alloc::<f32>(nq)?;
+        let floor = gpu.alloc::<f32>(nq)?;
         let kmax = if w == 1 {
             1
         } else if w <= 8 {
             8
-        } else {
+        } else if w <= GRID_REGISTER_WIDTH {
             32
+        } else {
+            128
         };
         let name = format!("grid_query_{d}_{tag}_k{kmax}");
-        let (nq64, w32) = (nq as i64, w as i32);
+        let (nq64, w32, complete) = (nq as i64, w as i32, i32::from(w >= req.available()));
         let p_ex = excl.as_ref().map_or(0u64, |e| gpu.ptr(e));
-        let (p_q, p_ids, p_keys, p_exact, p_rest, p_region) = (
+        let (p_q, p_ids, p_keys, p_exact, p_floor) = (
             gpu.ptr(&qsorted),
             gpu.ptr(&ids),
             gpu.ptr(&keys),
             gpu.ptr(&exact),
-            gpu.ptr(&rest),
-            gpu.ptr(&region),
+            gpu.ptr(&floor),
         );
         // SAFETY: every pointer is a live buffer of the size the kernel indexes (nq sorted
-        // queries, cells + 1 starts, nb sorted points, nq × w outputs; `exclude` null or nq
-        // u32), and the argument list matches the kernel's one for one.
+        // queries, cells + 1 starts, nb sorted points, nq × w outputs, nq floors; `exclude` null
+        // or nq u32), and the argument list matches the kernel's one for one.
         unsafe {
             let mut l = stream.launch_builder(gpu.func(&name)?);
             l.arg(&p_q)
@@ -307,22 +380,17 @@ impl CudaGridEngine {
                 .arg(&p_starts)
                 .arg(&p_sorted)
                 .arg(&w32)
+                .arg(&complete)
                 .arg(&p_ids)
                 .arg(&p_keys)
                 .arg(&p_exact)
-                .arg(&p_rest)
-                .arg(&p_region);
+                .arg(&p_floor);
             l.launch(launch(nq, 128)).map_err(dev_err("grid query"))?;
         }
         prof.mark(gpu, "ring search")?;
-        let ids = gpu.download(&ids, nq * w)?;
-        let keys = gpu.download(&keys, nq * w)?;
-        let exact = gpu.download(&exact, nq * w)?;
-        let rest = gpu.download(&rest, nq)?;
-        let region = gpu.download(&region, nq)?;
-        gpu.sync()?;
+        let (ids, keys, exact, floor) = self.download(gpu, &ids, &keys, &exact, &floor)?;
         prof.mark(gpu, "download")?;
-        if let Some(i) = ids.iter().position(|&id| id as usize >= nb) {
+        if let Some(i) = ids.par_iter().position_first(|&id| id as usize >= nb) {
             return Err(KnnError::Device(format!(
                 "{}: query {} holds invalid base id {} (unwritten slot)",
                 self.name(),
@@ -330,18 +398,7 @@ impl CudaGridEngine {
                 ids[i]
             )));
         }
-        let complete = w >= req.available();
-        let floor = rest
-            .iter()
-            .zip(&region)
-            .map(|(&r, &g)| {
-                if complete {
-                    f32::INFINITY
-                } else {
-                    round_down((r as f64).min(g as f64) * BOUND_SHRINK)
-                }
-            })
-            .collect();
+        prof.mark(gpu, "checks")?;
         Ok((
             Candidates {
                 width: w,
@@ -351,6 +408,81 @@ impl CudaGridEngine {
             },
             exact,
         ))
+    }
+}
+
+impl CudaGridEngine {
+    /// Copies the four outputs to the host through the pinned staging buffer, then into
+    /// vectors in parallel.
+    #[allow(clippy::type_complexity)]
+    fn download(
+        &self,
+        gpu: &Gpu,
+        ids: &CudaSlice<u32>,
+        keys: &CudaSlice<f32>,
+        exact: &CudaSlice<f64>,
+        floor: &CudaSlice<f32>,
+    ) -> Result<(Vec<u32>, Vec<f32>, Vec<f64>, Vec<f32>)> {
+        let parts = [
+            ids.len() * 4,
+            keys.len() * 4,
+            exact.len() * 8,
+            floor.len() * 4,
+        ];
+        // 8-byte aligned offsets, so every part can be read as its type.
+        let offs: Vec<usize> = parts
+            .iter()
+            .scan(0usize, |o, &n| {
+                let at = *o;
+                *o += n.div_ceil(8) * 8;
+                Some(at)
+            })
+            .collect();
+        let total = offs[3] + parts[3];
+        let mut staging = self
+            .staging
+            .lock()
+            .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
+        if staging.as_ref().is_none_or(|s| s.len() < total) {
+            *staging = None;
+            // SAFETY: the bytes are written by the copies below before they are read.
+            let fresh = unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(total, 0) }
+                .map_err(dev_err("allocating pinned host memory"))?;
+            *staging = Some(fresh);
+        }
+        let buf = staging
+            .as_mut()
+            .expect("allocated above")
+            .as_mut_slice()
+            .map_err(dev_err("pinned host memory"))?;
+        let srcs = [gpu.ptr(ids), gpu.ptr(keys), gpu.ptr(exact), gpu.ptr(floor)];
+        for i in 0..4 {
+            // SAFETY: the destination range lies in the staging buffer, the source is a device
+            // buffer of exactly `parts[i]` bytes, and the stream is synchronised below before
+            // the bytes are read.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(
+                    &mut buf[offs[i]..offs[i] + parts[i]],
+                    srcs[i],
+                    gpu.stream.cu_stream(),
+                )
+            }
+            .map_err(dev_err("copying from the device"))?;
+        }
+        gpu.sync()?;
+        fn take<T: Copy + Default + Send + Sync>(bytes: &[u8]) -> Vec<T> {
+            let n = bytes.len() / std::mem::size_of::<T>();
+            // SAFETY: `bytes` starts 8-byte aligned in the pinned buffer and holds n values of
+            // T (u32, f32, f64: every bit pattern is valid).
+            let src = unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, n) };
+            let mut v = vec![T::default(); n];
+            v.par_chunks_mut(1 << 16)
+                .zip(src.par_chunks(1 << 16))
+                .for_each(|(d, s)| d.copy_from_slice(s));
+            v
+        }
+        let part = |i: usize| &buf[offs[i]..offs[i] + parts[i]];
+        Ok((take(part(0)), take(part(1)), take(part(2)), take(part(3))))
     }
 }
 
@@ -396,7 +528,7 @@ impl Engine for CudaGridEngine {
         }
         if d > 3 || w > GRID_WIDTH_MAX || req.base.rows() > u32::MAX as usize / 2 {
             // Wider lists (retries of rare rows, or k > 32) and higher dimensions: the CPU grid.
-            return knn_grid::GridEngine::default().candidates_with_exact(req);
+            return self.cpu.candidates_with_exact(req);
         }
         let mut gpu = self
             .gpu

@@ -201,3 +201,30 @@ fn refuses_inner_product_and_cosine() {
         );
     }
 }
+
+#[test]
+fn a_base_changed_in_place_is_binned_anew() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "grid base changed in place") {
+        return;
+    }
+    let e = engine();
+    let mut data = uniform(5000, 3, 21);
+    let q = m(uniform(300, 3, 22), 3);
+    for round in 0..3 {
+        let b = Matrix::new("base", data.clone(), 3).unwrap();
+        let got = search(&e, b.view(), q.view(), 4, &Metric::L2).unwrap();
+        let want = knn_core::oracle(b.view(), Some(q.view()), 4, &Metric::L2).unwrap();
+        assert_eq!(got.ids, want.ids, "round {round}");
+        // Move every point: a stale grid would now return wrong neighbours.
+        data.iter_mut().for_each(|v| *v = (*v * 7.0 + 0.3).fract());
+    }
+    // The same buffer changed in place between two searches.
+    let mut buf = uniform(5000, 3, 23);
+    for round in 0..2 {
+        let base = knn_core::MatrixRef::new("base", &buf, 3).unwrap();
+        let got = search(&e, base, q.view(), 2, &Metric::L1).unwrap();
+        let want = knn_core::oracle(base, Some(q.view()), 2, &Metric::L1).unwrap();
+        assert_eq!(got.ids, want.ids, "in place, round {round}");
+        buf.iter_mut().for_each(|v| *v = 1.0 - *v);
+    }
+}
