@@ -6,9 +6,11 @@
 //! Ours is timed twice, each time from a fresh engine (grid build included):
 //! - `search`: the whole exact pipeline, `knn_core::search(.., Metric::SqL2)` (candidates,
 //!   f64 re-rank, retries);
-//! - `raw`: one `Engine::candidates` call for every query (width k + 1), no re-rank.
+//! - `raw`: one `Engine::candidates` call for every query (width k), no re-rank.
 //!
-//! Every figure is the median of `runs` runs after one warm-up run. Results are cross-checked:
+//! Every figure is the median of `runs` runs after one warm-up run; kiddo, search, raw and
+//! build take turns run by run, so a burst of load from other processes hits all of them
+//! alike. Results are cross-checked:
 //! the k-th distance of every query must agree with kiddo's within f32 rounding.
 
 use knn_core::synth::{generate, Distribution};
@@ -19,17 +21,27 @@ use std::time::Instant;
 
 type Tree = kiddo::ImmutableKdTree<f32, 3>;
 
-fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
-    f(); // warm-up
-    let mut t: Vec<f64> = (0..runs)
-        .map(|_| {
+/// Medians (ms) of `runs` timed calls of each closure, after one warm-up call of each. The
+/// closures take turns run by run, so load from other processes on a shared machine falls on
+/// all of them alike instead of on whichever happened to run during it.
+fn interleaved_medians_ms(runs: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
+    for f in fs.iter_mut() {
+        f(); // warm-up
+    }
+    let mut t = vec![Vec::with_capacity(runs); fs.len()];
+    for _ in 0..runs {
+        for (f, t) in fs.iter_mut().zip(&mut t) {
             let s = Instant::now();
             f();
-            s.elapsed().as_secs_f64() * 1e3
+            t.push(s.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    t.into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
         })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[t.len() / 2]
+        .collect()
 }
 
 /// kiddo's k-th squared distance per query (build included in the timed closure).
@@ -92,30 +104,38 @@ fn main() {
         let kq: Vec<[f32; 3]> = q.chunks_exact(3).map(|p| [p[0], p[1], p[2]]).collect();
         for k in [1usize, 16] {
             pool.install(|| {
-                let t_kiddo = median_ms(runs, || {
-                    std::hint::black_box(kiddo_kth(&kb, &kq, k));
-                });
-                let t_search = median_ms(runs, || {
-                    let e = GridEngine::new(None).unwrap();
-                    std::hint::black_box(search(&e, base, queries, k, &Metric::SqL2).unwrap());
-                });
-                let t_raw = median_ms(runs, || {
-                    let e = GridEngine::new(None).unwrap();
-                    let width = e.candidate_width(k, n, Kernel::SqL2);
-                    let req = CandidateRequest {
-                        base,
-                        queries,
-                        kernel: Kernel::SqL2,
-                        width,
-                        exclude: None,
-                        precise: false,
-                    };
-                    std::hint::black_box(e.candidates(&req).unwrap());
-                });
                 let mut shape = (0, 0);
-                let t_build = median_ms(runs, || {
-                    shape = GridEngine::new(None).unwrap().index_shape(base);
-                });
+                let t = interleaved_medians_ms(
+                    runs,
+                    &mut [
+                        &mut || {
+                            std::hint::black_box(kiddo_kth(&kb, &kq, k));
+                        },
+                        &mut || {
+                            let e = GridEngine::new(None).unwrap();
+                            std::hint::black_box(
+                                search(&e, base, queries, k, &Metric::SqL2).unwrap(),
+                            );
+                        },
+                        &mut || {
+                            let e = GridEngine::new(None).unwrap();
+                            let width = e.candidate_width(k, n, Kernel::SqL2);
+                            let req = CandidateRequest {
+                                base,
+                                queries,
+                                kernel: Kernel::SqL2,
+                                width,
+                                exclude: None,
+                                precise: false,
+                            };
+                            std::hint::black_box(e.candidates(&req).unwrap());
+                        },
+                        &mut || {
+                            shape = GridEngine::new(None).unwrap().index_shape(base);
+                        },
+                    ],
+                );
+                let (t_kiddo, t_search, t_raw, t_build) = (t[0], t[1], t[2], t[3]);
                 // Cross-check the k-th distances.
                 let want = kiddo_kth(&kb, &kq, k);
                 let e = GridEngine::new(None).unwrap();

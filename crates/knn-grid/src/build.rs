@@ -173,7 +173,7 @@ unsafe impl<T> Sync for SyncPtr<T> {}
 /// cell order: histogram per chunk, prefix sum over (cell, chunk), scatter per chunk, chunks in
 /// parallel. Returns the cell offsets (`cells + 1`, relative to `dst`).
 #[allow(clippy::too_many_arguments)]
-fn counting_sort(
+pub(crate) fn counting_sort(
     src: &[f32],
     src_ids: Option<&[u32]>,
     id_base: u32,

@@ -1,7 +1,7 @@
 //! [`GridEngine`]: the [`Engine`] face of the grid — index cache, query ordering, floors.
 
 use crate::best::Best;
-use crate::build::{GridIndex, MAX_AXES};
+use crate::build::{counting_sort, GridIndex, MAX_AXES};
 use crate::search::{search_level, KeyKind, Linf, SqL2, L1};
 use knn_core::{CandidateRequest, Candidates, Engine, Kernel, KnnError, Result};
 use rayon::prelude::*;
@@ -237,27 +237,35 @@ fn run<K: KeyKind, const D: usize>(
     let axes_of = |q: &[f32]| -> [f32; MAX_AXES] {
         std::array::from_fn(|j| if j < ix.g { q[ix.axes[j]] } else { 0.0 })
     };
-    // Sort queries by root cell (then index): neighbours in the grid run one after another.
-    let mut order: Vec<u64> = (0..nq)
-        .into_par_iter()
+    // Queries sorted by root cell (then index) with a counting sort, coordinates and original
+    // index together: neighbours in the grid run one after another, read sequentially.
+    let cell_of: Vec<u32> = req
+        .queries
+        .as_slice()
+        .par_chunks(d)
         .with_min_len(4096)
-        .map(|i| {
-            let qa = axes_of(req.queries.row(i));
+        .map(|q| {
+            let qa = axes_of(q);
             let mut c = 0usize;
             for j in (0..ix.g).rev() {
                 c = c * root.res[j] + root.axis_cell(j, qa[j]);
             }
-            ((c as u64) << 32) | i as u64
+            c as u32
         })
         .collect();
-    order.par_sort_unstable();
-    // The queries themselves in that order: the search then reads them sequentially.
     let mut sorted_q = vec![0f32; nq * d];
-    sorted_q
-        .par_chunks_mut(d)
-        .zip(order.par_iter())
-        .with_min_len(4096)
-        .for_each(|(dst, &o)| dst.copy_from_slice(req.queries.row((o & 0xFFFF_FFFF) as usize)));
+    let mut order = vec![0u32; nq];
+    counting_sort(
+        req.queries.as_slice(),
+        None,
+        0,
+        d,
+        &cell_of,
+        root.cells(),
+        &mut sorted_q,
+        &mut order,
+    );
+    drop(cell_of);
 
     // Results go straight to the caller's row order (one scattered row per query, instead of
     // a second pass that gathers them back).
@@ -277,8 +285,8 @@ fn run<K: KeyKind, const D: usize>(
         .for_each(|(ord, qs)| {
             let out = &out;
             let mut best = Best::new(width, &ix.ids);
-            for (&o, q) in ord.iter().zip(qs.chunks_exact(d)) {
-                let qi = (o & 0xFFFF_FFFF) as usize;
+            for (&qi, q) in ord.iter().zip(qs.chunks_exact(d)) {
+                let qi = qi as usize;
                 best.reset(req.exclude.map(|e| e[qi]));
                 search_level::<K, D>(ix, root, q, &axes_of(q), &mut best);
                 // Final selection first: it may evict pairs into the runner-up.

@@ -20,6 +20,10 @@
 //!   among examined points, less its rounding bound) and (the proven bound of every region
 //!   skipped or left unvisited), rounded down, or `+∞` when the row holds every available point.
 //!   The pipeline re-ranks in f64 and retries the rare rows the floor does not prove.
+//! - **Exact keys**: through `Engine::candidates_with_exact` the grid also returns each
+//!   candidate's f64 key (bit for bit `Kernel::exact`), computed from its cell-ordered copy while
+//!   the rows are in cache, so the pipeline's re-rank reads no base row; results are scattered
+//!   straight into the caller's row order, and the pipeline gives it rounds of 2²⁰ queries.
 //! - **Kernels**: squared L2 (metrics sqeuclidean, l2, hellinger, mahalanobis), L1, L∞. The inner
 //!   product and cosine are refused with a clear error (no distance-to-cell bound).
 //! - **Cache**: the index of the last base is kept and reused when the pipeline calls again with

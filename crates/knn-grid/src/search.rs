@@ -224,30 +224,46 @@ pub(crate) fn search_level<K: KeyKind, const D: usize>(
         };
 
     let mut gaps = [0f64; MAX_AXES];
+    // Within a ring, rows nearest the query come first (the query's own slab, then the
+    // neighbour on the side of the query's half of its cell, then the other side, and so on),
+    // so the running limit tightens before the farther rows are tested.
+    let near_up: [bool; MAX_AXES] = std::array::from_fn(|j| {
+        j < g && (qa[j] - level.origin[j]) * level.inv[j] - c[j] as f32 >= 0.5
+    });
+    // The `t`-th slab of ring `r` on axis `j` in that order (`None`: outside the grid).
+    let nth = |j: usize, t: usize| -> Option<usize> {
+        if t == 0 {
+            return Some(c[j]);
+        }
+        let s = t.div_ceil(2);
+        if (t % 2 == 1) == near_up[j] {
+            (c[j] + s < res[j]).then_some(c[j] + s)
+        } else {
+            c[j].checked_sub(s)
+        }
+    };
     let mut r = 0usize;
     loop {
         // Ring r: cells whose largest axis offset from `c` is exactly r, clamped to the grid.
-        let lo_i: [usize; MAX_AXES] = std::array::from_fn(|j| c[j].saturating_sub(r));
-        let hi_i: [usize; MAX_AXES] = std::array::from_fn(|j| (c[j] + r).min(res[j] - 1));
-        for i2 in lo_i[2]..=hi_i[2] {
+        let lo0 = c[0].saturating_sub(r);
+        let hi0 = (c[0] + r).min(res[0] - 1);
+        let steps: [usize; MAX_AXES] = std::array::from_fn(|j| 2 * r.min(res[j] - 1));
+        for i2 in (0..=steps[2]).filter_map(|t| nth(2, t)) {
             let on2 = i2.abs_diff(c[2]) == r;
             if g > 2 {
                 gaps[2] = slab_gap(2, i2);
             }
-            for i1 in lo_i[1]..=hi_i[1] {
+            for i1 in (0..=steps[1]).filter_map(|t| nth(1, t)) {
                 let on1 = on2 || i1.abs_diff(c[1]) == r;
                 if g > 1 {
                     gaps[1] = slab_gap(1, i1);
                 }
                 let row = (i2 * res[1] + i1) * res[0];
                 if on1 {
-                    visit_run(row, lo_i[0], hi_i[0], &mut gaps, best);
-                } else {
-                    if c[0] >= r {
-                        visit_run(row, c[0] - r, c[0] - r, &mut gaps, best);
-                    }
-                    if r > 0 && c[0] + r < res[0] {
-                        visit_run(row, c[0] + r, c[0] + r, &mut gaps, best);
+                    visit_run(row, lo0, hi0, &mut gaps, best);
+                } else if r > 0 {
+                    for i0 in [nth(0, 2 * r - 1), nth(0, 2 * r)].into_iter().flatten() {
+                        visit_run(row, i0, i0, &mut gaps, best);
                     }
                 }
             }
