@@ -18,5 +18,6 @@ mod bf16;
 mod direct;
 mod engine;
 mod gemm;
+mod int8;
 
 pub use engine::CpuEngine;
