@@ -1,23 +1,28 @@
 //! The AVX-512 VNNI int8 fast path for squared L2 at small dimension.
 //!
-//! At small `d` the bf16 path spends as much time turning dot products into keys and comparing
-//! them as on the products. Here coordinates are quantised once per request to 8-bit codes on a
-//! common grid, `x ≈ m + s·X` (`m` the base's mid-range per dimension, `s` one step for all
-//! dimensions, `X ∈ [−127, 127]`), and `vpdpbusd` (4 products of u8 × s8 per 32-bit lane, twice
-//! the products of `vdpbf16ps` per instruction) computes the integer key
+//! At small `d` a GEMM-form kernel spends as much time turning dot products into keys and
+//! selecting them as on the products. Here coordinates are quantised once per request to 8-bit
+//! codes on a common grid, `x ≈ m + s·X` (`m` the base's mid-range per dimension, `s` one step
+//! for all dimensions, `X ∈ [−127, 127]`), and `vpdpbusd` (4 products u8 × s8 per 32-bit lane,
+//! twice the products of `vdpbf16ps` per instruction) computes integer keys exactly.
 //!
-//! `K = ‖B‖² − 2 Q·B = c_B − 2 Σ (Q_i + 128) B_i`, with `c_B = ‖B‖² + 256 Σ B_i`,
+//! Layout: base points sit in SIMD lanes (panels of 16 points, codes stored as `B + 128`, u8);
+//! a query's codes (s8) are broadcast. With `dot = Σ (B_i + 128) Q_i = Q·B + 128 ΣQ` the key
 //!
-//! exactly in i32, so `s²(‖Q‖² + K) = ‖q̃ − b̃‖²` is the exact squared distance of the quantised
-//! points. The accumulators start at `−⌊c_B/2⌋`, so they hold `acc = dot − ⌊c_B/2⌋` and
-//! `K = (c_B mod 2) − 2·acc`; `K < T` implies `acc > ⌊−T/2⌋`, one integer compare per 16 keys
-//! (a filter: the list itself decides). Only keys that pass leave the registers.
+//! `K = ‖B‖² − 2 Q·B = K' + 256 ΣQ`, `K' = ‖B‖² − 2·dot`
+//!
+//! differs from `K'` by a per-query constant. The accumulators start at `−⌊‖B‖²/2⌋`, so they
+//! hold `acc = dot − ⌊‖B‖²/2⌋` and `K' = (‖B‖² mod 2) − 2·acc`; `K' < T` implies
+//! `acc > ⌊−T/2⌋`: one integer compare per 16 keys against the query's threshold. Keys that
+//! pass leave the registers by `vpcompressd` into the query's candidate buffer (no branch per
+//! key); a full buffer is cut to the `width` smallest `(K', id)`, whose largest key becomes the
+//! new threshold. `s²(‖Q‖² + K) = ‖q̃ − b̃‖²` is the exact squared distance of the quantised
+//! points.
 //!
 //! Exactness: with `E = ‖q − q̃‖ + max_b ‖b − b̃‖` (measured in f64, not assumed), the
 //! triangle inequality gives `‖q − b‖² ≥ D̃ − 2√D̃·E` for `D̃ = ‖q̃ − b̃‖²`, so the w-th kept key
 //! yields the floor for every point left out (see [`Plan::floor`]).
 
-use crate::engine::BASE_TILE;
 use knn_core::{CandidateRequest, MatrixRef, TopK};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -25,10 +30,13 @@ use std::ops::Range;
 /// Largest dimension sent to this path: `|K| ≤ 3·d·127²` stays below 2²⁴ (exact in f32 keys)
 /// for `d ≤ 346`; beyond 64 the bf16 path is as fast and its relative bound tighter.
 pub(crate) const MAX_DIM: usize = 64;
-/// Base points per micro-kernel call.
-const NR: usize = 8;
-/// Queries per group (two zmm of i32 lanes).
-const GROUP: usize = 32;
+/// Base points per panel (one zmm of i32 lanes).
+const LANES: usize = 16;
+/// Panels per micro-kernel block (64 base points).
+const NP: usize = 4;
+/// Threshold before a query's buffer first fills: below every real accumulator
+/// (`|acc| < 2²²` for `d ≤ 64`), above the padding lanes' `i32::MIN`.
+const OPEN: i32 = -(1 << 30);
 
 /// `true` when this CPU has AVX-512 VNNI (checked once; `KNN_CPU_NO_INT8` turns it off).
 pub(crate) fn available() -> bool {
@@ -56,10 +64,14 @@ pub(crate) struct Plan {
     inv_step: f32,
     /// Words of 4 codes per point (`d.div_ceil(4)`).
     quads: usize,
-    /// `quads` words per base point, codes `B_i` as i8 (zero padded).
+    /// Panels of 16 points: word `(panel·quads + t)·16 + lane` holds codes `4t..4t+4` of point
+    /// `16·panel + lane` as u8 `B_i + 128` (zero padded); `NP − 1` extra zero panels at the end
+    /// so every block of `NP` panels exists.
     codes: Vec<u32>,
-    /// `c_B = ‖B‖² + 256 Σ B_i` per base point.
-    c: Vec<i32>,
+    /// Per panel lane: `−⌊‖B‖²/2⌋` (accumulator start; `i32::MIN` on padding lanes).
+    init: Vec<i32>,
+    /// Per panel lane: `‖B‖² mod 2`.
+    parity: Vec<i32>,
     /// `max_b ‖b − b̃‖`, rounded up.
     base_err: f64,
 }
@@ -111,39 +123,52 @@ impl Plan {
             return None;
         }
         let quads = d.div_ceil(4);
+        let n = base.rows();
+        let panels = n.div_ceil(LANES) + NP - 1;
         let mut plan = Plan {
             centre,
             step,
             inv_step: 1.0 / step,
             quads,
-            codes: Vec::new(),
-            c: Vec::new(),
+            codes: vec![0; panels * quads * LANES],
+            init: vec![i32::MIN; panels * LANES],
+            parity: vec![0; panels * LANES],
             base_err: 0.0,
         };
-        let mut codes = vec![0u32; base.rows() * quads];
-        let mut c = vec![0i32; base.rows()];
+        let (mut codes, mut init, mut parity) = (
+            std::mem::take(&mut plan.codes),
+            std::mem::take(&mut plan.init),
+            std::mem::take(&mut plan.parity),
+        );
         let err = codes
-            .par_chunks_mut(quads * 1024)
-            .zip(c.par_chunks_mut(1024))
+            .par_chunks_mut(quads * LANES)
+            .zip(init.par_chunks_mut(LANES))
+            .zip(parity.par_chunks_mut(LANES))
             .enumerate()
-            .map(|(chunk, (codes, c))| {
+            .map(|(panel, ((codes, init), parity))| {
                 let mut worst = 0.0f64;
                 let mut x = vec![0i8; quads * 4];
-                for (j, (words, c)) in codes.chunks_mut(quads).zip(c).enumerate() {
-                    worst = worst.max(plan.quantise(base.row(chunk * 1024 + j), &mut x));
-                    let (sq, sum) = x.iter().fold((0i32, 0i32), |(s, t), &v| {
-                        (s + v as i32 * v as i32, t + v as i32)
-                    });
-                    *c = sq + 256 * sum;
-                    for (w, q) in words.iter_mut().zip(x.chunks_exact(4)) {
-                        *w = u32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]);
+                for lane in 0..LANES {
+                    let i = panel * LANES + lane;
+                    if i >= n {
+                        break;
+                    }
+                    worst = worst.max(plan.quantise(base.row(i), &mut x));
+                    let sq: i32 = x.iter().map(|&v| v as i32 * v as i32).sum();
+                    init[lane] = -(sq >> 1);
+                    parity[lane] = sq & 1;
+                    for (t, q) in x.chunks_exact(4).enumerate() {
+                        let u = |v: i8| (v as i32 + 128) as u8;
+                        codes[t * LANES + lane] =
+                            u32::from_le_bytes([u(q[0]), u(q[1]), u(q[2]), u(q[3])]);
                     }
                 }
                 worst
             })
             .reduce(|| 0.0, f64::max);
         plan.codes = codes;
-        plan.c = c;
+        plan.init = init;
+        plan.parity = parity;
         plan.base_err = err.sqrt() * (1.0 + 1e-9);
         Some(plan)
     }
@@ -185,33 +210,104 @@ impl Plan {
     }
 }
 
-/// Packs queries `rows` as u8 codes `Q + 128` in groups of 32: word `(g·quads + t)·32 + l`
-/// holds coordinates `4t..4t+4` of query `32g + l`; missing queries are zeros.
-fn pack_queries(plan: &Plan, queries: MatrixRef<'_>, rows: Range<usize>) -> Vec<u32> {
-    let quads = plan.quads;
-    let groups = rows.len().div_ceil(GROUP);
-    let mut out = vec![0u32; groups * quads * GROUP];
-    let mut x = vec![0i8; quads * 4];
-    for (i, r) in rows.enumerate() {
-        let (g, l) = (i / GROUP, i % GROUP);
-        plan.quantise(queries.row(r), &mut x);
-        for (t, q) in x.chunks_exact(4).enumerate() {
-            let u = |v: i8| (v as i32 + 128) as u8;
-            out[(g * quads + t) * GROUP + l] = u32::from_le_bytes([u(q[0]), u(q[1]), u(q[2]), u(q[3])]);
-        }
-    }
-    out
+/// Order-preserving packing of `(K', id)` into one integer.
+#[inline]
+fn pack(key: i32, id: u32) -> u64 {
+    (((key as u32) ^ 0x8000_0000) as u64) << 32 | id as u64
 }
 
-/// The filter value for a list threshold `t` (an integer key, or +∞): keys `K < t` have
-/// `acc > ⌊−t/2⌋`.
 #[inline]
-fn filter(t: f32) -> i32 {
-    if t == f32::INFINITY {
-        i32::MIN
-    } else {
-        (-(t as i64)).div_euclid(2) as i32
+fn unpack(v: u64) -> (i32, u32) {
+    ((((v >> 32) as u32) ^ 0x8000_0000) as i32, v as u32)
+}
+
+/// The filter value for a threshold key `t`: keys `K' < t` have `acc > ⌊−t/2⌋`.
+#[inline]
+fn filter(t: i32) -> i32 {
+    (-(t as i64)).div_euclid(2) as i32
+}
+
+/// Per-query candidate buffers of one work unit: keys `K'` and ids, `cap` slots each, the fill
+/// and the accumulator threshold.
+struct Buffers {
+    width: usize,
+    /// Fill at which a buffer is cut back to `width`.
+    limit: usize,
+    cap: usize,
+    keys: Vec<i32>,
+    ids: Vec<u32>,
+    fill: Vec<usize>,
+    thr: Vec<i32>,
+    skip: Vec<u32>,
+    scratch: Vec<u64>,
+}
+
+impl Buffers {
+    fn new(nq: usize, width: usize, skip: Vec<u32>) -> Self {
+        let limit = (2 * width).max(32);
+        // One block appends at most NP·16 keys after a fill below `limit`.
+        let cap = limit + NP * LANES;
+        Buffers {
+            width,
+            limit,
+            cap,
+            keys: vec![0; nq * cap],
+            ids: vec![0; nq * cap],
+            fill: vec![0; nq],
+            thr: vec![OPEN; nq],
+            skip,
+            scratch: Vec::with_capacity(cap),
+        }
     }
+
+    /// Keeps the `width` smallest `(K', id)` of query `i` (dropping its excluded id); once
+    /// `width` are held, the largest sets the threshold.
+    #[inline(never)]
+    fn cut(&mut self, i: usize) {
+        let (keys, ids) = (
+            &mut self.keys[i * self.cap..(i + 1) * self.cap],
+            &mut self.ids[i * self.cap..(i + 1) * self.cap],
+        );
+        let v = &mut self.scratch;
+        v.clear();
+        let skip = self.skip[i];
+        v.extend(
+            keys.iter()
+                .zip(ids.iter())
+                .take(self.fill[i])
+                .filter(|&(_, &id)| id != skip)
+                .map(|(&k, &id)| pack(k, id)),
+        );
+        if v.len() > self.width {
+            v.select_nth_unstable(self.width - 1);
+            v.truncate(self.width);
+        }
+        for (j, &e) in v.iter().enumerate() {
+            (keys[j], ids[j]) = unpack(e);
+        }
+        self.fill[i] = v.len();
+        if v.len() == self.width {
+            let worst = v.iter().max().map(|&e| unpack(e).0).expect("width > 0");
+            self.thr[i] = filter(worst);
+        }
+    }
+}
+
+/// Packs the s8 codes of queries `rows`: `quads` words per query; returns them with
+/// `256·ΣQ` per query (`K = K' + 256·ΣQ`).
+fn pack_queries(plan: &Plan, queries: MatrixRef<'_>, rows: Range<usize>) -> (Vec<u32>, Vec<i32>) {
+    let quads = plan.quads;
+    let mut out = vec![0u32; rows.len() * quads];
+    let mut shift = vec![0i32; rows.len()];
+    let mut x = vec![0i8; quads * 4];
+    for (i, r) in rows.enumerate() {
+        plan.quantise(queries.row(r), &mut x);
+        shift[i] = 256 * x.iter().map(|&v| v as i32).sum::<i32>();
+        for (t, q) in x.chunks_exact(4).enumerate() {
+            out[i * quads + t] = u32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]);
+        }
+    }
+    (out, shift)
 }
 
 /// Folds the integer keys `K` of `queries[qr] × base[br]` into `tops`, like `gemm::fold_unit`.
@@ -225,45 +321,38 @@ pub(crate) fn fold_unit(
     #[cfg(target_arch = "x86_64")]
     {
         let quads = plan.quads;
-        let qpack = pack_queries(plan, req.queries, qr.clone());
         let nq = qr.len();
-        let groups = nq.div_ceil(GROUP);
-        // Padding lanes never pass (acc > i32::MAX is false).
-        let mut thr = vec![i32::MAX; groups * GROUP];
-        for (t, top) in thr.iter_mut().zip(tops.iter()) {
-            *t = filter(top.threshold());
-        }
-        let skip: Vec<u32> = (0..groups * GROUP)
-            .map(|i| match req.exclude {
-                Some(e) if i < nq => e[qr.start + i],
-                _ => u32::MAX,
-            })
+        let (qcodes, shift) = pack_queries(plan, req.queries, qr.clone());
+        let skip: Vec<u32> = (0..nq)
+            .map(|i| req.exclude.map_or(u32::MAX, |e| e[qr.start + i]))
             .collect();
-        let mut b0 = br.start;
-        while b0 < br.end {
-            let b1 = (b0 + BASE_TILE).min(br.end);
-            for g in 0..groups {
-                let q = &qpack[g * quads * GROUP..(g + 1) * quads * GROUP];
-                let lists = &mut tops[g * GROUP..((g + 1) * GROUP).min(nq)];
-                let thr: &mut [i32; GROUP] = (&mut thr[g * GROUP..(g + 1) * GROUP])
-                    .try_into()
-                    .expect("a group has 32 lanes");
-                let skip = &skip[g * GROUP..(g + 1) * GROUP];
-                let mut c = b0;
-                while c < b1 {
-                    let points = (b1 - c).min(NR);
-                    let pts = Points {
-                        codes: &plan.codes[c * quads..(c + points) * quads],
-                        c: &plan.c[c..c + points],
-                        first: c as u32,
-                    };
-                    // SAFETY: `available()` checked AVX-512F/BW/VNNI before this path was chosen;
-                    // `q` holds quads·32 words and `pts` `points` rows of `quads` words.
-                    unsafe { micro::block(quads, q, &pts, thr, skip, lists) };
-                    c += points;
-                }
+        let width = req.width.max(1);
+        let mut buf = Buffers::new(nq, width, skip);
+        // Blocks of NP panels from the panel holding `br.start`; lanes outside `br` masked.
+        let mut p0 = br.start / LANES;
+        while p0 * LANES < br.end {
+            let first = p0 * LANES;
+            let valid = (0..NP * LANES).fold(0u64, |m, j| {
+                m | (((first + j >= br.start && first + j < br.end) as u64) << j)
+            });
+            let blk = Block {
+                codes: &plan.codes[p0 * quads * LANES..(p0 + NP) * quads * LANES],
+                init: &plan.init[p0 * LANES..(p0 + NP) * LANES],
+                parity: &plan.parity[p0 * LANES..(p0 + NP) * LANES],
+                first: first as u32,
+                valid,
+            };
+            // SAFETY: `available()` checked AVX-512F/BW/VNNI before this path was chosen; the
+            // slices hold NP panels and `qcodes` `quads` words per query.
+            unsafe { micro::block(quads, &blk, &qcodes, &mut buf) };
+            p0 += NP;
+        }
+        for (i, top) in tops.iter_mut().enumerate() {
+            buf.cut(i);
+            let at = i * buf.cap;
+            for j in 0..buf.fill[i] {
+                top.push((buf.keys[at + j] + shift[i]) as f32, buf.ids[at + j]);
             }
-            b0 = b1;
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -273,37 +362,33 @@ pub(crate) fn fold_unit(
     }
 }
 
-/// Up to [`NR`] consecutive base points for one micro-kernel call.
-struct Points<'a> {
+/// `NP` consecutive panels (64 base points) for one micro-kernel call.
+struct Block<'a> {
     codes: &'a [u32],
-    c: &'a [i32],
+    init: &'a [i32],
+    parity: &'a [i32],
+    /// Id of lane 0.
     first: u32,
+    /// Lanes inside the unit's base range.
+    valid: u64,
 }
 
 #[cfg(target_arch = "x86_64")]
 mod micro {
-    use super::{filter, Points, GROUP, NR};
-    use knn_core::TopK;
+    use super::{Block, Buffers, LANES, NP};
     use std::arch::x86_64::*;
 
     /// Dispatches on the number of code words so the product loop is fully unrolled.
     ///
     /// # Safety
-    /// AVX-512F/BW/VNNI must be available; `q` holds `quads·32` words, `pts.codes`
-    /// `pts.c.len() · quads` (1 ≤ `pts.c.len()` ≤ 8).
+    /// AVX-512F/BW/VNNI must be available; `blk` holds `NP` panels of `quads` words per lane
+    /// and `q` `quads` words per query of `buf`.
     #[inline]
-    pub(super) unsafe fn block(
-        quads: usize,
-        q: &[u32],
-        pts: &Points<'_>,
-        thr: &mut [i32; GROUP],
-        skip: &[u32],
-        tops: &mut [TopK],
-    ) {
+    pub(super) unsafe fn block(quads: usize, blk: &Block<'_>, q: &[u32], buf: &mut Buffers) {
         macro_rules! go {
             ($($n:literal)*) => {
                 match quads {
-                    $($n => block_n::<$n>(q, pts, thr, skip, tops),)*
+                    $($n => block_n::<$n>(blk, q, buf),)*
                     _ => unreachable!("d ≤ MAX_DIM"),
                 }
             };
@@ -311,89 +396,75 @@ mod micro {
         go!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
     }
 
-    /// Integer keys of up to 8 base points × 32 queries, folded into `tops` (see the module
-    /// docs for `acc`, the filter and `K`).
+    /// Keys of 64 base points × every query of the unit; keys passing a query's threshold are
+    /// compressed into its buffer (see the module docs).
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn block_n<const QUADS: usize>(
-        q: &[u32],
-        pts: &Points<'_>,
-        thr: &mut [i32; GROUP],
-        skip: &[u32],
-        tops: &mut [TopK],
-    ) {
-        let points = pts.c.len();
-        debug_assert!(q.len() >= QUADS * GROUP && pts.codes.len() >= points * QUADS);
-        let bp = pts.codes.as_ptr();
-        // Points beyond `points` repeat the last one: same cost, results ignored.
-        let row: [*const u32; NR] = std::array::from_fn(|p| bp.add(p.min(points - 1) * QUADS));
-        let init: [__m512i; NR] =
-            std::array::from_fn(|p| _mm512_set1_epi32(-(pts.c[p.min(points - 1)] >> 1)));
-        let qp = q.as_ptr();
-        let (mut a00, mut a01, mut a10, mut a11) = (init[0], init[0], init[1], init[1]);
-        let (mut a20, mut a21, mut a30, mut a31) = (init[2], init[2], init[3], init[3]);
-        let (mut a40, mut a41, mut a50, mut a51) = (init[4], init[4], init[5], init[5]);
-        let (mut a60, mut a61, mut a70, mut a71) = (init[6], init[6], init[7], init[7]);
-        for t in 0..QUADS {
-            let q0 = _mm512_loadu_si512(qp.add(t * GROUP) as *const _);
-            let q1 = _mm512_loadu_si512(qp.add(t * GROUP + 16) as *const _);
-            macro_rules! step {
-                ($p:expr, $x0:ident, $x1:ident) => {
-                    let b = _mm512_set1_epi32(*row[$p].add(t) as i32);
-                    $x0 = _mm512_dpbusd_epi32($x0, q0, b);
-                    $x1 = _mm512_dpbusd_epi32($x1, q1, b);
-                };
+    unsafe fn block_n<const QUADS: usize>(blk: &Block<'_>, q: &[u32], buf: &mut Buffers) {
+        let nq = buf.fill.len();
+        debug_assert!(q.len() >= nq * QUADS && blk.codes.len() >= NP * QUADS * LANES);
+        let bp = blk.codes.as_ptr() as *const __m512i;
+        // The block's codes stay in registers for all queries (16 zmm at d = 16).
+        let b: [[__m512i; QUADS]; NP] = std::array::from_fn(|p| {
+            std::array::from_fn(|t| _mm512_loadu_si512(bp.add(p * QUADS + t)))
+        });
+        let init: [__m512i; NP] = std::array::from_fn(|p| {
+            _mm512_loadu_si512(blk.init.as_ptr().add(p * LANES) as *const _)
+        });
+        let iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        let all = blk.valid == u64::MAX;
+        for i in 0..nq {
+            let qp = q.as_ptr().add(i * QUADS);
+            let (mut a0, mut a1, mut a2, mut a3) = (init[0], init[1], init[2], init[3]);
+            for t in 0..QUADS {
+                let w = _mm512_set1_epi32(*qp.add(t) as i32);
+                a0 = _mm512_dpbusd_epi32(a0, b[0][t], w);
+                a1 = _mm512_dpbusd_epi32(a1, b[1][t], w);
+                a2 = _mm512_dpbusd_epi32(a2, b[2][t], w);
+                a3 = _mm512_dpbusd_epi32(a3, b[3][t], w);
             }
-            step!(0, a00, a01);
-            step!(1, a10, a11);
-            step!(2, a20, a21);
-            step!(3, a30, a31);
-            step!(4, a40, a41);
-            step!(5, a50, a51);
-            step!(6, a60, a61);
-            step!(7, a70, a71);
-        }
-        // Usually no key passes: test the lane-wise maximum over the 8 points first.
-        let t0 = _mm512_loadu_si512(thr.as_ptr() as *const _);
-        let t1 = _mm512_loadu_si512(thr.as_ptr().add(16) as *const _);
-        let m = |a: __m512i, b: __m512i| _mm512_max_epi32(a, b);
-        let x0 = m(m(m(a00, a10), m(a20, a30)), m(m(a40, a50), m(a60, a70)));
-        let x1 = m(m(m(a01, a11), m(a21, a31)), m(m(a41, a51), m(a61, a71)));
-        if _mm512_cmpgt_epi32_mask(x0, t0) == 0 && _mm512_cmpgt_epi32_mask(x1, t1) == 0 {
-            return;
-        }
-        let acc = [
-            [a00, a01],
-            [a10, a11],
-            [a20, a21],
-            [a30, a31],
-            [a40, a41],
-            [a50, a51],
-            [a60, a61],
-            [a70, a71],
-        ];
-        let (mut t0, mut t1) = (t0, t1);
-        for (p, acc) in acc.iter().enumerate().take(points) {
-            let m0 = _mm512_cmpgt_epi32_mask(acc[0], t0);
-            let m1 = _mm512_cmpgt_epi32_mask(acc[1], t1);
-            let mut mask = (m0 as u32) | ((m1 as u32) << 16);
-            if mask == 0 {
+            let th = _mm512_set1_epi32(*buf.thr.get_unchecked(i));
+            // Usually nothing passes: one compare of the lane-wise maximum decides.
+            let top = _mm512_max_epi32(_mm512_max_epi32(a0, a1), _mm512_max_epi32(a2, a3));
+            if _mm512_cmpgt_epi32_mask(top, th) == 0 {
                 continue;
             }
-            let mut vals = [0i32; GROUP];
-            _mm512_storeu_si512(vals.as_mut_ptr() as *mut _, acc[0]);
-            _mm512_storeu_si512(vals.as_mut_ptr().add(16) as *mut _, acc[1]);
-            let id = pts.first + p as u32;
-            let odd = pts.c[p] & 1;
-            while mask != 0 {
-                let l = mask.trailing_zeros() as usize;
-                mask &= mask - 1;
-                if skip[l] != id {
-                    tops[l].push((odd - 2 * vals[l]) as f32, id);
-                    thr[l] = filter(tops[l].threshold());
-                }
+            let m = (_mm512_cmpgt_epi32_mask(a0, th) as u64)
+                | (_mm512_cmpgt_epi32_mask(a1, th) as u64) << 16
+                | (_mm512_cmpgt_epi32_mask(a2, th) as u64) << 32
+                | (_mm512_cmpgt_epi32_mask(a3, th) as u64) << 48;
+            let m = if all { m } else { m & blk.valid };
+            if m == 0 {
+                continue;
             }
-            t0 = _mm512_loadu_si512(thr.as_ptr() as *const _);
-            t1 = _mm512_loadu_si512(thr.as_ptr().add(16) as *const _);
+            let at = i * buf.cap;
+            let mut fill = buf.fill[i];
+            for (p, a) in [a0, a1, a2, a3].into_iter().enumerate() {
+                let mp = (m >> (16 * p)) as u16;
+                if mp == 0 {
+                    continue;
+                }
+                // K' = parity − 2·acc, compressed with its ids.
+                let par = _mm512_loadu_si512(blk.parity.as_ptr().add(p * LANES) as *const _);
+                let k = _mm512_sub_epi32(par, _mm512_add_epi32(a, a));
+                let ids = _mm512_add_epi32(
+                    _mm512_set1_epi32((blk.first + (p * LANES) as u32) as i32),
+                    iota,
+                );
+                debug_assert!(fill + LANES <= buf.cap);
+                _mm512_storeu_si512(
+                    buf.keys.as_mut_ptr().add(at + fill) as *mut _,
+                    _mm512_maskz_compress_epi32(mp, k),
+                );
+                _mm512_storeu_si512(
+                    buf.ids.as_mut_ptr().add(at + fill) as *mut _,
+                    _mm512_maskz_compress_epi32(mp, ids),
+                );
+                fill += mp.count_ones() as usize;
+            }
+            buf.fill[i] = fill;
+            if fill >= buf.limit {
+                buf.cut(i);
+            }
         }
     }
 }
