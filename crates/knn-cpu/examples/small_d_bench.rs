@@ -47,7 +47,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
     let mut reference = None;
     for (name, engine) in &engines {
-        if only.as_ref().is_some_and(|o| !o.split(',').any(|x| x == *name)) {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.split(',').any(|x| x == *name))
+        {
             continue;
         }
         let (mut wall, mut cpu) = (Vec::new(), Vec::new());
