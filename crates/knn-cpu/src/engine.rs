@@ -17,8 +17,10 @@ pub(crate) const F32_UNIT: f64 = 1.0 / (1u64 << 24) as f64;
 pub struct CpuEngine {
     /// Its own pool when a thread count was given; else rayon's global pool (one per core).
     pool: Option<Arc<rayon::ThreadPool>>,
-    /// Never use the bf16 fast path (for comparison and tests).
+    /// Never use the bf16 or int8 fast paths (for comparison and tests).
     f32_only: bool,
+    /// Never use the int8 fast path (for comparison and tests).
+    no_int8: bool,
 }
 
 impl CpuEngine {
@@ -36,12 +38,19 @@ impl CpuEngine {
         Ok(Self {
             pool,
             f32_only: false,
+            no_int8: false,
         })
     }
 
     /// The same engine restricted to f32 products (no bf16 fast path).
     pub fn f32_only(mut self) -> Self {
         self.f32_only = true;
+        self
+    }
+
+    /// The same engine without the int8 path (squared L2 at `d ≤ 64` then takes bf16).
+    pub fn without_int8(mut self) -> Self {
+        self.no_int8 = true;
         self
     }
 
@@ -83,8 +92,8 @@ impl Engine for CpuEngine {
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
         let bf16 = self.bf16() && !req.precise;
         Ok(match &self.pool {
-            Some(p) => p.install(|| candidates(req, bf16)),
-            None => candidates(req, bf16),
+            Some(p) => p.install(|| candidates(req, bf16, !self.no_int8)),
+            None => candidates(req, bf16, !self.no_int8),
         })
     }
 }
@@ -117,14 +126,22 @@ impl GemmPlan {
     }
 }
 
-fn candidates(req: &CandidateRequest<'_>, bf16: bool) -> Candidates {
+fn candidates(req: &CandidateRequest<'_>, bf16: bool, int8: bool) -> Candidates {
     let (nq, nb, d) = (req.queries.rows(), req.base.rows(), req.base.dim());
     let width = req.width;
     let threads = rayon::current_num_threads();
-    let plan = req.kernel.is_gemm().then(|| GemmPlan::new(req, bf16));
+    // Squared L2 at small d: quantised int8 products when the fast paths are allowed.
+    let int8 = (bf16
+        && int8
+        && req.kernel == Kernel::SqL2
+        && d <= crate::int8::MAX_DIM
+        && crate::int8::available())
+    .then(|| crate::int8::Plan::new(req.base))
+    .flatten();
+    let plan = (req.kernel.is_gemm() && int8.is_none()).then(|| GemmPlan::new(req, bf16));
     let direct = (!req.kernel.is_gemm()).then(|| crate::direct::DirectPlan::new(req));
-    // The bf16 path converts each base block once per unit: larger query tiles amortise it.
-    let q_tile = if plan.as_ref().is_some_and(|p| p.bf16) {
+    // The fast paths pack each block once per unit: larger query tiles amortise it.
+    let q_tile = if int8.is_some() || plan.as_ref().is_some_and(|p| p.bf16) {
         2 * QUERY_TILE
     } else {
         QUERY_TILE
@@ -147,6 +164,13 @@ fn candidates(req: &CandidateRequest<'_>, bf16: bool) -> Candidates {
             let b1 = (b0 + b_chunk).min(nb);
             let mut tops = vec![TopK::new(width); q1 - q0];
             match &plan {
+                _ if int8.is_some() => crate::int8::fold_unit(
+                    req,
+                    int8.as_ref().expect("checked"),
+                    q0..q1,
+                    b0..b1,
+                    &mut tops,
+                ),
                 Some(p) if p.bf16 => crate::bf16::fold_unit(req, p, q0..q1, b0..b1, &mut tops),
                 Some(p) => crate::gemm::fold_unit(req, &p.norms, q0..q1, b0..b1, &mut tops),
                 None => crate::direct::fold_unit(
@@ -193,6 +217,19 @@ fn candidates(req: &CandidateRequest<'_>, bf16: bool) -> Candidates {
             let mut top = top.take().expect("every query belongs to a unit");
             debug_assert_eq!(top.len(), width);
             top.drain_sorted_into(keys, ids);
+            if let Some(p) = &int8 {
+                // Integer keys K → s²·(‖Q‖² + K), the squared distance of the quantised points.
+                let (qsq, s2, e) = p.query_terms(req.queries.row(i));
+                let mut dw = 0.0;
+                for k in keys.iter_mut() {
+                    dw = s2 * (qsq as f64 + *k as f64);
+                    *k = dw as f32;
+                }
+                if width < available {
+                    *floor = round_down(crate::int8::Plan::floor(dw, e));
+                }
+                return;
+            }
             let (bound, shift) = match &plan {
                 Some(p) => {
                     let q = req.queries.row(i);

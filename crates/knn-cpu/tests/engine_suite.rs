@@ -7,6 +7,7 @@ fn engines() -> Vec<CpuEngine> {
     vec![
         CpuEngine::new(Some(1)).unwrap(),
         CpuEngine::new(Some(2)).unwrap(),
+        CpuEngine::new(Some(2)).unwrap().without_int8(),
         CpuEngine::new(Some(2)).unwrap().f32_only(),
     ]
 }

@@ -1,0 +1,547 @@
+//! The AVX-512 VNNI int8 fast path for squared L2 at small dimension.
+//!
+//! At small `d` a GEMM-form kernel spends as much time turning dot products into keys and
+//! selecting them as on the products. Here coordinates are quantised once per request to 8-bit
+//! codes on a common grid, `x ≈ m + s·X` (`m` the base's mid-range per dimension, `s` one step
+//! for all dimensions, `X ∈ [−127, 127]`), and `vpdpbusd` (4 products u8 × s8 per 32-bit lane,
+//! twice the products of `vdpbf16ps` per instruction) computes integer keys exactly.
+//!
+//! Layout: base points sit in SIMD lanes (panels of 16 points, codes stored as `B + 128`, u8);
+//! a query's codes (s8) are broadcast. With `dot = Σ (B_i + 128) Q_i = Q·B + 128 ΣQ` the key
+//!
+//! `K = ‖B‖² − 2 Q·B = K' + 256 ΣQ`, `K' = ‖B‖² − 2·dot`
+//!
+//! differs from `K'` by a per-query constant. The accumulators start at `−⌊‖B‖²/2⌋`, so they
+//! hold `acc = dot − ⌊‖B‖²/2⌋` and `K' = (‖B‖² mod 2) − 2·acc`; `K' < T` implies
+//! `acc > ⌊−T/2⌋`: one integer compare per 16 keys against the query's threshold. Keys that
+//! pass leave the registers by `vpcompressd` into the query's candidate buffer (no branch per
+//! key); a full buffer is cut to the `width` smallest `(K', id)`, whose largest key becomes the
+//! new threshold. `s²(‖Q‖² + K) = ‖q̃ − b̃‖²` is the exact squared distance of the quantised
+//! points.
+//!
+//! Exactness: with `E = ‖q − q̃‖ + max_b ‖b − b̃‖` (measured in f64, not assumed), the
+//! triangle inequality gives `‖q − b‖² ≥ D̃ − 2√D̃·E` for `D̃ = ‖q̃ − b̃‖²`, so the w-th kept key
+//! yields the floor for every point left out (see [`Plan::floor`]).
+
+use knn_core::{CandidateRequest, MatrixRef, TopK};
+use multiversion::multiversion;
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// Largest dimension sent to this path: `|K| ≤ 3·d·127²` stays below 2²⁴ (exact in f32 keys)
+/// for `d ≤ 346`; beyond 64 the bf16 path is as fast and its relative bound tighter.
+pub(crate) const MAX_DIM: usize = 64;
+/// Base points per panel (one zmm of i32 lanes).
+const LANES: usize = 16;
+/// Panels per micro-kernel block (64 base points).
+const NP: usize = 4;
+/// Threshold before a query's buffer first fills: below every real accumulator
+/// (`|acc| < 2²²` for `d ≤ 64`), above the padding lanes' `i32::MIN`.
+const OPEN: i32 = -(1 << 30);
+
+/// `true` when this CPU has AVX-512 VNNI (checked once; `KNN_CPU_NO_INT8` turns it off).
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::env::var("KNN_CPU_NO_INT8").is_err()
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The quantised base of one request.
+pub(crate) struct Plan {
+    /// Grid centre `m` per dimension.
+    centre: Vec<f32>,
+    /// Grid step `s`, and its inverse used to round.
+    step: f32,
+    inv_step: f32,
+    /// Words of 4 codes per point (`d.div_ceil(4)`).
+    quads: usize,
+    /// Panels of 16 points: word `(panel·quads + t)·16 + lane` holds codes `4t..4t+4` of point
+    /// `16·panel + lane` as u8 `B_i + 128` (zero padded); `NP − 1` extra zero panels at the end
+    /// so every block of `NP` panels exists.
+    codes: Vec<u32>,
+    /// Per panel lane: `−⌊‖B‖²/2⌋` (accumulator start; `i32::MIN` on padding lanes).
+    init: Vec<i32>,
+    /// Per panel lane: `‖B‖² mod 2`.
+    parity: Vec<i32>,
+    /// `max_b ‖b − b̃‖`, rounded up.
+    base_err: f64,
+    /// Added to each computed `‖x − x̃‖`: covers the f64 rounding of `m + s·X` (absolute, so
+    /// a relative margin alone would not cover it where `x ≈ x̃` far from the origin).
+    slack: f64,
+}
+
+impl Plan {
+    /// Quantises `base`; `None` when the keys could overflow f32 (the bf16 path then runs).
+    pub(crate) fn new(base: MatrixRef<'_>) -> Option<Self> {
+        let d = base.dim();
+        let (lo, hi) = base
+            .as_slice()
+            .par_chunks(d * 4096)
+            .map(|c| {
+                let (mut lo, mut hi) = (vec![f32::INFINITY; d], vec![f32::NEG_INFINITY; d]);
+                for r in c.chunks(d) {
+                    for i in 0..d {
+                        lo[i] = lo[i].min(r[i]);
+                        hi[i] = hi[i].max(r[i]);
+                    }
+                }
+                (lo, hi)
+            })
+            .reduce(
+                || (vec![f32::INFINITY; d], vec![f32::NEG_INFINITY; d]),
+                |(mut a, mut b), (c, e)| {
+                    a.iter_mut().zip(c).for_each(|(x, y)| *x = x.min(y));
+                    b.iter_mut().zip(e).for_each(|(x, y)| *x = x.max(y));
+                    (a, b)
+                },
+            );
+        let centre: Vec<f32> = lo
+            .iter()
+            .zip(&hi)
+            .map(|(&l, &h)| ((l as f64 + h as f64) / 2.0) as f32)
+            .collect();
+        let half_range = lo
+            .iter()
+            .zip(&hi)
+            .map(|(&l, &h)| (h as f64 - l as f64) / 2.0)
+            .fold(0.0f64, f64::max);
+        let step = if half_range > 0.0 && half_range.is_finite() {
+            (half_range / 127.0) as f32
+        } else {
+            1.0
+        };
+        // Keys s²·(‖Q‖² + K) up to s²·4·d·127² must stay far from f32 overflow.
+        if !(step as f64).is_normal()
+            || (step as f64).powi(2) * 4.0 * d as f64 * 127.0 * 127.0 > f32::MAX as f64 / 16.0
+        {
+            return None;
+        }
+        let quads = d.div_ceil(4);
+        let n = base.rows();
+        let panels = n.div_ceil(LANES) + NP - 1;
+        let mut plan = Plan {
+            centre,
+            step,
+            inv_step: 1.0 / step,
+            quads,
+            codes: vec![0; panels * quads * LANES],
+            init: vec![i32::MIN; panels * LANES],
+            parity: vec![0; panels * LANES],
+            base_err: 0.0,
+            slack: 0.0,
+        };
+        // Each computed difference e_i = v_i − fl(m_i + s·X_i) is off by at most
+        // δ = 2⁻⁵³·(|m| + 127·s) (s·X is exact; the final subtraction's own rounding is relative
+        // and covered by the 1e-9 margin), so the vector norm is off by at most √d·δ.
+        let big = plan
+            .centre
+            .iter()
+            .map(|&m| (m as f64).abs())
+            .fold(0.0, f64::max)
+            + 127.0 * step as f64;
+        plan.slack = (d as f64).sqrt() * 2.0 * big * f64::EPSILON;
+        let (mut codes, mut init, mut parity) = (
+            std::mem::take(&mut plan.codes),
+            std::mem::take(&mut plan.init),
+            std::mem::take(&mut plan.parity),
+        );
+        let err = codes
+            .par_chunks_mut(quads * LANES)
+            .zip(init.par_chunks_mut(LANES))
+            .zip(parity.par_chunks_mut(LANES))
+            .enumerate()
+            .map(|(panel, ((codes, init), parity))| {
+                let mut worst = 0.0f64;
+                let mut x = vec![0i8; quads * 4];
+                for lane in 0..LANES {
+                    let i = panel * LANES + lane;
+                    if i >= n {
+                        break;
+                    }
+                    worst = worst.max(plan.quantise(base.row(i), &mut x));
+                    let sq: i32 = x.iter().map(|&v| v as i32 * v as i32).sum();
+                    init[lane] = -(sq >> 1);
+                    parity[lane] = sq & 1;
+                    for (t, q) in x.chunks_exact(4).enumerate() {
+                        let u = |v: i8| (v as i32 + 128) as u8;
+                        codes[t * LANES + lane] =
+                            u32::from_le_bytes([u(q[0]), u(q[1]), u(q[2]), u(q[3])]);
+                    }
+                }
+                worst
+            })
+            .reduce(|| 0.0, f64::max);
+        plan.codes = codes;
+        plan.init = init;
+        plan.parity = parity;
+        plan.base_err = err;
+        Some(plan)
+    }
+
+    /// Codes of `x` (zero padded to `quads·4`), returning an upper bound on `‖x − x̃‖`
+    /// (x̃ = m + s·X).
+    fn quantise(&self, x: &[f32], out: &mut [i8]) -> f64 {
+        let sq = quantise(x, &self.centre, self.inv_step, self.step, out);
+        sq.sqrt() * (1.0 + 1e-9) + self.slack
+    }
+
+    /// For one query: `(‖Q‖², s², ‖q − q̃‖ + max_b ‖b − b̃‖)`, where `s²·(‖Q‖² + K)` is the
+    /// exact squared distance of the quantised points.
+    pub(crate) fn query_terms(&self, q: &[f32]) -> (i64, f64, f64) {
+        let mut x = vec![0i8; self.quads * 4];
+        let err = self.quantise(q, &mut x);
+        let sq = x.iter().map(|&v| v as i64 * v as i64).sum();
+        let s = self.step as f64;
+        (sq, s * s, err + self.base_err)
+    }
+
+    /// A lower bound on `‖q − b‖²` for every point whose quantised squared distance is at
+    /// least `dw`, given `e = ‖q − q̃‖ + max ‖b − b̃‖`: `‖q − b‖ ≥ √D̃ − e`, so
+    /// `‖q − b‖² ≥ D̃ − 2√D̃·e`, which grows with `D̃` once `√D̃ ≥ e` (below, the bound is
+    /// negative and 0 holds). Margins cover the f32 rounding of the reported keys (the
+    /// pipeline infers its per-key slack from `key_w − floor`) and of the exact keys.
+    pub(crate) fn floor(dw: f64, e: f64) -> f64 {
+        dw * (1.0 - 1e-6) - 2.0 * dw.sqrt() * e * (1.0 + 1e-6) - f64::from(f32::MIN_POSITIVE)
+    }
+}
+
+/// Codes of `x` (zero padded to `out.len()`) on the grid `m + s·X`, returning the computed
+/// `‖x − x̃‖²` in f64 ([`Plan::quantise`] turns it into a bound on the norm). Eight f64 partial
+/// sums so it vectorises.
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
+fn quantise(x: &[f32], centre: &[f32], inv_step: f32, step: f32, out: &mut [i8]) -> f64 {
+    out.fill(0);
+    let mut acc = [0.0f64; 8];
+    let one = |v: f32, m: f32| {
+        // Round to nearest (even) by the 1.5·2²³ trick: no libm call, exact for |x| ≤ 127.
+        let x = ((v - m) * inv_step).clamp(-127.0, 127.0);
+        let code = (x + 12_582_912.0) - 12_582_912.0;
+        let e = v as f64 - (m as f64 + step as f64 * code as f64);
+        (code as i8, e * e)
+    };
+    let n = x.len() / 8 * 8;
+    for ((xc, mc), oc) in x[..n]
+        .chunks_exact(8)
+        .zip(centre[..n].chunks_exact(8))
+        .zip(out[..n].chunks_exact_mut(8))
+    {
+        for l in 0..8 {
+            let (c, e) = one(xc[l], mc[l]);
+            oc[l] = c;
+            acc[l] += e;
+        }
+    }
+    for i in n..x.len() {
+        let (c, e) = one(x[i], centre[i]);
+        out[i] = c;
+        acc[0] += e;
+    }
+    acc.iter().sum()
+}
+
+/// Order-preserving packing of `(K', id)` into one integer.
+#[inline]
+fn pack(key: i32, id: u32) -> u64 {
+    (((key as u32) ^ 0x8000_0000) as u64) << 32 | id as u64
+}
+
+#[inline]
+fn unpack(v: u64) -> (i32, u32) {
+    ((((v >> 32) as u32) ^ 0x8000_0000) as i32, v as u32)
+}
+
+/// The filter value for a threshold key `t`: keys `K' < t` have `acc > ⌊−t/2⌋`.
+#[inline]
+fn filter(t: i32) -> i32 {
+    (-(t as i64)).div_euclid(2) as i32
+}
+
+/// Per-query candidate buffers of one work unit: keys `K'` and ids, `cap` slots each, the fill
+/// and the accumulator threshold.
+struct Buffers {
+    width: usize,
+    /// Fill at which a buffer is cut back to `width`.
+    limit: usize,
+    cap: usize,
+    keys: Vec<i32>,
+    ids: Vec<u32>,
+    fill: Vec<usize>,
+    thr: Vec<i32>,
+    skip: Vec<u32>,
+    scratch: Vec<u64>,
+}
+
+impl Buffers {
+    fn new(nq: usize, width: usize, skip: Vec<u32>) -> Self {
+        let limit = (2 * width).max(32);
+        // One block appends at most NP·16 keys after a fill below `limit`.
+        let cap = limit + NP * LANES;
+        Buffers {
+            width,
+            limit,
+            cap,
+            keys: vec![0; nq * cap],
+            ids: vec![0; nq * cap],
+            fill: vec![0; nq],
+            thr: vec![OPEN; nq],
+            skip,
+            scratch: Vec::with_capacity(cap),
+        }
+    }
+
+    /// Keeps the `width` smallest `(K', id)` of query `i` (dropping its excluded id); once
+    /// `width` are held, the largest sets the threshold.
+    #[inline(never)]
+    fn cut(&mut self, i: usize) {
+        let (keys, ids) = (
+            &mut self.keys[i * self.cap..(i + 1) * self.cap],
+            &mut self.ids[i * self.cap..(i + 1) * self.cap],
+        );
+        let v = &mut self.scratch;
+        v.clear();
+        let skip = self.skip[i];
+        v.extend(
+            keys.iter()
+                .zip(ids.iter())
+                .take(self.fill[i])
+                .filter(|&(_, &id)| id != skip)
+                .map(|(&k, &id)| pack(k, id)),
+        );
+        if v.len() > self.width {
+            v.select_nth_unstable(self.width - 1);
+            v.truncate(self.width);
+        }
+        for (j, &e) in v.iter().enumerate() {
+            (keys[j], ids[j]) = unpack(e);
+        }
+        self.fill[i] = v.len();
+        if v.len() == self.width {
+            let worst = v.iter().max().map(|&e| unpack(e).0).expect("width > 0");
+            self.thr[i] = filter(worst);
+        }
+    }
+}
+
+/// Packs the s8 codes of queries `rows`: `quads` words per query; returns them with
+/// `256·ΣQ` per query (`K = K' + 256·ΣQ`).
+fn pack_queries(plan: &Plan, queries: MatrixRef<'_>, rows: Range<usize>) -> (Vec<u32>, Vec<i32>) {
+    let quads = plan.quads;
+    let mut out = vec![0u32; rows.len() * quads];
+    let mut shift = vec![0i32; rows.len()];
+    let mut x = vec![0i8; quads * 4];
+    for (i, r) in rows.enumerate() {
+        plan.quantise(queries.row(r), &mut x);
+        shift[i] = 256 * x.iter().map(|&v| v as i32).sum::<i32>();
+        for (t, q) in x.chunks_exact(4).enumerate() {
+            out[i * quads + t] =
+                u32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]);
+        }
+    }
+    (out, shift)
+}
+
+/// Folds the integer keys `K` of `queries[qr] × base[br]` into `tops`, like `gemm::fold_unit`.
+pub(crate) fn fold_unit(
+    req: &CandidateRequest<'_>,
+    plan: &Plan,
+    qr: Range<usize>,
+    br: Range<usize>,
+    tops: &mut [TopK],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let quads = plan.quads;
+        let nq = qr.len();
+        let (qcodes, shift) = pack_queries(plan, req.queries, qr.clone());
+        let skip: Vec<u32> = (0..nq)
+            .map(|i| req.exclude.map_or(u32::MAX, |e| e[qr.start + i]))
+            .collect();
+        let width = req.width.max(1);
+        let mut buf = Buffers::new(nq, width, skip);
+        // Blocks of NP panels from the panel holding `br.start`; lanes outside `br` masked.
+        let mut p0 = br.start / LANES;
+        while p0 * LANES < br.end {
+            let first = p0 * LANES;
+            let valid = (0..NP * LANES).fold(0u64, |m, j| {
+                m | (((first + j >= br.start && first + j < br.end) as u64) << j)
+            });
+            let blk = Block {
+                codes: &plan.codes[p0 * quads * LANES..(p0 + NP) * quads * LANES],
+                init: &plan.init[p0 * LANES..(p0 + NP) * LANES],
+                parity: &plan.parity[p0 * LANES..(p0 + NP) * LANES],
+                first: first as u32,
+                valid,
+            };
+            // SAFETY: `available()` checked AVX-512F/BW/VNNI before this path was chosen; the
+            // slices hold NP panels and `qcodes` `quads` words per query.
+            unsafe { micro::block(quads, &blk, &qcodes, &mut buf) };
+            p0 += NP;
+        }
+        for (i, top) in tops.iter_mut().enumerate() {
+            buf.cut(i);
+            let at = i * buf.cap;
+            for j in 0..buf.fill[i] {
+                top.push((buf.keys[at + j] + shift[i]) as f32, buf.ids[at + j]);
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (req, plan, qr, br, tops);
+        unreachable!("int8 path is only chosen on x86-64");
+    }
+}
+
+/// `NP` consecutive panels (64 base points) for one micro-kernel call.
+struct Block<'a> {
+    codes: &'a [u32],
+    init: &'a [i32],
+    parity: &'a [i32],
+    /// Id of lane 0.
+    first: u32,
+    /// Lanes inside the unit's base range.
+    valid: u64,
+}
+
+#[cfg(target_arch = "x86_64")]
+mod micro {
+    use super::{Block, Buffers, LANES, NP};
+    use std::arch::x86_64::*;
+
+    /// Dispatches on the number of code words so the product loop is fully unrolled.
+    ///
+    /// # Safety
+    /// AVX-512F/BW/VNNI must be available; `blk` holds `NP` panels of `quads` words per lane
+    /// and `q` `quads` words per query of `buf`.
+    #[inline]
+    pub(super) unsafe fn block(quads: usize, blk: &Block<'_>, q: &[u32], buf: &mut Buffers) {
+        macro_rules! go {
+            ($($n:literal)*) => {
+                match quads {
+                    $($n => block_n::<$n>(blk, q, buf),)*
+                    _ => unreachable!("d ≤ MAX_DIM"),
+                }
+            };
+        }
+        go!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+    }
+
+    /// Keys of 64 base points × every query of the unit; keys passing a query's threshold are
+    /// compressed into its buffer (see the module docs).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    // `t` indexes the codes of four panels and two queries in step.
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn block_n<const QUADS: usize>(blk: &Block<'_>, q: &[u32], buf: &mut Buffers) {
+        let nq = buf.fill.len();
+        debug_assert!(q.len() >= nq * QUADS && blk.codes.len() >= NP * QUADS * LANES);
+        let bp = blk.codes.as_ptr() as *const __m512i;
+        // The block's codes stay in registers for all queries (16 zmm at d = 16).
+        let b: [[__m512i; QUADS]; NP] = std::array::from_fn(|p| {
+            std::array::from_fn(|t| _mm512_loadu_si512(bp.add(p * QUADS + t)))
+        });
+        let init: [__m512i; NP] = std::array::from_fn(|p| {
+            _mm512_loadu_si512(blk.init.as_ptr().add(p * LANES) as *const _)
+        });
+        let iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        // Two queries per step: twice the independent accumulator chains in flight.
+        let mut i = 0;
+        while i < nq {
+            let pair = i + 1 < nq;
+            let j = if pair { i + 1 } else { i };
+            let (qi, qj) = (q.as_ptr().add(i * QUADS), q.as_ptr().add(j * QUADS));
+            let (mut a0, mut a1, mut a2, mut a3) = (init[0], init[1], init[2], init[3]);
+            let (mut c0, mut c1, mut c2, mut c3) = (init[0], init[1], init[2], init[3]);
+            for t in 0..QUADS {
+                let w = _mm512_set1_epi32(*qi.add(t) as i32);
+                let v = _mm512_set1_epi32(*qj.add(t) as i32);
+                a0 = _mm512_dpbusd_epi32(a0, b[0][t], w);
+                a1 = _mm512_dpbusd_epi32(a1, b[1][t], w);
+                a2 = _mm512_dpbusd_epi32(a2, b[2][t], w);
+                a3 = _mm512_dpbusd_epi32(a3, b[3][t], w);
+                c0 = _mm512_dpbusd_epi32(c0, b[0][t], v);
+                c1 = _mm512_dpbusd_epi32(c1, b[1][t], v);
+                c2 = _mm512_dpbusd_epi32(c2, b[2][t], v);
+                c3 = _mm512_dpbusd_epi32(c3, b[3][t], v);
+            }
+            let thi = _mm512_set1_epi32(*buf.thr.get_unchecked(i));
+            let thj = _mm512_set1_epi32(*buf.thr.get_unchecked(j));
+            // Usually nothing passes: one compare of the lane-wise maximum per query decides.
+            let ti = _mm512_max_epi32(_mm512_max_epi32(a0, a1), _mm512_max_epi32(a2, a3));
+            let tj = _mm512_max_epi32(_mm512_max_epi32(c0, c1), _mm512_max_epi32(c2, c3));
+            let (hi, hj) = (
+                _mm512_cmpgt_epi32_mask(ti, thi),
+                _mm512_cmpgt_epi32_mask(tj, thj),
+            );
+            if hi | hj != 0 {
+                if hi != 0 {
+                    emit(blk, buf, i, [a0, a1, a2, a3], thi, iota);
+                }
+                if hj != 0 && pair {
+                    emit(blk, buf, j, [c0, c1, c2, c3], thj, iota);
+                }
+            }
+            i += 2;
+        }
+    }
+
+    /// Appends the keys of `acc` (64 base points, query `i`) above the threshold `th` to the
+    /// query's buffer; cuts the buffer when full.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn emit(
+        blk: &Block<'_>,
+        buf: &mut Buffers,
+        i: usize,
+        acc: [__m512i; NP],
+        th: __m512i,
+        iota: __m512i,
+    ) {
+        let mut m = 0u64;
+        for (p, &a) in acc.iter().enumerate() {
+            m |= (_mm512_cmpgt_epi32_mask(a, th) as u64) << (16 * p);
+        }
+        m &= blk.valid;
+        if m == 0 {
+            return;
+        }
+        let at = i * buf.cap;
+        let mut fill = buf.fill[i];
+        for (p, &a) in acc.iter().enumerate() {
+            let mp = (m >> (16 * p)) as u16;
+            if mp == 0 {
+                continue;
+            }
+            // K' = parity − 2·acc, compressed with its ids.
+            let par = _mm512_loadu_si512(blk.parity.as_ptr().add(p * LANES) as *const _);
+            let k = _mm512_sub_epi32(par, _mm512_add_epi32(a, a));
+            let ids = _mm512_add_epi32(
+                _mm512_set1_epi32((blk.first + (p * LANES) as u32) as i32),
+                iota,
+            );
+            debug_assert!(fill + LANES <= buf.cap);
+            _mm512_storeu_si512(
+                buf.keys.as_mut_ptr().add(at + fill) as *mut _,
+                _mm512_maskz_compress_epi32(mp, k),
+            );
+            _mm512_storeu_si512(
+                buf.ids.as_mut_ptr().add(at + fill) as *mut _,
+                _mm512_maskz_compress_epi32(mp, ids),
+            );
+            fill += mp.count_ones() as usize;
+        }
+        buf.fill[i] = fill;
+        if fill >= buf.limit {
+            buf.cut(i);
+        }
+    }
+}
