@@ -94,6 +94,11 @@ pub struct OutputArgs {
     /// Write {"median_ms": .., "times_ms": [..]} of the computation to this file.
     #[arg(long)]
     pub timing_json: Option<PathBuf>,
+    /// Save finished rows to this file as the work goes; rerunning the same command resumes
+    /// from it (same result as an uninterrupted run). Ctrl-C stops cleanly with it saved. It is
+    /// removed once the results are written.
+    #[arg(long, value_name = "FILE")]
+    pub checkpoint: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -4,6 +4,7 @@
 
 mod args;
 mod bench;
+mod checkpoint;
 mod classify;
 mod data;
 mod info;

@@ -1,6 +1,7 @@
 //! `knn search`, `knn graph` and `knn verify`.
 
 use crate::args::{EngineArgs, GraphArgs, MetricArgs, OutputArgs, SearchArgs, VerifyArgs};
+use crate::checkpoint::{self, chunk_rows, Checkpointed};
 use crate::data::{distances_path, load_points, parse_format, write_neighbors};
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
@@ -155,6 +156,9 @@ fn finish(
         )?),
         None => None,
     };
+    if let (Some(c), Some(_)) = (&out.checkpoint, &written) {
+        Checkpointed::remove(c);
+    }
     if !quiet {
         let rate = nn.rows() as f64 / (med / 1e3);
         let runs = if times.len() > 1 {
@@ -175,19 +179,78 @@ fn finish(
     Ok(ExitCode::SUCCESS)
 }
 
+/// Runs the whole computation (`repeat` times), or, with `--checkpoint`, the rows in saved
+/// chunks (`rows_of(range)`). `None`: stopped by Ctrl-C with the checkpoint saved.
+#[allow(clippy::too_many_arguments)]
+fn compute(
+    what: &str,
+    out: &OutputArgs,
+    rows: usize,
+    k: usize,
+    fingerprint: impl FnOnce() -> Result<u64>,
+    inputs: &[&Path],
+    quiet: bool,
+    rows_of: impl Fn(std::ops::Range<usize>, &Progress) -> knn::Result<Neighbors>,
+) -> Result<Option<(Neighbors, Vec<f64>)>> {
+    let progress = Progress::new(what, rows, quiet);
+    let Some(path) = &out.checkpoint else {
+        let r = timed(out.repeat, || rows_of(0..rows, &progress))?;
+        progress.finish();
+        return Ok(Some(r));
+    };
+    if out.repeat > 1 {
+        bail!("--checkpoint runs the computation once: leave out --repeat");
+    }
+    let canon = |p: &Path| std::fs::canonicalize(p).ok();
+    if canon(path).is_some() && inputs.iter().any(|i| canon(i) == canon(path)) {
+        bail!("{}: the checkpoint cannot be an input file", path.display());
+    }
+    let state = Checkpointed::open(path, fingerprint()?, rows, k)?;
+    if state.done() > 0 && !quiet {
+        eprintln!(
+            "{what}: resuming from {}: {} of {rows} rows already done",
+            path.display(),
+            state.done()
+        );
+    }
+    let t = Instant::now();
+    let result = state.run(chunk_rows(rows), |r| rows_of(r, &progress))?;
+    progress.finish();
+    Ok(result.map(|nn| (nn, vec![t.elapsed().as_secs_f64() * 1e3])))
+}
+
+/// The metric as the checkpoint fingerprint sees it (the covariance file is an input).
+fn metric_tag(a: &MetricArgs) -> String {
+    a.metric.to_ascii_lowercase()
+}
+
 pub fn search(a: &SearchArgs, quiet: bool) -> Result<ExitCode> {
     let fmt = parse_format(&a.input_format)?;
     let base = load_points(&a.base, fmt)?;
     let queries = load_points(&a.queries, fmt)?;
     let metric = metric(&a.metric)?;
     let knn = engine(&a.engine)?;
-    let progress = Progress::new("search", queries.rows(), quiet);
-    let (nn, times) = timed(a.out.repeat, || {
-        knn.search_with_progress(base.view(), queries.view(), a.k, &metric, &|d, t| {
-            progress.update(d, t)
-        })
-    })?;
-    progress.finish();
+    let mut inputs: Vec<&Path> = vec![&a.base, &a.queries];
+    inputs.extend(a.metric.covariance.as_deref());
+    let Some((nn, times)) = compute(
+        "search",
+        &a.out,
+        queries.rows(),
+        a.k,
+        || checkpoint::fingerprint("search", a.k, &metric_tag(&a.metric), &inputs),
+        &inputs,
+        quiet,
+        |r, progress| {
+            let offset = r.start;
+            let q = queries.view().slice_rows(r.start, r.end);
+            knn.search_with_progress(base.view(), q, a.k, &metric, &|d, _| {
+                progress.update(offset + d, queries.rows())
+            })
+        },
+    )?
+    else {
+        return Ok(ExitCode::from(130));
+    };
     let describe = format!(
         "{} queries × {} base (d={}), k={}, {} on {}",
         queries.rows(),
@@ -197,26 +260,38 @@ pub fn search(a: &SearchArgs, quiet: bool) -> Result<ExitCode> {
         metric,
         knn.engine_for(base.rows(), base.dim(), &metric)?.name()
     );
-    finish(
-        "search",
-        &nn,
-        &times,
-        &a.out,
-        &[&a.base, &a.queries],
-        quiet,
-        describe,
-    )
+    finish("search", &nn, &times, &a.out, &inputs, quiet, describe)
 }
 
 pub fn graph(a: &GraphArgs, quiet: bool) -> Result<ExitCode> {
     let points = load_points(&a.points, parse_format(&a.input_format)?)?;
     let metric = metric(&a.metric)?;
     let knn = engine(&a.engine)?;
-    let progress = Progress::new("graph", points.rows(), quiet);
-    let (nn, times) = timed(a.out.repeat, || {
-        knn.graph_with_progress(points.view(), a.k, &metric, &|d, t| progress.update(d, t))
-    })?;
-    progress.finish();
+    let mut inputs: Vec<&Path> = vec![&a.points];
+    inputs.extend(a.metric.covariance.as_deref());
+    let n = points.rows();
+    let Some((nn, times)) = compute(
+        "graph",
+        &a.out,
+        n,
+        a.k,
+        || checkpoint::fingerprint("graph", a.k, &metric_tag(&a.metric), &inputs),
+        &inputs,
+        quiet,
+        |r, progress| {
+            let offset = r.start;
+            if r == (0..n) {
+                knn.graph_with_progress(points.view(), a.k, &metric, &|d, _| progress.update(d, n))
+            } else {
+                knn.graph_rows(points.view(), r, a.k, &metric, &|d, _| {
+                    progress.update(offset + d, n)
+                })
+            }
+        },
+    )?
+    else {
+        return Ok(ExitCode::from(130));
+    };
     let describe = format!(
         "{} points (d={}), k={}, {} on {}",
         points.rows(),
@@ -225,7 +300,7 @@ pub fn graph(a: &GraphArgs, quiet: bool) -> Result<ExitCode> {
         metric,
         knn.engine_for(points.rows(), points.dim(), &metric)?.name()
     );
-    finish("graph", &nn, &times, &a.out, &[&a.points], quiet, describe)
+    finish("graph", &nn, &times, &a.out, &inputs, quiet, describe)
 }
 
 fn read_result(ids: &Path, dists: Option<&Path>) -> Result<Neighbors> {

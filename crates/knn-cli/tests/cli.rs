@@ -433,3 +433,135 @@ fn classify_seed_csv_batch_and_sequential() {
     let e = fails(&["classify", "--csv", &bad, "-k", "1"], 2);
     assert!(e.contains("line 2"), "{e}");
 }
+
+fn as_refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// Runs `knn` with an environment variable set.
+fn knn_env(args: &[&str], var: (&str, &str)) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_knn"))
+        .args(args)
+        .env(var.0, var.1)
+        .output()
+        .expect("run knn")
+}
+
+#[test]
+fn checkpoint_resume_equals_an_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let pts = generate(dir.path(), "p.npy", 20000, 6, 3);
+    let q = generate(dir.path(), "q.npy", 9000, 6, 4);
+    let ck = p(dir.path(), "state.ckpt");
+    for (cmd, extra) in [
+        ("graph", vec!["-p", pts.as_str()]),
+        ("search", vec!["-b", pts.as_str(), "-q", q.as_str()]),
+    ] {
+        let full = p(dir.path(), &format!("{cmd}-full.npy"));
+        let resumed = p(dir.path(), &format!("{cmd}-resumed.npy"));
+        let mut base_args = vec![cmd, "-k", "7", "--device", "cpu"];
+        base_args.extend(extra.iter().copied());
+        let with = |out: &str, ckpt: bool| {
+            let mut v = base_args.clone();
+            v.extend(["-o", out]);
+            if ckpt {
+                v.extend(["--checkpoint", ck.as_str()]);
+            }
+            v.into_iter().map(String::from).collect::<Vec<String>>()
+        };
+        ok(&as_refs(&with(&full, false)));
+        // "Interrupted" after two chunks: exit 130, rows saved, no output yet.
+        let o = knn_env(
+            &as_refs(&with(&resumed, true)),
+            ("KNN_CHECKPOINT_STOP_AFTER", "2"),
+        );
+        assert_eq!(
+            o.status.code(),
+            Some(130),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(!Path::new(&resumed).exists());
+        // A kill in the middle of a record: the torn record is dropped on resume.
+        let len = std::fs::metadata(&ck).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(&ck).unwrap();
+        f.set_len(len - 1000).unwrap();
+        drop(f);
+        // Other arguments are refused, the checkpoint kept.
+        let mut other = with(&resumed, true);
+        other[2] = "8".into();
+        let e = fails(&as_refs(&other), 2);
+        assert!(e.contains("other arguments"), "{e}");
+        let log = ok(&as_refs(&with(&resumed, true)));
+        assert!(log.contains("resuming"), "{log}");
+        assert_eq!(
+            std::fs::read(&full).unwrap(),
+            std::fs::read(&resumed).unwrap(),
+            "{cmd} ids"
+        );
+        let dist = |s: &str| s.replace(".npy", ".dist.npy");
+        assert_eq!(
+            std::fs::read(dist(&full)).unwrap(),
+            std::fs::read(dist(&resumed)).unwrap()
+        );
+        assert!(
+            !Path::new(&ck).exists(),
+            "the checkpoint is removed when done"
+        );
+    }
+    // A file that is not a checkpoint is never overwritten.
+    std::fs::write(&ck, b"precious data").unwrap();
+    let e = fails(&["graph", "-p", &pts, "-k", "3", "--checkpoint", &ck], 2);
+    assert!(e.contains("not a knn checkpoint"), "{e}");
+    assert_eq!(std::fs::read(&ck).unwrap(), b"precious data");
+    let e = fails(&["graph", "-p", &pts, "-k", "3", "--checkpoint", &pts], 2);
+    assert!(e.contains("input"), "{e}");
+}
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_with_the_checkpoint_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let pts = generate(dir.path(), "p.npy", 60000, 12, 5);
+    let ck = p(dir.path(), "c.ckpt");
+    let out = p(dir.path(), "g.npy");
+    let args = [
+        "graph",
+        "-p",
+        &pts,
+        "-k",
+        "5",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "-o",
+        &out,
+        "--checkpoint",
+        &ck,
+    ];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_knn"))
+        .args(args)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for the first saved chunk, then send SIGINT.
+    let t = std::time::Instant::now();
+    while std::fs::metadata(&ck).map_or(0, |m| m.len()) <= 32 && t.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let status = child.wait().unwrap();
+    // Either stopped cleanly (130) or it had already finished (0).
+    assert!(matches!(status.code(), Some(130) | Some(0)), "{status:?}");
+    if status.code() == Some(130) {
+        ok(&args);
+    }
+    let full = p(dir.path(), "full.npy");
+    ok(&[
+        "graph", "-p", &pts, "-k", "5", "--device", "cpu", "-o", &full,
+    ]);
+    assert_eq!(std::fs::read(&full).unwrap(), std::fs::read(&out).unwrap());
+}

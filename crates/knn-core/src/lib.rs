@@ -29,5 +29,7 @@ pub use matrix::{Matrix, MatrixRef};
 pub use metric::{Covariance, Kernel, Metric};
 pub use neighbors::Neighbors;
 pub use oracle::{check, check_with_truth, id_recall, oracle, CheckReport, DEFAULT_TOLERANCE};
-pub use search::{graph, graph_with_progress, search, search_with_progress, ProgressFn};
+pub use search::{
+    graph, graph_rows, graph_with_progress, search, search_with_progress, ProgressFn,
+};
 pub use topk::TopK;

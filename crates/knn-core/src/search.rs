@@ -89,7 +89,16 @@ pub fn search_with_progress(
     progress: ProgressFn<'_>,
 ) -> Result<Neighbors> {
     let available = validate(metric, base, Some(queries), k)?;
-    run(engine, base, Some(queries), k, metric, available, progress)
+    run(
+        engine,
+        base,
+        Some(queries),
+        k,
+        metric,
+        available,
+        0..queries.rows(),
+        progress,
+    )
 }
 
 /// Exact kNN graph: the k nearest other points of every point (its own id excluded; duplicates
@@ -112,7 +121,39 @@ pub fn graph_with_progress(
     progress: ProgressFn<'_>,
 ) -> Result<Neighbors> {
     let available = validate(metric, points, None, k)?;
-    run(engine, points, None, k, metric, available, progress)
+    run(
+        engine,
+        points,
+        None,
+        k,
+        metric,
+        available,
+        0..points.rows(),
+        progress,
+    )
+}
+
+/// Rows `rows` of the kNN graph of `points` (a `rows.len() × k` result, row `i` for point
+/// `rows.start + i`): the same rows [`graph`] computes, so a graph can be computed, saved and
+/// resumed in pieces.
+pub fn graph_rows(
+    engine: &dyn Engine,
+    points: MatrixRef<'_>,
+    rows: std::ops::Range<usize>,
+    k: usize,
+    metric: &Metric,
+    progress: ProgressFn<'_>,
+) -> Result<Neighbors> {
+    let available = validate(metric, points, None, k)?;
+    if rows.start > rows.end || rows.end > points.rows() {
+        return Err(KnnError::Option(format!(
+            "graph rows {}..{} outside the {} points",
+            rows.start,
+            rows.end,
+            points.rows()
+        )));
+    }
+    run(engine, points, None, k, metric, available, rows, progress)
 }
 
 /// Queries per round when reporting progress: small enough for a smooth bar, large enough to
@@ -194,6 +235,9 @@ impl Rerank<'_, '_> {
     }
 }
 
+/// The pipeline for the query rows `rows` (all of them, or a piece of a graph); the result's row
+/// `i` is query `rows.start + i`.
+#[allow(clippy::too_many_arguments)]
 fn run(
     engine: &dyn Engine,
     base: MatrixRef<'_>,
@@ -201,6 +245,7 @@ fn run(
     k: usize,
     metric: &Metric,
     available: usize,
+    rows: std::ops::Range<usize>,
     progress: ProgressFn<'_>,
 ) -> Result<Neighbors> {
     let profile = std::env::var_os("KNN_PROFILE").is_some();
@@ -224,17 +269,20 @@ fn run(
     // The engine computes on the exact space itself: it may hand over exact keys.
     let same_space = prep.engine.is_none() && !matches!(metric, Metric::Cosine | Metric::Hellinger);
     let self_join = queries.is_none();
-    let nq = eq.rows();
-    let mut out = Neighbors::with_shape(nq, k);
+    let first = rows.start;
+    let nq = rows.end;
+    let mut out = Neighbors::with_shape(rows.len(), k);
     let kernel = metric.kernel();
     let width0 = engine
         .candidate_width(k, available, kernel)
         .clamp(k, available);
-    let per_round = (CANDIDATE_BYTES_PER_ROUND / (8 * width0))
-        .max(1024)
-        .min((nq / 32).max(MIN_ROUND).max(engine.min_round_queries()));
+    let per_round = (CANDIDATE_BYTES_PER_ROUND / (8 * width0)).max(1024).min(
+        (rows.len() / 32)
+            .max(MIN_ROUND)
+            .max(engine.min_round_queries()),
+    );
 
-    for start in (0..nq).step_by(per_round) {
+    for start in rows.clone().step_by(per_round) {
         let end = (start + per_round).min(nq);
         let mut pending: Vec<u32> = (start as u32..end as u32).collect();
         let mut width = width0;
@@ -288,9 +336,9 @@ fn run(
             // first try the rows are written in place; retries go through a buffer.
             let mut proven = vec![false; pending.len()];
             if contiguous {
-                out.ids[start * k..end * k]
+                out.ids[(start - first) * k..(end - first) * k]
                     .par_chunks_mut(k)
-                    .zip(out.distances[start * k..end * k].par_chunks_mut(k))
+                    .zip(out.distances[(start - first) * k..(end - first) * k].par_chunks_mut(k))
                     .zip(proven.par_iter_mut())
                     .enumerate()
                     .with_min_len(256)
@@ -313,7 +361,7 @@ fn run(
                     });
                 for (j, &qi) in pending.iter().enumerate() {
                     if proven[j] {
-                        let qi = qi as usize;
+                        let qi = qi as usize - first;
                         out.ids[qi * k..(qi + 1) * k].copy_from_slice(&ids_buf[j * k..(j + 1) * k]);
                         out.distances[qi * k..(qi + 1) * k]
                             .copy_from_slice(&dists_buf[j * k..(j + 1) * k]);
@@ -333,7 +381,7 @@ fn run(
             width = (width * 4).min(available);
             if width > max_engine_width(available) {
                 // Ties or rounding too wide for candidate lists: scan these rows exactly.
-                let rows: Vec<(Vec<u32>, Vec<f32>)> = pending
+                let scanned: Vec<(Vec<u32>, Vec<f32>)> = pending
                     .par_iter()
                     .map(|&qi| {
                         let skip = self_join.then_some(qi);
@@ -343,21 +391,21 @@ fn run(
                         (ids, dists)
                     })
                     .collect();
-                for (&qi, (ids, dists)) in pending.iter().zip(rows) {
-                    let qi = qi as usize;
+                for (&qi, (ids, dists)) in pending.iter().zip(scanned) {
+                    let qi = qi as usize - first;
                     out.ids[qi * k..(qi + 1) * k].copy_from_slice(&ids);
                     out.distances[qi * k..(qi + 1) * k].copy_from_slice(&dists);
                 }
                 break;
             }
         }
-        progress(end, nq);
+        progress(end - first, rows.len());
     }
     lap("rounds done", &mut since);
     if let Some(i) = out.distances.par_iter().position_first(|d| !d.is_finite()) {
         return Err(KnnError::Overflow {
             metric: metric.name(),
-            row: i / k,
+            row: first + i / k,
         });
     }
     Ok(out)
@@ -407,4 +455,69 @@ pub(crate) fn exact_scan(
     }
     all.sort_unstable_by(cmp);
     all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::oracle::oracle;
+    use crate::synth::{generate, Distribution};
+
+    /// An engine that returns every point (so the pipeline alone decides): enough to check
+    /// that pieces of a graph are the graph's rows.
+    struct AllPoints;
+
+    impl Engine for AllPoints {
+        fn name(&self) -> String {
+            "all".into()
+        }
+        fn candidates(&self, req: &CandidateRequest<'_>) -> Result<crate::Candidates> {
+            let (nq, nb) = (req.queries.rows(), req.base.rows());
+            let w = req.width;
+            let mut ids = Vec::with_capacity(nq * w);
+            let mut keys = Vec::with_capacity(nq * w);
+            for i in 0..nq {
+                let q = req.queries.row(i);
+                let mut row: Vec<(f32, u32)> = (0..nb as u32)
+                    .filter(|&b| req.exclude.is_none_or(|e| e[i] != b))
+                    .map(|b| (req.kernel.exact(q, req.base.row(b as usize)) as f32, b))
+                    .collect();
+                row.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                row.truncate(w);
+                keys.extend(row.iter().map(|r| r.0));
+                ids.extend(row.iter().map(|r| r.1));
+            }
+            // Exact f32 keys of f64 values: a floor just below the w-th, or +inf when complete.
+            let floor = (0..nq)
+                .map(|i| {
+                    if w >= req.available() {
+                        f32::INFINITY
+                    } else {
+                        keys[i * w + w - 1].next_down().next_down()
+                    }
+                })
+                .collect();
+            Ok(crate::Candidates {
+                width: w,
+                ids,
+                keys,
+                floor,
+            })
+        }
+    }
+
+    #[test]
+    fn graph_rows_are_the_graphs_rows() {
+        let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
+        let p = Matrix::new("p", generate(u, 230, 5, 3), 5).unwrap();
+        let whole = oracle(p.view(), None, 6, &Metric::L2).unwrap();
+        let mut pieced = Neighbors::with_shape(0, 6);
+        for r in [0..1, 1..100, 100..100, 100..230] {
+            let part = graph_rows(&AllPoints, p.view(), r, 6, &Metric::L2, &|_, _| {}).unwrap();
+            pieced.ids.extend(part.ids);
+            pieced.distances.extend(part.distances);
+        }
+        assert_eq!(pieced.ids, whole.ids);
+        assert!(graph_rows(&AllPoints, p.view(), 200..231, 6, &Metric::L2, &|_, _| {}).is_err());
+    }
 }

@@ -287,6 +287,20 @@ impl Knn {
         let engine = self.engine_for(points.rows(), points.dim(), metric)?;
         knn_core::graph_with_progress(engine, points, k, metric, progress)
     }
+
+    /// Rows `rows` of the kNN graph of `points` (see [`knn_core::graph_rows()`]): a graph in
+    /// pieces, for checkpoints.
+    pub fn graph_rows(
+        &self,
+        points: MatrixRef<'_>,
+        rows: std::ops::Range<usize>,
+        k: usize,
+        metric: &Metric,
+        progress: knn_core::ProgressFn<'_>,
+    ) -> Result<Neighbors> {
+        let engine = self.engine_for(points.rows(), points.dim(), metric)?;
+        knn_core::graph_rows(engine, points, rows, k, metric, progress)
+    }
 }
 
 /// Exact search with default options (GPU if usable, else all CPU cores).
