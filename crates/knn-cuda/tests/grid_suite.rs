@@ -3,7 +3,7 @@
 //! a GPU every test prints SKIPPED and passes (`KNN_REQUIRE_GPU=1` makes that a failure).
 
 use knn_core::synth::{generate, Distribution, Rng};
-use knn_core::{search, Engine, KnnError, Matrix, Metric};
+use knn_core::{search, KnnError, Matrix, Metric};
 use knn_cuda::{CudaEngine, CudaGridEngine};
 use knn_testkit::{self as kit, Case};
 
@@ -17,25 +17,6 @@ fn m(data: Vec<f32>, d: usize) -> Matrix {
 
 fn uniform(n: usize, d: usize, seed: u64) -> Vec<f32> {
     generate(Distribution::Uniform { lo: 0.0, hi: 1.0 }, n, d, seed)
-}
-
-fn run_all(engine: &dyn Engine, cases: &[Case]) {
-    let failures: Vec<String> = cases.iter().filter_map(|c| c.run(engine).err()).collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases failed:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
-}
-
-/// The metrics whose kernel the grid supports (everything but inner product and cosine).
-fn grid_metrics(d: usize) -> Vec<Metric> {
-    kit::all_metrics(d)
-        .into_iter()
-        .filter(|m| !matches!(m, Metric::InnerProduct | Metric::Cosine))
-        .collect()
 }
 
 #[test]
@@ -54,7 +35,7 @@ fn metrics_low_d() {
     }
     let mut cases = Vec::new();
     for d in [1usize, 2, 3] {
-        for (mi, metric) in grid_metrics(d).into_iter().enumerate() {
+        for (mi, metric) in kit::grid_metrics(d).into_iter().enumerate() {
             for (nb, nq, k) in [
                 (200usize, 37usize, 1usize),
                 (530, 64, 8),
@@ -79,7 +60,7 @@ fn metrics_low_d() {
             });
         }
     }
-    run_all(&engine(), &cases);
+    kit::run_cases(&engine(), &cases);
 }
 
 /// Data the grid finds hard: cell boundaries, one crowded cell, many identical points, queries
@@ -142,25 +123,17 @@ fn adversarial_low_d() {
     let mut cases = Vec::new();
     for (name, base, queries) in &sets {
         for metric in [Metric::L2, Metric::SqL2, Metric::L1, Metric::Linf] {
-            for k in [1usize, 8, 32, 70] {
-                cases.push(Case {
-                    name: format!("{name} {metric} k={k}"),
-                    base: base.clone(),
-                    queries: Some(queries.clone()),
-                    k,
-                    metric: metric.clone(),
-                });
-            }
-            cases.push(Case {
-                name: format!("{name} {metric} graph k=5"),
-                base: base.clone(),
-                queries: None,
-                k: 5,
-                metric: metric.clone(),
-            });
+            cases.extend(kit::search_and_graph_cases(
+                name,
+                base,
+                queries,
+                &metric,
+                &[1, 8, 32, 70],
+                5,
+            ));
         }
     }
-    run_all(&engine(), &cases);
+    kit::run_cases(&engine(), &cases);
 }
 
 #[test]

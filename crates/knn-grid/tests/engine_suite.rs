@@ -23,25 +23,6 @@ fn uniform(n: usize, d: usize, seed: u64) -> Matrix {
     .unwrap()
 }
 
-/// The metrics whose kernel the grid supports (everything but inner product and cosine).
-fn grid_metrics(d: usize) -> Vec<Metric> {
-    kit::all_metrics(d)
-        .into_iter()
-        .filter(|m| !matches!(m, Metric::InnerProduct | Metric::Cosine))
-        .collect()
-}
-
-fn run_all(engine: &GridEngine, cases: &[Case]) {
-    let failures: Vec<String> = cases.iter().filter_map(|c| c.run(engine).err()).collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases failed:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
-}
-
 #[test]
 fn tile_edges() {
     for e in engines() {
@@ -54,7 +35,7 @@ fn tile_edges() {
 fn metrics_low_d() {
     let mut cases = Vec::new();
     for d in [1usize, 2, 3, 12] {
-        for (mi, metric) in grid_metrics(d).into_iter().enumerate() {
+        for (mi, metric) in kit::grid_metrics(d).into_iter().enumerate() {
             for (nb, nq, k) in [(200usize, 37usize, 1usize), (530, 64, 20), (97, 10, 97)] {
                 let seed = 100 + mi as u64 * 10 + nb as u64 + d as u64 * 1000;
                 cases.push(Case {
@@ -75,7 +56,7 @@ fn metrics_low_d() {
         }
     }
     for e in engines() {
-        run_all(&e, &cases);
+        kit::run_cases(&e, &cases);
     }
 }
 

@@ -6,7 +6,7 @@
 use knn_core::synth::{generate, Distribution, Rng};
 use knn_core::{search, CandidateRequest, Engine, Kernel, Matrix, MatrixRef, Metric};
 use knn_grid::GridEngine;
-use knn_testkit::Case;
+use knn_testkit::{self as kit, Case};
 
 fn m(data: Vec<f32>, d: usize) -> Matrix {
     Matrix::new("case", data, d).unwrap()
@@ -128,36 +128,18 @@ fn grid_cases_against_the_oracle() {
                 continue; // squared values overflow f32: an error by contract
             }
             // k above every cell's population (cells hold ~3 points; crowded ones are split).
-            for k in [1usize, 4, 50, 201, n] {
-                if k > n {
-                    continue;
-                }
-                cases.push(Case {
-                    name: format!("{name} {metric} k={k}"),
-                    base: base.clone(),
-                    queries: Some(queries.clone()),
-                    k,
-                    metric: metric.clone(),
-                });
-            }
-            cases.push(Case {
-                name: format!("{name} {metric} graph k=7"),
-                base: base.clone(),
-                queries: None,
-                k: 7.min(n - 1),
-                metric: metric.clone(),
-            });
+            cases.extend(kit::search_and_graph_cases(
+                &name,
+                &base,
+                &queries,
+                &metric,
+                &[1, 4, 50, 201, n],
+                7.min(n - 1),
+            ));
         }
     }
     for e in &engines {
-        let failures: Vec<String> = cases.iter().filter_map(|c| c.run(e).err()).collect();
-        assert!(
-            failures.is_empty(),
-            "{} of {} cases failed:\n{}",
-            failures.len(),
-            cases.len(),
-            failures.join("\n")
-        );
+        kit::run_cases(e, &cases);
     }
 }
 

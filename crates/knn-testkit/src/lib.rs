@@ -94,7 +94,48 @@ fn uniform(n: usize, d: usize, seed: u64) -> Matrix {
     )
 }
 
-fn run_all(engine: &dyn Engine, cases: Vec<Case>) {
+/// The metrics whose kernel has a distance-to-cell bound (all but inner product and cosine):
+/// what grid engines support.
+pub fn grid_metrics(d: usize) -> Vec<Metric> {
+    all_metrics(d)
+        .into_iter()
+        .filter(|m| !matches!(m, Metric::InnerProduct | Metric::Cosine))
+        .collect()
+}
+
+/// A search case for each k of `ks` (those up to the base size) and a graph case with
+/// `graph_k`, all on `base` / `queries` under `metric`, named after `name`.
+pub fn search_and_graph_cases(
+    name: &str,
+    base: &Matrix,
+    queries: &Matrix,
+    metric: &Metric,
+    ks: &[usize],
+    graph_k: usize,
+) -> Vec<Case> {
+    let mut cases: Vec<Case> = ks
+        .iter()
+        .filter(|&&k| k >= 1 && k <= base.rows())
+        .map(|&k| Case {
+            name: format!("{name} {metric} k={k}"),
+            base: base.clone(),
+            queries: Some(queries.clone()),
+            k,
+            metric: metric.clone(),
+        })
+        .collect();
+    cases.push(Case {
+        name: format!("{name} {metric} graph k={graph_k}"),
+        base: base.clone(),
+        queries: None,
+        k: graph_k,
+        metric: metric.clone(),
+    });
+    cases
+}
+
+/// Runs every case on `engine` and fails listing every case that failed.
+pub fn run_cases(engine: &dyn Engine, cases: &[Case]) {
     let failures: Vec<String> = cases.iter().filter_map(|c| c.run(engine).err()).collect();
     assert!(
         failures.is_empty(),
@@ -153,7 +194,7 @@ pub fn check_tile_edges(engine: &dyn Engine, tiles: &[usize]) {
             metric: Metric::SqL2,
         });
     }
-    run_all(engine, cases);
+    run_cases(engine, &cases);
 }
 
 /// Every metric on random data, search and graph, small and large k.
@@ -178,7 +219,7 @@ pub fn check_metrics(engine: &dyn Engine) {
             metric: metric.clone(),
         });
     }
-    run_all(engine, cases);
+    run_cases(engine, &cases);
 }
 
 /// Duplicates, equidistant points, large offsets, values near the f32 limits, clustered data.
@@ -280,7 +321,7 @@ pub fn check_adversarial(engine: &dyn Engine) {
             });
         }
     }
-    run_all(engine, cases);
+    run_cases(engine, &cases);
 }
 
 /// Bad input gives the right error, never a panic.
