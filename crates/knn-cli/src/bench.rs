@@ -78,6 +78,9 @@ pub fn bench(a: &BenchArgs, quiet: bool) -> Result<ExitCode> {
             },
         ));
     }
+    if want("cuda") && knn::gpu_devices().is_empty() {
+        println!("cuda: no rows, no usable GPU ({})", knn::gpu_status());
+    }
     if want("cuda") {
         for (ordinal, _) in knn::gpu_devices() {
             for (label, method) in [
