@@ -6,6 +6,10 @@
 //! |---|---|
 //! | k nearest base points of each query | [`Knn::search`] or [`search`] |
 //! | kNN graph (self-join, own id excluded) | [`Knn::graph`] or [`graph`] |
+//! | a graph in pieces (checkpoints) | [`Knn::graph_rows`] |
+//! | low dimensions: the exact grid, on the CPU or a GPU | [`Options::method`] = [`Method::Grid`] (or `Auto`) |
+//! | several GPUs | [`Options::gpus`] |
+//! | cap GPU memory, stream the base from the host | [`Options::gpu_memory`] |
 //! | check a result against the f64 oracle | [`check`] |
 //!
 //! ```
