@@ -2,7 +2,7 @@
 //! (seed 003), from the seed's CSV or from separate files.
 
 use crate::args::{EngineArgs, MetricArgs};
-use crate::data::{check_output, load_points, parse_format};
+use crate::data::{check_output, load_matrix, parse_format};
 use crate::run::{engine, metric};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -104,9 +104,9 @@ fn read_inputs(a: &ClassifyArgs) -> Result<Inputs> {
         bail!("give --csv FILE, or --train, --labels and --queries");
     };
     let fmt = parse_format(&a.input_format)?;
-    let train = load_points(t, fmt)?;
+    let train = load_matrix(t, fmt)?;
     let labels = files::read_labels(l, fmt, train.rows())?;
-    let queries = load_points(q, fmt)?;
+    let queries = load_matrix(q, fmt)?;
     Ok(Inputs {
         train,
         labels,

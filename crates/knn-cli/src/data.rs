@@ -3,7 +3,7 @@
 use crate::args::GenerateArgs;
 use anyhow::{bail, Result};
 use knn::synth::{generate as synth, Distribution};
-use knn::{Matrix, Neighbors};
+use knn::{Matrix, MatrixRef, Neighbors};
 use knn_io::{Format, Table};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -14,8 +14,47 @@ pub fn parse_format(s: &Option<String>) -> Result<Option<Format>> {
         .transpose()
 }
 
-/// Reads a matrix of points, validated (NaN/inf named by file, row, column).
-pub fn load_points(path: &Path, format: Option<Format>) -> Result<Matrix> {
+/// Points to search: a float32 `.npy` used in place from a memory map (no copy; pages the
+/// system may drop and re-read, so inputs larger than memory work), or a matrix read from any
+/// other file. Validated either way (NaN/inf named by file, row, column).
+pub enum Points {
+    /// Read (and converted) into memory.
+    Owned(Matrix),
+    /// Mapped in place.
+    Mapped(knn_io::MappedF32),
+}
+
+impl Points {
+    /// The matrix (already validated when loaded).
+    pub fn view(&self) -> MatrixRef<'_> {
+        match self {
+            Points::Owned(m) => m.view(),
+            Points::Mapped(m) => MatrixRef::new_unchecked_values("points", m.values(), m.cols())
+                .expect("shape checked when mapped"),
+        }
+    }
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.view().rows()
+    }
+    /// Dimension.
+    pub fn dim(&self) -> usize {
+        self.view().dim()
+    }
+}
+
+/// Loads points for search and graph: float32 `.npy` files are mapped in place, others read.
+pub fn load_points(path: &Path, format: Option<Format>) -> Result<Points> {
+    if let Some(m) = knn_io::map_f32(path, format)? {
+        let name = path.display().to_string();
+        MatrixRef::new(&name, m.values(), m.cols())?; // NaN/inf named by row and column
+        return Ok(Points::Mapped(m));
+    }
+    load_matrix(path, format).map(Points::Owned)
+}
+
+/// Reads a matrix of points into memory, validated (NaN/inf named by file, row, column).
+pub fn load_matrix(path: &Path, format: Option<Format>) -> Result<Matrix> {
     let t = knn_io::read_f32(path, format)?;
     let name = path.display().to_string();
     if t.rows == 0 {

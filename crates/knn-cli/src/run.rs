@@ -2,10 +2,10 @@
 
 use crate::args::{EngineArgs, GraphArgs, MetricArgs, OutputArgs, SearchArgs, VerifyArgs};
 use crate::checkpoint::{self, chunk_rows, Checkpointed};
-use crate::data::{distances_path, load_points, parse_format, write_neighbors};
+use crate::data::{distances_path, load_matrix, load_points, parse_format, write_neighbors};
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
-use knn::{Covariance, Device, Knn, Matrix, Method, Metric, Neighbors, Options};
+use knn::{Covariance, Device, Knn, Method, Metric, Neighbors, Options};
 use knn_io::Format;
 use std::path::Path;
 use std::process::ExitCode;
@@ -16,7 +16,7 @@ pub fn metric(a: &MetricArgs) -> Result<Metric> {
     let m: Metric = a.metric.parse()?;
     match (&m, &a.covariance) {
         (Metric::Mahalanobis(_), Some(p)) => {
-            let c = load_points(p, None).context("covariance")?;
+            let c = load_matrix(p, None).context("covariance")?;
             Ok(Metric::Mahalanobis(Covariance::Given(Arc::new(c))))
         }
         (_, Some(_)) => bail!("--covariance is only for --metric mahalanobis"),
@@ -370,7 +370,7 @@ pub fn verify(a: &VerifyArgs, quiet: bool) -> Result<ExitCode> {
         );
     }
     if let Some(b) = &a.base {
-        let base: Matrix = load_points(b, None)?;
+        let base = load_points(b, None)?;
         let queries = a
             .queries
             .as_ref()

@@ -293,3 +293,64 @@ pub fn write_i64(path: &Path, format: Option<Format>, t: &Table<i64>) -> Result<
         }
     }
 }
+
+/// A float32 matrix used in place in a memory-mapped file: no copy, and the system may drop
+/// and re-read its pages, so inputs larger than memory can be searched.
+pub struct MappedF32 {
+    map: memmap2::Mmap,
+    offset: usize,
+    rows: usize,
+    cols: usize,
+}
+
+impl MappedF32 {
+    /// The values, row-major (`rows × cols`).
+    pub fn values(&self) -> &[f32] {
+        let bytes = &self.map[self.offset..self.offset + self.rows * self.cols * 4];
+        // SAFETY: `map_f32` checked that the data starts 4-byte aligned and holds exactly
+        // rows·cols little-endian f32 on a little-endian machine; every bit pattern is an f32.
+        unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const f32, self.rows * self.cols) }
+    }
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// Values per row.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+}
+
+/// Maps `path` when it is an `.npy` file (by `format`, else its extension) of little-endian
+/// float32 in C order, 1-D or 2-D, with at least one row: the values can then be used in
+/// place. `Ok(None)` for every other file (read those with [`read_f32`], which also names what
+/// is wrong with a bad file); an error only when the file cannot be opened.
+pub fn map_f32(path: &Path, format: Option<Format>) -> Result<Option<MappedF32>, IoError> {
+    if !cfg!(target_endian = "little") || resolve(path, format)? != Format::Npy {
+        return Ok(None);
+    }
+    let name = path.display().to_string();
+    let file = std::fs::File::open(path).map_err(|e| IoError::io(&name, e))?;
+    if !file.metadata().is_ok_and(|m| m.is_file() && m.len() > 0) {
+        return Ok(None);
+    }
+    // SAFETY: the map is only read. Like every memory-mapped reader we rely on no other process
+    // truncating or rewriting the file while it is in use; our writers replace files by rename.
+    let Ok(map) = (unsafe { memmap2::Mmap::map(&file) }) else {
+        return Ok(None);
+    };
+    let Ok(lay) = npy::layout(&mut &map[..], map.len(), &name) else {
+        return Ok(None);
+    };
+    let c_order = !lay.fortran_order || lay.rows <= 1 || lay.cols <= 1;
+    let aligned = (map.as_ptr() as usize + lay.data_start) % 4 == 0;
+    if lay.dtype != dtype::DType::le(dtype::Scalar::F32) || !c_order || !aligned || lay.rows == 0 {
+        return Ok(None);
+    }
+    Ok(Some(MappedF32 {
+        offset: lay.data_start,
+        rows: lay.rows,
+        cols: lay.cols,
+        map,
+    }))
+}

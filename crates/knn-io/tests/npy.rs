@@ -4,8 +4,8 @@ mod common;
 
 use common::{assert_err, dict, encode, npy};
 use knn_io::{
-    read_f32, read_f32_from_bytes, read_i64, read_i64_from_bytes, write_f32, write_i64, Format,
-    Table,
+    map_f32, read_f32, read_f32_from_bytes, read_i64, read_i64_from_bytes, write_f32, write_i64,
+    Format, Table,
 };
 
 const INT_DTYPES: [&str; 9] = ["i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "b1"];
@@ -317,4 +317,62 @@ fn round_trips_through_files() {
         write_f32(&path, Some(Format::Npy), &t).unwrap();
         assert_eq!(read_f32(&path, Some(Format::Npy)).unwrap(), t);
     }
+}
+
+#[test]
+fn little_endian_f32_in_c_order_is_mapped_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let values: Vec<f64> = (0..12).map(|v| v as f64 * 0.5 - 2.0).collect();
+    let write = |name: &str, bytes: Vec<u8>| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    };
+    // Mapped: 2-D and 1-D `<f4`, versions 1 and 2; the values equal the reader's.
+    for (name, file) in [
+        (
+            "a.npy",
+            npy(1, &dict("<f4", false, "(3, 4)"), &encode("<f4", &values)),
+        ),
+        (
+            "b.npy",
+            npy(2, &dict("<f4", false, "(12,)"), &encode("<f4", &values)),
+        ),
+        (
+            "c.npy",
+            npy(1, &dict("<f4", true, "(1, 12)"), &encode("<f4", &values)),
+        ),
+    ] {
+        let p = write(name, file);
+        let m = map_f32(&p, None).unwrap().expect("mapped");
+        let t = read_f32(&p, None).unwrap();
+        assert_eq!((m.rows(), m.cols()), (t.rows, t.cols), "{name}");
+        assert_eq!(m.values(), &t.data[..], "{name}");
+    }
+    // Not mapped (the reader converts or reports them): other dtypes, big-endian, Fortran
+    // order, truncated data, other formats, no rows.
+    for (name, file) in [
+        (
+            "d.npy",
+            npy(1, &dict("<f8", false, "(3, 4)"), &encode("<f8", &values)),
+        ),
+        (
+            "e.npy",
+            npy(1, &dict(">f4", false, "(3, 4)"), &encode(">f4", &values)),
+        ),
+        (
+            "f.npy",
+            npy(1, &dict("<f4", true, "(3, 4)"), &encode("<f4", &values)),
+        ),
+        (
+            "g.npy",
+            npy(1, &dict("<f4", false, "(3, 5)"), &encode("<f4", &values)),
+        ),
+        ("h.npy", npy(1, &dict("<f4", false, "(0, 4)"), &[])),
+        ("i.fvecs", vec![1, 0, 0, 0, 0, 0, 128, 63]),
+    ] {
+        let p = write(name, file);
+        assert!(map_f32(&p, None).unwrap().is_none(), "{name}");
+    }
+    assert!(map_f32(&dir.path().join("missing.npy"), None).is_err());
 }

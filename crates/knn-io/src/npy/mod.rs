@@ -17,15 +17,22 @@ const MAGIC: &[u8; 6] = b"\x93NUMPY";
 /// Side of the square blocks used to transpose Fortran-order data.
 const TRANSPOSE_BLOCK: usize = 64;
 
-/// Reads a 1-D (`n` rows of 1) or 2-D `.npy` array of `len` bytes from `src` into `T`. The
-/// header is read and checked against `len` first; the elements then go straight into the
-/// output (or through a small buffer when they need converting), so the only copy of the data
-/// held in memory is the output (two for Fortran order, which is transposed).
-pub(crate) fn read<T: Element>(
-    src: &mut impl Read,
-    len: usize,
-    name: &str,
-) -> Result<Table<T>, IoError> {
+/// Where and how an npy file of `len` bytes holds its array, read from the file's start: the
+/// preamble and header are parsed and the data size checked against `len`, so nothing is
+/// allocated for the data before the file is known to hold it.
+pub(crate) struct Layout {
+    pub(crate) dtype: DType,
+    pub(crate) fortran_order: bool,
+    pub(crate) one_d: bool,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    /// Byte offset of the first element.
+    pub(crate) data_start: usize,
+    /// Data bytes already read with the preamble (robustness for tiny headers).
+    leftover: Vec<u8>,
+}
+
+pub(crate) fn layout(src: &mut impl Read, len: usize, name: &str) -> Result<Layout, IoError> {
     let invalid = |msg: String| IoError::invalid(name, msg);
     let io = |e| IoError::io(name, e);
     if len == 0 {
@@ -134,14 +141,47 @@ pub(crate) fn read<T: Element>(
             hd.dtype
         )));
     }
-    if !T::accepts(hd.dtype.scalar) {
+    Ok(Layout {
+        dtype: hd.dtype,
+        fortran_order: hd.fortran_order,
+        one_d: hd.shape.len() == 1,
+        rows,
+        cols,
+        data_start,
+        leftover: bytes[data_start.min(pre_len)..].to_vec(),
+    })
+}
+
+/// Reads a 1-D (`n` rows of 1) or 2-D `.npy` array of `len` bytes from `src` into `T`. The
+/// header is read and checked against `len` first; the elements then go straight into the
+/// output (or through a small buffer when they need converting), so the only copy of the data
+/// held in memory is the output (two for Fortran order, which is transposed).
+pub(crate) fn read<T: Element>(
+    src: &mut impl Read,
+    len: usize,
+    name: &str,
+) -> Result<Table<T>, IoError> {
+    let invalid = |msg: String| IoError::invalid(name, msg);
+    let io = |e| IoError::io(name, e);
+    let lay = layout(src, len, name)?;
+    let Layout {
+        dtype,
+        fortran_order,
+        one_d,
+        rows,
+        cols,
+        data_start,
+        ..
+    } = lay;
+    let size = dtype.scalar.size();
+    let count = rows * cols;
+    if !T::accepts(dtype.scalar) {
         return Err(invalid(format!(
             "dtype '{}' holds floating-point values; reading {} needs an integer dtype",
-            hd.dtype,
+            dtype,
             T::WHAT
         )));
     }
-    let one_d = hd.shape.len() == 1;
     let at = |i: usize, j: usize, k: usize| {
         let index = if one_d {
             format!("[{i}]")
@@ -150,14 +190,14 @@ pub(crate) fn read<T: Element>(
         };
         format!("element {index} at byte {}", data_start + k * size)
     };
-    let file_order_is_c = !hd.fortran_order || rows <= 1 || cols <= 1;
+    let file_order_is_c = !fortran_order || rows <= 1 || cols <= 1;
     // Bytes of the 12-byte preamble read past the header (a header under 2 bytes, which the
     // parser refuses, so this is for robustness only) come first.
-    let mut src = bytes[data_start.min(pre_len)..].chain(src);
+    let mut src = lay.leftover.as_slice().chain(src);
     let mut scratch = Vec::new();
     let mut out = Vec::new();
     if file_order_is_c {
-        read_elements(&mut src, hd.dtype, count, &mut out, &mut scratch).map_err(|e| match e {
+        read_elements(&mut src, dtype, count, &mut out, &mut scratch).map_err(|e| match e {
             ReadError::Io(e) => io(e),
             ReadError::Bad(k, bad) => invalid(format!("{}: {bad}", at(k / cols, k % cols, k))),
         })?;
@@ -165,12 +205,10 @@ pub(crate) fn read<T: Element>(
     }
     // Fortran order: the file holds column 0, then column 1, ...; convert, then transpose.
     let mut by_column = Vec::new();
-    read_elements(&mut src, hd.dtype, count, &mut by_column, &mut scratch).map_err(
-        |e| match e {
-            ReadError::Io(e) => io(e),
-            ReadError::Bad(k, bad) => invalid(format!("{}: {bad}", at(k % rows, k / rows, k))),
-        },
-    )?;
+    read_elements(&mut src, dtype, count, &mut by_column, &mut scratch).map_err(|e| match e {
+        ReadError::Io(e) => io(e),
+        ReadError::Bad(k, bad) => invalid(format!("{}: {bad}", at(k % rows, k / rows, k))),
+    })?;
     out.extend_from_slice(&by_column);
     for jb in (0..cols).step_by(TRANSPOSE_BLOCK) {
         for ib in (0..rows).step_by(TRANSPOSE_BLOCK) {
