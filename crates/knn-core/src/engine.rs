@@ -21,6 +21,17 @@ pub struct CandidateRequest<'a> {
     /// `true` on retries: the pipeline asks again, wider, for rows whose floor was too low, and
     /// an engine with a reduced-precision fast path should use full f32 precision now.
     pub precise: bool,
+    /// Identifies the base's values: requests with the same key have the same base values
+    /// (the pipeline takes a fresh [`base_key`] per run, during which the base is borrowed
+    /// immutably), so an engine may keep what it derived from the base (a device copy, norms)
+    /// from one call to the next. `None`: no such promise.
+    pub base_key: Option<u64>,
+}
+
+/// A key no earlier call of this process returned, for [`CandidateRequest::base_key`].
+pub fn base_key() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl CandidateRequest<'_> {
@@ -86,5 +97,17 @@ pub trait Engine: Sync {
     /// the queries of a call for locality (the grid) gains from large ones. Default 4096.
     fn min_round_queries(&self) -> usize {
         4096
+    }
+
+    /// Independent engines behind this one (one per GPU): the pipeline hands whole rounds of
+    /// queries to each of them side by side. Empty (the default): this engine alone.
+    fn devices(&self) -> Vec<&dyn Engine> {
+        Vec::new()
+    }
+
+    /// Rounds of queries this engine works on at once. A GPU engine says 2, so the host's exact
+    /// re-rank of one round overlaps the device's work on the next. Default 1.
+    fn concurrent_rounds(&self) -> usize {
+        1
     }
 }

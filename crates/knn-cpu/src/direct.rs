@@ -761,6 +761,7 @@ mod tests {
                             width: nb,
                             exclude: None,
                             precise,
+                            base_key: None,
                         };
                         let plan = DirectPlan::new(&req);
                         for isa in isas() {
@@ -812,6 +813,7 @@ mod tests {
                 width: 1,
                 exclude: None,
                 precise,
+                base_key: None,
             })
             .op
         };

@@ -134,6 +134,7 @@ fn main() {
                 width: e.candidate_width(k, nb, metric.kernel()),
                 exclude: None,
                 precise: false,
+                base_key: None,
             };
             kern.clear();
             let mut cand = Vec::new();

@@ -27,14 +27,24 @@ __device__ __forceinline__ u64 composite(float k, u32 id) {
 }
 
 // Squared norms, one warp per row: out[r] = sum_j x[r*d+j]^2 in f32 (error <= gamma_d * exact).
-extern "C" __global__ void sq_norms(const float* __restrict__ x, long long rows, int d,
-                                    float* __restrict__ out) {
+// With a centre (not null), each row is first centred in place, x[r*d+j] -= centre[j] (one f32
+// rounding of the exact difference), and the norms are those of the centred rows.
+extern "C" __global__ void sq_norms(float* __restrict__ x, long long rows, int d,
+                                    const float* __restrict__ centre, float* __restrict__ out) {
     long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (row >= rows) return;
-    const float* p = x + row * (long long)d;
+    float* p = x + row * (long long)d;
     float s = 0.f;
-    for (int j = lane; j < d; j += 32) s = fmaf(p[j], p[j], s);
+    if (centre) {
+        for (int j = lane; j < d; j += 32) {
+            float v = p[j] - centre[j];
+            p[j] = v;
+            s = fmaf(v, v, s);
+        }
+    } else {
+        for (int j = lane; j < d; j += 32) s = fmaf(p[j], p[j], s);
+    }
     for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (lane == 0) out[row] = s;
 }

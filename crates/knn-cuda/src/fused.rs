@@ -72,12 +72,40 @@ struct Lists {
     buf: CudaSlice<u64>,
 }
 
+/// A base kept on the device between calls: its rows (centred when `centre` was given) and
+/// squared norms, for the base the pipeline identifies by `key` (see
+/// [`CandidateRequest::base_key`]).
+pub(crate) struct Resident {
+    key: u64,
+    centre: Option<Vec<f32>>,
+    b: CudaSlice<f32>,
+    bn: CudaSlice<f32>,
+}
+
+impl Resident {
+    /// Device bytes it holds.
+    pub(crate) fn bytes(&self) -> usize {
+        self.b.len() * 4 + self.bn.len() * 4
+    }
+}
+
+/// How the fused method sees the base of one call.
+pub(crate) struct BaseView<'a> {
+    /// Subtracted from base and queries on the device (squared L2 only: translation leaves
+    /// its keys unchanged, and smaller norms tighten the GEMM form's rounding bound).
+    pub centre: Option<&'a [f32]>,
+    /// The device copy kept from earlier calls, reused when its key and centre match and
+    /// replaced otherwise (only when the request has a `base_key` and the base fits).
+    pub cache: &'a mut Option<Resident>,
+}
+
 /// Runs the fused method; returns `nq × W` composites, rows sorted.
 /// Also returns the device time of the kernels (CUDA events), when it could be measured.
 pub(crate) fn run(
     gpu: &Gpu,
     req: &CandidateRequest<'_>,
     budget: usize,
+    base: BaseView<'_>,
 ) -> Result<(Vec<u64>, Option<f32>)> {
     let (nq, nb, d, w) = (
         req.queries.rows(),
@@ -95,7 +123,17 @@ pub(crate) fn run(
     };
     // Base: resident when it takes at most half the budget, else streamed in chunks.
     let row_bytes = (d + 1) * 4;
-    let bc = if nb * row_bytes <= budget / 2 {
+    let centre_dev = base.centre.map(|c| gpu.upload(c)).transpose()?;
+    let centre_ptr = centre_dev.as_ref().map_or(0, |c| gpu.ptr(c));
+    let cached = match (req.base_key, base.cache.as_ref()) {
+        (Some(key), Some(r)) => r.key == key && r.centre.as_deref() == base.centre,
+        _ => false,
+    };
+    if !cached {
+        // Free the old copy before a new base takes its place.
+        *base.cache = None;
+    }
+    let bc = if cached || nb * row_bytes <= budget / 2 {
         nb
     } else {
         ((budget / 2 / row_bytes) / BASE_TILE * BASE_TILE).max(BASE_TILE)
@@ -120,8 +158,23 @@ pub(crate) fn run(
         qc
     };
 
+    let mut own = None;
+    if bc == nb && !cached {
+        let (b, bn) = upload_base(gpu, req, 0, nb, centre_ptr)?;
+        let r = Resident {
+            key: req.base_key.unwrap_or(0),
+            centre: base.centre.map(<[f32]>::to_vec),
+            b,
+            bn,
+        };
+        if req.base_key.is_some() {
+            *base.cache = Some(r);
+        } else {
+            own = Some(r);
+        }
+    }
     let resident = if bc == nb {
-        Some(upload_base(gpu, req, 0, nb)?)
+        own.as_ref().or(base.cache.as_ref()).map(|r| (&r.b, &r.bn))
     } else {
         None
     };
@@ -132,7 +185,7 @@ pub(crate) fn run(
         let n = qe - qs;
         let q = gpu.upload(&req.queries.as_slice()[qs * d..qe * d])?;
         let qn = gpu.alloc::<f32>(n)?;
-        gpu.sq_norms(gpu.ptr(&q), n, d, gpu.ptr(&qn))?;
+        gpu.centre_sq_norms(gpu.ptr(&q), n, d, centre_ptr, gpu.ptr(&qn))?;
         let excl = match req.exclude {
             Some(e) => Some(gpu.upload(&e[qs..qe])?),
             None => None,
@@ -149,10 +202,10 @@ pub(crate) fn run(
         for bs in (0..nb).step_by(bc) {
             let be = (bs + bc).min(nb);
             let chunk;
-            let (b, bn) = match &resident {
+            let (b, bn) = match resident {
                 Some((b, bn)) => (b, bn),
                 None => {
-                    chunk = upload_base(gpu, req, bs, be)?;
+                    chunk = upload_base(gpu, req, bs, be, centre_ptr)?;
                     (&chunk.0, &chunk.1)
                 }
             };
@@ -286,16 +339,19 @@ pub(crate) fn run(
     Ok((out, kernel_ms))
 }
 
+/// Base rows `bs..be` on the device, centred by the device vector at `centre` when it is not 0,
+/// with their squared norms.
 fn upload_base(
     gpu: &Gpu,
     req: &CandidateRequest<'_>,
     bs: usize,
     be: usize,
+    centre: u64,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
     let d = req.base.dim();
     let b = gpu.upload(&req.base.as_slice()[bs * d..be * d])?;
     let bn = gpu.alloc::<f32>(be - bs)?;
-    gpu.sq_norms(gpu.ptr(&b), be - bs, d, gpu.ptr(&bn))?;
+    gpu.centre_sq_norms(gpu.ptr(&b), be - bs, d, centre, gpu.ptr(&bn))?;
     Ok((b, bn))
 }
 

@@ -127,6 +127,7 @@ fn main() {
                                 width,
                                 exclude: None,
                                 precise: false,
+                                base_key: None,
                             };
                             std::hint::black_box(e.candidates(&req).unwrap());
                         },
