@@ -244,6 +244,17 @@ impl Engine for CudaEngine {
         2
     }
 
+    /// Under a memory cap the base may be streamed, once per call: then rounds as large as the
+    /// pipeline's memory bound allows (n = 4e6, d = 128, k = 10 under 2 GiB: 64 rounds of 62 500
+    /// queries sent 128 GB, 29 s on top of 72 s).
+    fn min_round_queries(&self) -> usize {
+        if self.budget.is_some() {
+            1 << 20
+        } else {
+            4096
+        }
+    }
+
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
         let (nq, nb, w) = (req.queries.rows(), req.base.rows(), req.width);
         if w == 0 || w > req.available() {

@@ -151,7 +151,17 @@ pub(crate) fn run(
         } else {
             cap * 8 + 4
         };
-    let qc = (rest / per_query).clamp(1, nq.max(1));
+    let mut qc = rest / per_query;
+    if small {
+        // The split lists of one call number at most 4·slots + qblocks tiles of QUERY_TILE rows
+        // (see `split_count`; slots ≤ 2 per SM), far fewer than `nsplit_max` per query once
+        // the chunk is large: with that bound, a streamed base is sent once per call instead
+        // of once per small query chunk.
+        let fixed = (nsplit_max + 1) * QUERY_TILE * w * 8;
+        let lean = d * 4 + 8 + 3 * w * 8;
+        qc = qc.max(rest.saturating_sub(fixed) / lean);
+    }
+    let qc = qc.clamp(1, nq.max(1));
     let qc = if qc >= QUERY_TILE {
         qc / QUERY_TILE * QUERY_TILE
     } else {
@@ -236,7 +246,8 @@ pub(crate) fn run(
                 let per_sm = f
                     .occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
                     .unwrap_or(1)
-                    .max(1) as usize;
+                    .clamp(1, 2) as usize;
+                // (At most 2 per SM counted: the memory plan above assumes it.)
                 let slots_total = gpu.sm_count * per_sm;
                 let qblocks = n.div_ceil(QUERY_TILE);
                 let tiles = bl.div_ceil(BASE_TILE);
