@@ -55,3 +55,42 @@ extern "C" __global__ void fill_u64(u64* __restrict__ p, long long n, u64 v) {
     long long stride = (long long)gridDim.x * blockDim.x;
     for (; i < n; i += stride) p[i] = v;
 }
+
+// Exact f64 keys of candidate lists, bit for bit as the host's `Kernel::exact`: per pair, eight
+// accumulators over blocks of eight coordinates, summed in order, then the remainder; explicit
+// _rn operations so nothing is contracted into an FMA. kind: 0 squared L2, 1 negated inner
+// product, 2 L1, 3 L-infinity. One thread per (row, slot); ids at or past nb give NaN.
+extern "C" __global__ void exact_keys(const float* __restrict__ q, const float* __restrict__ b,
+                                      long long nb, const u64* __restrict__ comps, long long n,
+                                      int w, int d, int kind, double* __restrict__ out) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n * (long long)w) return;
+    long long row = t / w;
+    u32 id = (u32)(comps[t] & 0xffffffffu);
+    if (id >= nb) { out[t] = __longlong_as_double(0x7ff8000000000000ll); return; }
+    const float* x = q + row * (long long)d;
+    const float* y = b + (long long)id * d;
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int full = d / 8 * 8;
+    for (int j = 0; j < full; j += 8) {
+#pragma unroll
+        for (int l = 0; l < 8; ++l) {
+            double a = x[j + l], c = y[j + l];
+            double v;
+            if (kind == 1) v = __dmul_rn(a, c);
+            else { double e = __dsub_rn(a, c); v = kind == 0 ? __dmul_rn(e, e) : fabs(e); }
+            acc[l] = kind == 3 ? fmax(acc[l], v) : __dadd_rn(acc[l], v);
+        }
+    }
+    double s = 0.0;
+#pragma unroll
+    for (int l = 0; l < 8; ++l) s = kind == 3 ? fmax(s, acc[l]) : __dadd_rn(s, acc[l]);
+    for (int j = full; j < d; ++j) {
+        double a = x[j], c = y[j];
+        double v;
+        if (kind == 1) v = __dmul_rn(a, c);
+        else { double e = __dsub_rn(a, c); v = kind == 0 ? __dmul_rn(e, e) : fabs(e); }
+        s = kind == 3 ? fmax(s, v) : __dadd_rn(s, v);
+    }
+    out[t] = kind == 1 ? -s : s;
+}

@@ -75,6 +75,13 @@ pub struct CudaEngine {
     base_info: Mutex<Option<BaseInfo>>,
 }
 
+/// One call's rows: approximate keys and ids (`nq × W`), and the exact keys when computed.
+struct Rows {
+    keys: Vec<f32>,
+    ids: Vec<u32>,
+    exact: Option<Vec<f64>>,
+}
+
 /// Host-side facts about a base, kept per [`CandidateRequest::base_key`].
 #[derive(Clone)]
 struct BaseInfo {
@@ -168,7 +175,8 @@ impl CudaEngine {
         gpu: &mut Gpu,
         req: &CandidateRequest<'_>,
         info: &BaseInfo,
-    ) -> Result<(Vec<f32>, Vec<u32>)> {
+        exact: bool,
+    ) -> Result<Rows> {
         gpu.ctx
             .bind_to_thread()
             .map_err(crate::device::dev_err("binding the context"))?;
@@ -186,17 +194,25 @@ impl CudaEngine {
                     fused::BaseView {
                         centre: info.centre.as_deref(),
                         cache: &mut resident,
+                        exact,
                     },
                 )
-                .map(|(c, ms)| {
+                .map(|out| {
                     if let Ok(mut m) = self.last_kernel_ms.lock() {
-                        *m = ms;
+                        *m = out.kernel_ms;
                     }
-                    c.into_iter()
-                        .map(fused::decode)
-                        .unzip::<f32, u32, Vec<f32>, Vec<u32>>()
+                    let (keys, ids) = out.composites.into_iter().map(fused::decode).unzip();
+                    Rows {
+                        keys,
+                        ids,
+                        exact: out.exact,
+                    }
                 }),
-                m => crate::baseline::run(gpu, req, m, budget),
+                m => crate::baseline::run(gpu, req, m, budget).map(|(keys, ids)| Rows {
+                    keys,
+                    ids,
+                    exact: None,
+                }),
             };
             match r {
                 Err(e) if is_oom(&e) => {
@@ -256,6 +272,25 @@ impl Engine for CudaEngine {
     }
 
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
+        self.candidates_inner(req, false).map(|(c, _)| c)
+    }
+
+    /// The fused method computes the candidates' exact keys on the device (f64, the host's
+    /// summation order) while the base is resident: the pipeline then reads no base rows.
+    fn candidates_with_exact(
+        &self,
+        req: &CandidateRequest<'_>,
+    ) -> Result<(Candidates, Option<Vec<f64>>)> {
+        self.candidates_inner(req, self.method == Method::Fused)
+    }
+}
+
+impl CudaEngine {
+    fn candidates_inner(
+        &self,
+        req: &CandidateRequest<'_>,
+        want_exact: bool,
+    ) -> Result<(Candidates, Option<Vec<f64>>)> {
         let (nq, nb, w) = (req.queries.rows(), req.base.rows(), req.width);
         if w == 0 || w > req.available() {
             return Err(KnnError::Option(format!(
@@ -264,24 +299,25 @@ impl Engine for CudaEngine {
             )));
         }
         if nq == 0 {
-            return Ok(Candidates {
+            let none = Candidates {
                 width: w,
                 ids: vec![],
                 keys: vec![],
                 floor: vec![],
-            });
+            };
+            return Ok((none, None));
         }
         if w > SELECT_WIDTH_MAX {
             // Only re-asks of a few hard rows get this wide: the CPU engine scans them.
-            return knn_cpu::CpuEngine::default().candidates(req);
+            return Ok((knn_cpu::CpuEngine::default().candidates(req)?, None));
         }
         let info = self.base_info(req);
-        let (keys, ids) = {
+        let Rows { keys, ids, exact } = {
             let mut gpu = self
                 .gpu
                 .lock()
                 .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
-            self.rows(&mut gpu, req, &info)?
+            self.rows(&mut gpu, req, &info, want_exact)?
         };
         // Every slot must have been written with a valid, allowed id.
         for (i, row) in ids.chunks(w).enumerate() {
@@ -302,11 +338,12 @@ impl Engine for CudaEngine {
             (F32_UNIT, 0.0)
         };
         let floor = floors(req, &keys, info.bn_max, info.centre.as_deref(), u, u_in);
-        Ok(Candidates {
+        let c = Candidates {
             width: w,
             ids,
             keys,
             floor,
-        })
+        };
+        Ok((c, exact))
     }
 }

@@ -80,12 +80,23 @@ pub(crate) struct Resident {
     centre: Option<Vec<f32>>,
     b: CudaSlice<f32>,
     bn: CudaSlice<f32>,
+    /// The rows as given, when `b` is centred and exact keys are wanted.
+    orig: Option<CudaSlice<f32>>,
 }
 
 impl Resident {
     /// Device bytes it holds.
     pub(crate) fn bytes(&self) -> usize {
-        self.b.len() * 4 + self.bn.len() * 4
+        (self.b.len() + self.bn.len() + self.orig.as_ref().map_or(0, |o| o.len())) * 4
+    }
+
+    /// The rows as given (for exact keys), if held.
+    fn given(&self) -> Option<&CudaSlice<f32>> {
+        if self.centre.is_none() {
+            Some(&self.b)
+        } else {
+            self.orig.as_ref()
+        }
     }
 }
 
@@ -97,6 +108,17 @@ pub(crate) struct BaseView<'a> {
     /// The device copy kept from earlier calls, reused when its key and centre match and
     /// replaced otherwise (only when the request has a `base_key` and the base fits).
     pub cache: &'a mut Option<Resident>,
+    /// Also compute each candidate's exact f64 key on the device (see
+    /// [`knn_core::Engine::candidates_with_exact`]), when the base stays resident.
+    pub exact: bool,
+}
+
+/// What [`run`] returns: `nq × W` composites (rows sorted), the exact keys of the candidates
+/// when asked for and possible, and the kernels' device time when it could be measured.
+pub(crate) struct Output {
+    pub composites: Vec<u64>,
+    pub exact: Option<Vec<f64>>,
+    pub kernel_ms: Option<f32>,
 }
 
 /// Runs the fused method; returns `nq × W` composites, rows sorted.
@@ -106,7 +128,7 @@ pub(crate) fn run(
     req: &CandidateRequest<'_>,
     budget: usize,
     base: BaseView<'_>,
-) -> Result<(Vec<u64>, Option<f32>)> {
+) -> Result<Output> {
     let (nq, nb, d, w) = (
         req.queries.rows(),
         req.base.rows(),
@@ -126,14 +148,25 @@ pub(crate) fn run(
     let centre_dev = base.centre.map(|c| gpu.upload(c)).transpose()?;
     let centre_ptr = centre_dev.as_ref().map_or(0, |c| gpu.ptr(c));
     let cached = match (req.base_key, base.cache.as_ref()) {
-        (Some(key), Some(r)) => r.key == key && r.centre.as_deref() == base.centre,
+        (Some(key), Some(r)) => {
+            r.key == key
+                && r.centre.as_deref() == base.centre
+                && (!base.exact || r.given().is_some())
+        }
         _ => false,
     };
     if !cached {
         // Free the old copy before a new base takes its place.
         *base.cache = None;
     }
-    let bc = if cached || nb * row_bytes <= budget / 2 {
+    // Exact keys of a centred base need the given rows beside the centred ones.
+    let copies = if base.exact && base.centre.is_some() {
+        2
+    } else {
+        1
+    };
+    let fits = nb * (row_bytes + (copies - 1) * d * 4) <= budget / 2;
+    let bc = if cached || fits {
         nb
     } else {
         ((budget / 2 / row_bytes) / BASE_TILE * BASE_TILE).max(BASE_TILE)
@@ -170,12 +203,24 @@ pub(crate) fn run(
 
     let mut own = None;
     if bc == nb && !cached {
-        let (b, bn) = upload_base(gpu, req, 0, nb, centre_ptr)?;
+        let given = gpu.upload(req.base.as_slice())?;
+        let orig = if copies == 2 {
+            Some(
+                gpu.stream
+                    .clone_dtod(&given)
+                    .map_err(dev_err("copying on the device"))?,
+            )
+        } else {
+            None
+        };
+        let bn = gpu.alloc::<f32>(nb)?;
+        gpu.centre_sq_norms(gpu.ptr(&given), nb, d, centre_ptr, gpu.ptr(&bn))?;
         let r = Resident {
             key: req.base_key.unwrap_or(0),
             centre: base.centre.map(<[f32]>::to_vec),
-            b,
+            b: given,
             bn,
+            orig,
         };
         if req.base_key.is_some() {
             *base.cache = Some(r);
@@ -183,17 +228,29 @@ pub(crate) fn run(
             own = Some(r);
         }
     }
-    let resident = if bc == nb {
-        own.as_ref().or(base.cache.as_ref()).map(|r| (&r.b, &r.bn))
+    let held = if bc == nb {
+        own.as_ref().or(base.cache.as_ref())
     } else {
         None
     };
+    let resident = held.map(|r| (&r.b, &r.bn));
+    let given_base = held.and_then(Resident::given).filter(|_| base.exact);
+    let mut exact = given_base.map(|_| vec![0.0f64; nq * w]);
     let mut out = vec![SENTINEL; nq * w];
     let mut kernel_ms = Some(0.0f32);
     for qs in (0..nq).step_by(qc) {
         let qe = (qs + qc).min(nq);
         let n = qe - qs;
         let q = gpu.upload(&req.queries.as_slice()[qs * d..qe * d])?;
+        let q_given = if given_base.is_some() && centre_ptr != 0 {
+            Some(
+                gpu.stream
+                    .clone_dtod(&q)
+                    .map_err(dev_err("copying on the device"))?,
+            )
+        } else {
+            None
+        };
         let qn = gpu.alloc::<f32>(n)?;
         gpu.centre_sq_norms(gpu.ptr(&q), n, d, centre_ptr, gpu.ptr(&qn))?;
         let excl = match req.exclude {
@@ -344,10 +401,78 @@ pub(crate) fn run(
             kernel_ms = None;
         }
         let r = running.expect("the base is not empty");
+        if let (Some(gb), Some(ex)) = (given_base, exact.as_mut()) {
+            let qg = q_given.as_ref().unwrap_or(&q);
+            let keys = exact_keys(
+                gpu,
+                req.kernel,
+                (gpu.ptr(qg), n),
+                (gpu.ptr(gb), nb),
+                &r.buf,
+                w,
+                d,
+            )?;
+            ex[qs * w..qe * w].copy_from_slice(&gpu.download(&keys, n * w)?);
+        }
         let host = gpu.download(&r.buf, n * w)?;
         out[qs * w..qe * w].copy_from_slice(&host);
     }
-    Ok((out, kernel_ms))
+    Ok(Output {
+        composites: out,
+        exact,
+        kernel_ms,
+    })
+}
+
+/// Exact f64 keys (as the host's `Kernel::exact`) of the `n × w` candidate composites `comps`
+/// for the given (uncentred) queries `q` (address, rows) against the given base `b` (address,
+/// rows).
+fn exact_keys(
+    gpu: &Gpu,
+    kernel: Kernel,
+    q: (u64, usize),
+    b: (u64, usize),
+    comps: &CudaSlice<u64>,
+    w: usize,
+    d: usize,
+) -> Result<CudaSlice<f64>> {
+    let n = q.1;
+    let out = gpu.alloc::<f64>(n * w)?;
+    let f = gpu.func("exact_keys")?;
+    let kind: i32 = match kernel {
+        Kernel::SqL2 => 0,
+        Kernel::NegDot => 1,
+        Kernel::L1 => 2,
+        Kernel::Linf => 3,
+    };
+    let (nb64, n64, ww, dd, pc, po) = (
+        b.1 as i64,
+        n as i64,
+        w as i32,
+        d as i32,
+        gpu.ptr(comps),
+        gpu.ptr(&out),
+    );
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&q.0)
+        .arg(&b.0)
+        .arg(&nb64)
+        .arg(&pc)
+        .arg(&n64)
+        .arg(&ww)
+        .arg(&dd)
+        .arg(&kind)
+        .arg(&po);
+    // SAFETY: q holds n×d floats, b nb×d, comps and out n×w entries.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid_dim: ((n * w).div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+    .map_err(dev_err("exact_keys"))?;
+    Ok(out)
 }
 
 /// Base rows `bs..be` on the device, centred by the device vector at `centre` when it is not 0,
