@@ -316,45 +316,56 @@ pub(crate) fn run(
                 let gthr = gpu.alloc::<u64>(n)?;
                 gpu.fill_u64(gpu.ptr(&gthr), n, SENTINEL)?;
                 let pg = gpu.ptr(&gthr);
-                let (pq, pqn, pb, pbn, pp) = (
-                    gpu.ptr(&q),
-                    gpu.ptr(&qn),
-                    gpu.ptr(b),
-                    gpu.ptr(bn),
-                    gpu.ptr(&partial),
-                );
-                let (nq64, nb64, id0, dd, ww, sl) = (
-                    n as i64,
-                    bl as i64,
-                    bs as u32,
-                    d as i32,
-                    w as i32,
-                    split_len as i64,
-                );
-                let mut l = gpu.stream.launch_builder(f);
-                l.arg(&pq)
-                    .arg(&pqn)
-                    .arg(&nq64)
-                    .arg(&pb)
-                    .arg(&pbn)
-                    .arg(&nb64)
-                    .arg(&id0)
-                    .arg(&dd)
-                    .arg(&excl_ptr)
-                    .arg(&ww)
-                    .arg(&sl)
-                    .arg(&pp)
-                    .arg(&pg);
-                // SAFETY: buffers sized as the kernel documents: q n×d, qn n, b bl×d, bn bl,
-                // exclude n (or null), partial n×nsplit×w.
-                unsafe {
-                    l.launch(LaunchConfig {
-                        grid_dim: (qblocks as u32, nsplit as u32, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: smem as u32,
-                    })
+                let launch = |rows: usize, split_len: usize, nsplit: usize, out: u64, thr: u64| {
+                    let args = (
+                        (gpu.ptr(&q), gpu.ptr(&qn), n as i64),
+                        (gpu.ptr(b), gpu.ptr(bn), rows as i64, bs as u32),
+                        (d as i32, excl_ptr, w as i32, split_len as i64, out, thr),
+                    );
+                    let mut l = gpu.stream.launch_builder(f);
+                    l.arg(&args.0 .0)
+                        .arg(&args.0 .1)
+                        .arg(&args.0 .2)
+                        .arg(&args.1 .0)
+                        .arg(&args.1 .1)
+                        .arg(&args.1 .2)
+                        .arg(&args.1 .3)
+                        .arg(&args.2 .0)
+                        .arg(&args.2 .1)
+                        .arg(&args.2 .2)
+                        .arg(&args.2 .3)
+                        .arg(&args.2 .4)
+                        .arg(&args.2 .5);
+                    // SAFETY: buffers sized as the kernel documents: q n×d, qn n, b ≥ rows×d,
+                    // bn ≥ rows, exclude n (or null), out n×nsplit×w, thr n (or null).
+                    unsafe {
+                        l.launch(LaunchConfig {
+                            grid_dim: (qblocks as u32, nsplit as u32, 1),
+                            block_dim: (256, 1, 1),
+                            shared_mem_bytes: smem as u32,
+                        })
+                    }
+                    .map_err(dev_err(&name))
+                    .map(|_| ())
+                };
+                // Prime each query's shared threshold with a proven bound on its W-th
+                // composite: the W-th of the lists so far (earlier base chunks), or of the
+                // first `prime` rows of this chunk (the same kernel: the same key bits).
+                let prime = prime_rows(w);
+                let prefix;
+                let source = match &running {
+                    Some(r) => Some(gpu.ptr(&r.buf)),
+                    None if prime > 0 && bl >= 4 * prime => {
+                        prefix = gpu.alloc::<u64>(n * w)?;
+                        launch(prime, prime, 1, gpu.ptr(&prefix), 0)?;
+                        Some(gpu.ptr(&prefix))
+                    }
+                    None => None,
+                };
+                if let Some(src) = source {
+                    prime_thresholds(gpu, src, n, w, pg)?;
                 }
-                .map_err(dev_err(&name))?;
+                launch(bl, split_len, nsplit, gpu.ptr(&partial), pg)?;
                 // One split and no earlier chunk: the split's sorted list is the answer.
                 let next = if nsplit == 1 && running.is_none() {
                     Lists { buf: partial }
@@ -422,6 +433,39 @@ pub(crate) fn run(
         exact,
         kernel_ms,
     })
+}
+
+/// Base rows scanned first to prime the thresholds of a W-wide search (0: none). The W-th of
+/// `p` rows has rank about W·n/p among n, so every split then inserts little more than that.
+/// `KNN_CUDA_PRIME` overrides it (rows, for measurements).
+fn prime_rows(w: usize) -> usize {
+    if let Some(v) = std::env::var("KNN_CUDA_PRIME")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return v;
+    }
+    let _ = w;
+    0
+}
+
+/// `gthr[i]` = the W-th composite of row `i` of the sorted lists at `lists` (`n × w`), plus one
+/// (filters keep composites strictly below the threshold, and that entry must stay).
+fn prime_thresholds(gpu: &Gpu, lists: u64, n: usize, w: usize, gthr: u64) -> Result<()> {
+    let f = gpu.func("prime_thresholds")?;
+    let (n64, ww) = (n as i64, w as i32);
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&lists).arg(&n64).arg(&ww).arg(&gthr);
+    // SAFETY: lists holds n×w composites and gthr n.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid_dim: (n.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+    .map_err(dev_err("prime_thresholds"))?;
+    Ok(())
 }
 
 /// Exact f64 keys (as the host's `Kernel::exact`) of the `n × w` candidate composites `comps`
