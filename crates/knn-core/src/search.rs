@@ -276,6 +276,17 @@ fn run(
     let width0 = engine
         .candidate_width(k, available, kernel)
         .clamp(k, available);
+    // A whole graph of a symmetric metric: the engine may compute every row's first candidate
+    // lists at once, each unordered pair once (see `Engine::graph_candidates`).
+    let symmetric = if self_join && rows == (0..base.rows()) && metric.is_symmetric() {
+        let all = engine
+            .graph_candidates(eb, kernel, width0, false)
+            .transpose()?;
+        lap("engine (symmetric, all rows)", &mut since);
+        all
+    } else {
+        None
+    };
     let per_round = (CANDIDATE_BYTES_PER_ROUND / (8 * width0)).max(1024).min(
         (rows.len() / 32)
             .max(MIN_ROUND)
@@ -310,7 +321,9 @@ fn run(
                 exclude,
                 precise: !contiguous,
             };
-            let (cand, exact) = if same_space {
+            let (cand, exact) = if let Some(all) = symmetric.as_ref().filter(|_| contiguous) {
+                (all.rows(start, end), None)
+            } else if same_space {
                 engine.candidates_with_exact(&req)?
             } else {
                 (engine.candidates(&req)?, None)

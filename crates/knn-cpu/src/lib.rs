@@ -23,5 +23,7 @@ mod direct;
 mod engine;
 mod gemm;
 mod int8;
+mod symmetric;
 
-pub use engine::CpuEngine;
+pub use engine::{CpuEngine, SYMMETRIC_LIST_BYTES, SYMMETRIC_MIN_POINTS};
+pub use symmetric::SymmetricStats;
