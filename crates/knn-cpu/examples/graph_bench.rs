@@ -2,13 +2,27 @@
 //! on the same data in the same process:
 //! `cargo run --release -p knn-cpu --example graph_bench -- [n] [d] [k] [metric] [repeat] [threads]
 //! [both|on|off]` (defaults: 20000 128 10 l2 5 all both; uniform [0, 1) data). Runs alternate between the
-//! two paths after one warm-up each; prints the median and minimum of each, their ratio, the
-//! pair keys each computed, and checks that both graphs are identical.
+//! two paths after one warm-up each; prints the median and minimum wall time of each, their
+//! ratio, the median CPU time (all threads) of each and its ratio, the pair keys each computed,
+//! and checks that both graphs are identical.
 
 use knn_core::synth::{generate, Distribution};
 use knn_core::{graph, Engine, MatrixRef, Metric, Symmetry};
 use knn_cpu::CpuEngine;
 use std::time::Instant;
+
+/// CPU time of this process's threads so far, in seconds (`/proc/self/task/*/schedstat`, ns;
+/// 0 where unavailable): on a shared machine it drifts less than wall time.
+fn cpu_seconds() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .sum::<f64>()
+        / 1e9
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -30,17 +44,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let symmetric = CpuEngine::new(threads)?.with_symmetry(Symmetry::On);
 
     let mut times = [Vec::new(), Vec::new()];
+    let mut cpu = [Vec::new(), Vec::new()];
     let mut results = [None, None];
     for r in 0..=repeat {
         for (s, engine) in [&one_sided, &symmetric].into_iter().enumerate() {
             if (only == "on" && s == 0) || (only == "off" && s == 1) {
                 continue;
             }
-            let t = Instant::now();
+            let (t, c) = (Instant::now(), cpu_seconds());
             let nn = graph(engine, points, k, &metric)?;
             let dt = t.elapsed().as_secs_f64() * 1e3;
             if r > 0 {
                 times[s].push(dt);
+                cpu[s].push((cpu_seconds() - c) * 1e3);
             }
             results[s] = Some(nn);
         }
@@ -68,13 +84,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let (m0, min0) = med(&mut times[0]);
     let (m1, min1) = med(&mut times[1]);
+    let (c0, _) = med(&mut cpu[0]);
+    let (c1, _) = med(&mut cpu[1]);
     let full = (n as u64) * (n as u64);
     println!(
         "graph n={n} d={d} k={k} {metric} threads={}: one-sided median {m0:.1} ms (min {min0:.1}), \
          symmetric median {m1:.1} ms (min {min1:.1}); ratio one-sided/symmetric {:.2}; \
-         pair keys {full} vs {} ({:.3}); blocks {}x{} rows, {} rounds; identical graphs: {same}",
+         CPU time median {c0:.1} vs {c1:.1} ms, ratio {:.2}; pair keys {full} vs {} ({:.3}); blocks {}x{} rows, {} rounds; identical graphs: {same}",
         symmetric.threads(),
         m0 / m1,
+        c0 / c1,
         stats.pair_keys,
         stats.pair_keys as f64 / full as f64,
         stats.blocks,
