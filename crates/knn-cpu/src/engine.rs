@@ -58,7 +58,9 @@ impl CpuEngine {
     /// `Auto`'s rule: a graph of `n` points of dimension `d` is computed symmetrically when
     /// `n ≥` [`SYMMETRIC_MIN_POINTS`], its `n` running lists of `width` fit
     /// [`SYMMETRIC_LIST_BYTES`], and the one-sided path would not take the int8 kernel (squared
-    /// L2 at `d ≤ 64` on AVX-512 VNNI), which has no symmetric form.
+    /// L2 at `d ≤ 64` on AVX-512 VNNI), which has no symmetric form: there the symmetric bf16
+    /// path measured 0.8× of the one-sided int8 path (n = 20 000, d = 16 to 64). Elsewhere it
+    /// measured 1.1× to 2× faster (see `bench/graph/README.md`).
     pub fn pays_symmetric(&self, n: usize, d: usize, kernel: Kernel, width: usize) -> bool {
         let int8 = self.bf16()
             && !self.no_int8
@@ -116,17 +118,19 @@ impl CpuEngine {
     }
 }
 
-/// Graphs below this many points take the one-sided path under [`Symmetry::Auto`]: there the
-/// whole graph costs milliseconds and the fewer, larger calls of the symmetric path gain
-/// nothing measurable.
-pub const SYMMETRIC_MIN_POINTS: usize = 2048;
-/// Memory for the running lists of a symmetric graph under [`Symmetry::Auto`] (the one-sided
-/// path holds only one round's lists): 1 GiB.
+/// Graphs below this many points (one SIMD group of rows) take the one-sided path under
+/// [`Symmetry::Auto`]: they cost well under a millisecond either way (measured 1.1–1.3× in
+/// favour of the symmetric path from 64 to 200 points).
+pub const SYMMETRIC_MIN_POINTS: usize = 64;
+/// Memory for the running lists and candidates of a symmetric graph under [`Symmetry::Auto`]
+/// (the one-sided path holds only one round's): 1 GiB, about 1.8 million points at k = 10.
 pub const SYMMETRIC_LIST_BYTES: usize = 1 << 30;
 
-/// Bytes of `n` running lists of `width` (each a buffer of `2·width` (key, id) pairs).
+/// Bytes the symmetric path holds for `n` rows of `width` candidates: per row a buffer of
+/// `2·width` packed pairs, its length, cut and threshold, and the `width` ids and keys handed
+/// to the pipeline.
 fn list_bytes(n: usize, width: usize) -> usize {
-    n.saturating_mul(2 * width * 8 + std::mem::size_of::<TopK>() + 4)
+    n.saturating_mul(24 * width + 20)
 }
 
 /// Per-query selections of one work unit, with the unit's query range.

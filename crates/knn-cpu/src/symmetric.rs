@@ -224,7 +224,7 @@ pub(crate) fn rounds(blocks: usize) -> Vec<Vec<(usize, usize)>> {
             round
         })
         .collect();
-    if blocks % 2 == 0 {
+    if blocks.is_multiple_of(2) {
         out.push((0..blocks).map(|b| (b, b)).collect());
     }
     out
@@ -383,9 +383,9 @@ mod tests {
                     seen[a][b] += 1;
                 }
             }
-            for a in 0..blocks {
-                for b in a..blocks {
-                    assert_eq!(seen[a][b], 1, "pair ({a}, {b}) of {blocks}");
+            for (a, row) in seen.iter().enumerate() {
+                for (b, &times) in row.iter().enumerate().skip(a) {
+                    assert_eq!(times, 1, "pair ({a}, {b}) of {blocks}");
                 }
             }
             assert_eq!(r.len(), blocks, "one round per block");

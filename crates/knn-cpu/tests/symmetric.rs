@@ -186,7 +186,7 @@ fn symmetric_graph_equals_one_sided() {
 #[test]
 fn modes_and_thread_independence() {
     let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
-    let small = data(u, 100, 8, 1);
+    let small = data(u, knn_cpu::SYMMETRIC_MIN_POINTS - 1, 8, 1);
     let large = data(u, knn_cpu::SYMMETRIC_MIN_POINTS, 24, 2);
     let e = |s| CpuEngine::new(Some(2)).unwrap().with_symmetry(s);
     let asks = |engine: &CpuEngine, m: &Matrix| {
