@@ -61,13 +61,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             results[s] = Some(nn);
         }
     }
-    if only != "both" {
-        let v = &mut times[usize::from(only == "on")];
+    let med = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
-        println!(
-            "graph n={n} d={d} k={k} {metric} {only}: median {:.1} ms",
-            v[v.len() / 2]
-        );
+        (v[v.len() / 2], v[0])
+    };
+    if only != "both" {
+        let s = usize::from(only == "on");
+        let (m, _) = med(&mut times[s]);
+        let (c, _) = med(&mut cpu[s]);
+        println!("graph n={n} d={d} k={k} {metric} {only}: median {m:.1} ms, CPU time {c:.1} ms");
         return Ok(());
     }
     let [a, b] = results;
@@ -78,10 +80,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // reports what its kernels computed.
     let width = symmetric.candidate_width(k, n - 1, metric.kernel());
     let (_, stats) = symmetric.symmetric_candidates(points, metric.kernel(), width, false)?;
-    let med = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        (v[v.len() / 2], v[0])
-    };
     let (m0, min0) = med(&mut times[0]);
     let (m1, min1) = med(&mut times[1]);
     let (c0, _) = med(&mut cpu[0]);
