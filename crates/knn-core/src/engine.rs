@@ -3,6 +3,8 @@
 use crate::error::Result;
 use crate::matrix::MatrixRef;
 use crate::metric::Kernel;
+use std::fmt;
+use std::str::FromStr;
 
 /// One candidate computation: for every query, the `width` base points with the smallest
 /// kernel keys.
@@ -56,6 +58,19 @@ pub struct Candidates {
     pub floor: Vec<f32>,
 }
 
+impl Candidates {
+    /// Rows `start..end` as their own candidate lists.
+    pub fn rows(&self, start: usize, end: usize) -> Candidates {
+        let w = self.width;
+        Candidates {
+            width: w,
+            ids: self.ids[start * w..end * w].to_vec(),
+            keys: self.keys[start * w..end * w].to_vec(),
+            floor: self.floor[start..end].to_vec(),
+        }
+    }
+}
+
 /// A kNN engine: computes candidate lists; the shared pipeline ([`crate::search`]) re-ranks
 /// them exactly and asks again, wider, for the rows whose floor does not prove them complete.
 ///
@@ -92,6 +107,26 @@ pub trait Engine: Sync {
         Ok((self.candidates(req)?, None))
     }
 
+    /// Symmetric self-join: candidates for **every** row of a kNN graph of `points` (the same
+    /// lists and floors as [`Engine::candidates`] with `queries = base = points`, `exclude[i] = i`
+    /// and this `width`), computed by an engine that evaluates each unordered pair's key once and
+    /// folds it into both points' lists. Only called for kernels that are symmetric in their two
+    /// arguments (all four are) and metrics whose engine space is one matrix for both sides
+    /// ([`crate::Metric::is_symmetric`]).
+    ///
+    /// `None`: not supported, or not worth it for this size (the pipeline then takes
+    /// [`Engine::candidates`] row range by row range). Default: `None`.
+    fn graph_candidates(
+        &self,
+        points: MatrixRef<'_>,
+        kernel: Kernel,
+        width: usize,
+        precise: bool,
+    ) -> Option<Result<Candidates>> {
+        let _ = (points, kernel, width, precise);
+        None
+    }
+
     /// Queries per pipeline round the engine wants at least (the pipeline still bounds a round
     /// by its memory budget). Small rounds give smooth progress reports; an engine that reorders
     /// the queries of a call for locality (the grid) gains from large ones. Default 4096.
@@ -109,5 +144,41 @@ pub trait Engine: Sync {
     /// re-rank of one round overlaps the device's work on the next. Default 1.
     fn concurrent_rounds(&self) -> usize {
         1
+    }
+}
+
+/// Whether a kNN graph computes each unordered pair once ([`Engine::graph_candidates`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Symmetry {
+    /// Where the engine measured it to pay (its own rule: size, metric, dimension, memory).
+    #[default]
+    Auto,
+    /// Always, where the engine supports it.
+    On,
+    /// Never: every row computes its keys against every point.
+    Off,
+}
+
+impl FromStr for Symmetry {
+    type Err = crate::KnnError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Symmetry::Auto),
+            "on" | "yes" | "true" => Ok(Symmetry::On),
+            "off" | "no" | "false" => Ok(Symmetry::Off),
+            _ => Err(crate::KnnError::Option(format!(
+                "unknown symmetric mode '{s}' (auto, on, off)"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Symmetry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Symmetry::Auto => "auto",
+            Symmetry::On => "on",
+            Symmetry::Off => "off",
+        })
     }
 }

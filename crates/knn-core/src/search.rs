@@ -251,6 +251,9 @@ struct Run<'a> {
     width0: usize,
     /// See [`CandidateRequest::base_key`].
     base_key: u64,
+    /// First-try candidates of every row of a whole graph, computed at once with each
+    /// unordered pair once (see [`Engine::graph_candidates`]).
+    symmetric: Option<crate::engine::Candidates>,
     profile: bool,
 }
 
@@ -305,7 +308,10 @@ impl Run<'_> {
                 precise: !contiguous,
                 base_key: Some(self.base_key),
             };
-            let (cand, exact) = if self.same_space {
+            let first_try = self.symmetric.as_ref().filter(|_| contiguous);
+            let (cand, exact) = if let Some(all) = first_try {
+                (all.rows(start, end), None)
+            } else if self.same_space {
                 engine.candidates_with_exact(&req)?
             } else {
                 (engine.candidates(&req)?, None)
@@ -441,7 +447,7 @@ fn run(
     let width0 = engine
         .candidate_width(k, available, kernel)
         .clamp(k, available);
-    let ctx = Run {
+    let mut ctx = Run {
         metric,
         eb: prep.engine_base(),
         eq: prep.engine_queries(),
@@ -454,9 +460,18 @@ fn run(
         available,
         width0,
         base_key: crate::engine::base_key(),
+        symmetric: None,
         profile,
     };
     ctx.lap("prepare", &mut since);
+    // A whole graph of a symmetric metric: the engine may compute every row's first candidate
+    // lists at once, each unordered pair once (see `Engine::graph_candidates`).
+    if ctx.self_join && rows == (0..base.rows()) && metric.is_symmetric() {
+        ctx.symmetric = engine
+            .graph_candidates(ctx.eb, kernel, width0, false)
+            .transpose()?;
+        ctx.lap("engine (symmetric, all rows)", &mut since);
+    }
     let first = rows.start;
     let mut out = Neighbors::with_shape(rows.len(), k);
     let per_round = (CANDIDATE_BYTES_PER_ROUND / workers.len() / (8 * width0))
