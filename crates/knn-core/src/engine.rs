@@ -28,6 +28,14 @@ pub struct CandidateRequest<'a> {
     /// immutably), so an engine may keep what it derived from the base (a device copy, norms)
     /// from one call to the next. `None`: no such promise.
     pub base_key: Option<u64>,
+    /// `true` when the data are the metric's exact values themselves (nothing rounded in
+    /// between, such as Hellinger's square roots): an engine may then translate them (centre
+    /// them) with one rounding of its own, which the `+8` slack of [`Kernel::error_bound`]
+    /// covers. A translation after an earlier rounding would leave that rounding outside the
+    /// bound.
+    ///
+    /// [`Kernel::error_bound`]: crate::Kernel::error_bound
+    pub exact_data: bool,
 }
 
 /// A key no earlier call of this process returned, for [`CandidateRequest::base_key`].

@@ -251,6 +251,8 @@ struct Run<'a> {
     width0: usize,
     /// See [`CandidateRequest::base_key`].
     base_key: u64,
+    /// See [`CandidateRequest::exact_data`].
+    exact_data: bool,
     /// First-try candidates of every row of a whole graph, computed at once with each
     /// unordered pair once (see [`Engine::graph_candidates`]).
     symmetric: Option<crate::engine::Candidates>,
@@ -307,6 +309,7 @@ impl Run<'_> {
                 exclude,
                 precise: !contiguous,
                 base_key: Some(self.base_key),
+                exact_data: self.exact_data,
             };
             let first_try = self.symmetric.as_ref().filter(|_| contiguous);
             let (cand, exact) = if let Some(all) = first_try {
@@ -460,6 +463,7 @@ fn run(
         available,
         width0,
         base_key: crate::engine::base_key(),
+        exact_data: prep.engine.is_none(),
         symmetric: None,
         profile,
     };

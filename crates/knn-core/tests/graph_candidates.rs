@@ -63,6 +63,8 @@ impl Engine for Counting {
             width,
             exclude: Some(&exclude),
             precise,
+            base_key: None,
+            exact_data: false,
         }))
     }
 }

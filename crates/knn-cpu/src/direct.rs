@@ -1057,6 +1057,7 @@ mod tests {
                             exclude: None,
                             precise,
                             base_key: None,
+                            exact_data: false,
                         };
                         let plan = DirectPlan::new(&req);
                         for isa in isas() {
@@ -1109,6 +1110,7 @@ mod tests {
                 exclude: None,
                 precise,
                 base_key: None,
+                exact_data: false,
             })
             .op
         };

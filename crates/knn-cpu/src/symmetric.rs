@@ -266,6 +266,7 @@ pub(crate) fn graph_candidates(
         exclude: None,
         precise,
         base_key: None,
+        exact_data: false,
     };
     let keys = if kernel.is_gemm() {
         let plan = GemmPlan::new(&req, bf16 && !precise);

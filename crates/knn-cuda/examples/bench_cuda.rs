@@ -135,6 +135,7 @@ fn main() {
                 exclude: None,
                 precise: false,
                 base_key: None,
+                exact_data: false,
             };
             kern.clear();
             let mut cand = Vec::new();

@@ -87,6 +87,7 @@ struct Rows {
 struct BaseInfo {
     key: Option<u64>,
     kernel: Kernel,
+    exact_data: bool,
     /// The centre the fused method subtracts (squared L2), as f32.
     centre: Option<Vec<f32>>,
     /// Upper bound on the norms of the (centred) base rows.
@@ -147,14 +148,19 @@ impl CudaEngine {
     fn base_info(&self, req: &CandidateRequest<'_>) -> BaseInfo {
         let mut slot = self.base_info.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(info) = slot.as_ref() {
-            if info.key.is_some() && info.key == req.base_key && info.kernel == req.kernel {
+            if info.key.is_some()
+                && info.key == req.base_key
+                && info.kernel == req.kernel
+                && info.exact_data == req.exact_data
+            {
                 return info.clone();
             }
         }
         // Centring pays only for the GEMM form of squared L2 (translation-invariant keys whose
-        // rounding bound grows with the norms); the baselines keep the data as given.
-        let centre =
-            (self.method == Method::Fused && req.kernel == Kernel::SqL2).then(|| mean(req.base));
+        // rounding bound grows with the norms), and is sound only on exact data (see
+        // `CandidateRequest::exact_data`); the baselines keep the data as given.
+        let centre = (self.method == Method::Fused && req.kernel == Kernel::SqL2 && req.exact_data)
+            .then(|| mean(req.base));
         let bn_max = if req.kernel.is_gemm() {
             centred_max_norm(req.base, centre.as_deref())
         } else {
@@ -163,6 +169,7 @@ impl CudaEngine {
         let info = BaseInfo {
             key: req.base_key,
             kernel: req.kernel,
+            exact_data: req.exact_data,
             centre,
             bn_max,
         };

@@ -209,6 +209,7 @@ fn device_exact_keys_are_the_host_ones() {
                     exclude: None,
                     precise: false,
                     base_key: Some(key),
+                    exact_data: true,
                 };
                 let (c, exact) = e.candidates_with_exact(&req).unwrap();
                 let exact = exact.expect("the fused method gives exact keys for a resident base");

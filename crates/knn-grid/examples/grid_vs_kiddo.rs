@@ -128,6 +128,7 @@ fn main() {
                                 exclude: None,
                                 precise: false,
                                 base_key: None,
+                                exact_data: false,
                             };
                             std::hint::black_box(e.candidates(&req).unwrap());
                         },
