@@ -310,7 +310,9 @@ fn run(
                 exclude,
                 precise: !contiguous,
             };
-            let (cand, exact) = if same_space {
+            let (cand, exact) = if let Some(plan) = &prep.expr {
+                (engine.candidates_expr(&req, plan)?, None)
+            } else if same_space {
                 engine.candidates_with_exact(&req)?
             } else {
                 (engine.candidates(&req)?, None)
