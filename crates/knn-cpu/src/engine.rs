@@ -1,7 +1,7 @@
 //! [`CpuEngine`]: splits the work into units of (query tile × base range), runs them on rayon,
 //! merges the per-unit top-k lists.
 
-use knn_core::{CandidateRequest, Candidates, Engine, Kernel, KnnError, Result, TopK};
+use knn_core::{CandidateRequest, Candidates, Engine, ExprPlan, Kernel, KnnError, Result, TopK};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -87,6 +87,13 @@ impl Engine for CpuEngine {
             k + 4 + k / 16
         };
         w.min(available)
+    }
+
+    fn candidates_expr(&self, req: &CandidateRequest<'_>, plan: &ExprPlan) -> Result<Candidates> {
+        Ok(match &self.pool {
+            Some(p) => p.install(|| crate::expr::candidates(req, plan)),
+            None => crate::expr::candidates(req, plan),
+        })
     }
 
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {

@@ -16,11 +16,15 @@
 //!   `Σ|q − b| = Σq + Σb − 2·Σmin(q, b)` (2 operations per coordinate instead of 3) with a
 //!   proven, wider floor bound; retries use `|q − b|` (see `direct.rs`).
 //!
+//! - Expression metrics (`--metric-expr`): the plan's f32 program run by a bytecode loop over
+//!   64 query lanes × 4 base points per dispatch (`expr.rs`).
+//!
 //! Results do not depend on the thread count: every selection is by (key, id).
 
 mod bf16;
 mod direct;
 mod engine;
+mod expr;
 mod gemm;
 mod int8;
 

@@ -32,8 +32,8 @@
 mod parse;
 mod plan;
 
-pub use plan::{EngineProgram, ExprPlan, Instr, Src};
 pub(crate) use plan::prepare_expr;
+pub use plan::{EngineProgram, ExprPlan, Instr, Src};
 
 use std::fmt;
 

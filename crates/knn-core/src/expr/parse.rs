@@ -66,10 +66,7 @@ fn lex(text: &str) -> Result<Vec<(Tok, Span)>, ExprError> {
             while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_') {
                 i += 1;
             }
-            toks.push((
-                Tok::Name(chars[start..i].iter().collect()),
-                span(start, i),
-            ));
+            toks.push((Tok::Name(chars[start..i].iter().collect()), span(start, i)));
         } else if "+-*/^(),;".contains(c) {
             i += 1;
             toks.push((Tok::Sym(c), span(start, i)));
@@ -375,10 +372,7 @@ impl<'t> Parser<'t> {
         }
         self.pos += 1;
         if f.is_unary() && args.len() != 1 {
-            return Err(self.err(
-                at,
-                format!("'{name}' takes 1 argument, not {}", args.len()),
-            ));
+            return Err(self.err(at, format!("'{name}' takes 1 argument, not {}", args.len())));
         }
         if !f.is_unary() && args.len() < 2 {
             return Err(self.err(at, format!("'{name}' takes 2 or more arguments")));
@@ -588,7 +582,10 @@ mod tests {
         let e = MetricExpr::parse("acc + sqr(x - y)").unwrap_err();
         let s = e.to_string();
         assert!(s.starts_with("unknown function 'sqr'"), "{s}");
-        assert!(s.contains("at column 7\n    acc + sqr(x - y)\n          ^^^"), "{s}");
+        assert!(
+            s.contains("at column 7\n    acc + sqr(x - y)\n          ^^^"),
+            "{s}"
+        );
     }
 
     #[test]

@@ -242,8 +242,16 @@ impl Iv {
         let lo = self.lo - self.lo.abs() * rel;
         let hi = self.hi + self.hi.abs() * rel;
         Iv {
-            lo: if self.lo >= 0.0 { lo.max(0.0) } else { lo - 5e-324 },
-            hi: if self.hi <= 0.0 { hi.min(0.0) } else { hi + 5e-324 },
+            lo: if self.lo >= 0.0 {
+                lo.max(0.0)
+            } else {
+                lo - 5e-324
+            },
+            hi: if self.hi <= 0.0 {
+                hi.min(0.0)
+            } else {
+                hi + 5e-324
+            },
         }
     }
 }
@@ -305,7 +313,11 @@ fn op_bounds(f: Func, a: f64, b: f64) -> (f64, f64) {
         Func::Exp | Func::Log => {
             let w = r.abs() * 4.0 * U64 + 5e-324;
             (
-                if f == Func::Exp { (r - w).max(0.0) } else { r - w },
+                if f == Func::Exp {
+                    (r - w).max(0.0)
+                } else {
+                    r - w
+                },
                 r + w,
             )
         }
@@ -1076,8 +1088,13 @@ mod tests {
         assert_eq!(e.column(), 15);
         // Valid on this data: the offset keeps sqrt's argument non-negative.
         plan("acc + sqrt(x - y + 3)", &pos, &pos, 2).unwrap();
-        plan("acc + abs(x - y) / (x + y + 1) ; sqrt(acc) * 2 + log(acc + 1)", &pos, &pos, 2)
-            .unwrap();
+        plan(
+            "acc + abs(x - y) / (x + y + 1) ; sqrt(acc) * 2 + log(acc + 1)",
+            &pos,
+            &pos,
+            2,
+        )
+        .unwrap();
     }
 
     /// Every f32 key (plain evaluation) is within the plan's bound of the f64 key, at the
@@ -1121,7 +1138,10 @@ mod tests {
                                 (got as f64 - exact).abs() <= bound,
                                 "{text} d={d} [{lo},{hi}]: f32 {got} f64 {exact} bound {bound}"
                             );
-                            assert!(plan.floor(got) as f64 <= exact, "{text}: floor above the key");
+                            assert!(
+                                plan.floor(got) as f64 <= exact,
+                                "{text}: floor above the key"
+                            );
                         }
                     }
                 }
