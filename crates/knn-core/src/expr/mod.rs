@@ -201,7 +201,7 @@ impl Program {
 }
 
 /// A parse or check error of an expression, with the column (1-based, in characters) of the
-/// problem. Displays as the message, then the text with a caret line under the problem.
+/// problem. Displays as `column N: message`, then the text with a caret line under the problem.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExprError {
     message: String,
@@ -235,9 +235,9 @@ impl fmt::Display for ExprError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} at column {}\n    {}\n    {}{}",
-            self.message,
+            "column {}: {}\n    {}\n    {}{}",
             self.column,
+            self.message,
             self.text,
             " ".repeat(self.column - 1),
             "^".repeat(self.width)

@@ -8,34 +8,26 @@
 //! padded). The per-pair program ([`EngineProgram`]) reads them and the running value `acc`.
 //!
 //! # The bound
-//! For every pair, `|k̂ − k| ≤ E`, where `k` is the reference key (the accumulation in f64,
-//! [`super::MetricExpr::key`]) and `k̂` the engine's f32 key. `E` comes from a forward analysis
-//! of the program over the data: every instruction gets an interval `V` holding all the values
-//! it can take in f32 *and* in f64 (endpoints rounded outward to f32 values, which contain both
-//! roundings of any real value between them, rounding being monotone), and a bound `e` on
-//! `|v₃₂ − v₆₄|`. With `U = 2⁻²⁴ + 2⁻⁵³` (one f32 and one f64 rounding), `M = max|V|` and
-//! `η = 2⁻¹⁴⁹` (subnormal results):
-//! - `a ± b`: `e = U·M + e_a + e_b + η`;
-//! - `a·b`: `e = U·M + max|A|·e_b + max|B|·e_a + η` (from `a₃₂b₃₂ − a₆₄b₆₄ =
-//!   a₃₂(b₃₂ − b₆₄) + b₆₄(a₃₂ − a₆₄)`);
-//! - `a / b` (`0 ∉ B`): `e = U·M + e_a/m + max|A|·e_b/m² + η`, `m = min|B|`;
-//! - `−a`, `|a|`, `min`, `max`: exact, `e = max(e_a, e_b)`;
-//! - `√a` (`A ≥ 0`): `e = U·√max A + min(√e_a, e_a / (2√min A)) + η` (`|√p − √q| ≤ √|p − q|`);
-//! - `exp a`: `e = T·M + exp(max A)·e_a + η`, `log a` (`A > 0`): `e = T·M + e_a / min A + η`,
-//!   with `T = 8·2⁻²⁴ + 4·2⁻⁵³`: 4 ulp for f32 (CUDA's `expf` is within 2, `logf` within 1; the
-//!   CPU rounds the f64 function once) and 2 ulp for f64.
+//! For every pair, `|k̂ − k| ≤ A + R·|k|`, where `k` is the reference key (the accumulation in
+//! f64, [`super::MetricExpr::key`]) and `k̂` the engine's f32 key. `A` and `R` come from a
+//! forward analysis of the program over the data: every instruction gets an interval `V`
+//! holding all the values it takes in f32 *and* in f64 (endpoints with directed rounding, then
+//! outward to f32 values, which contain both roundings of any real value between them,
+//! rounding being monotone) and an error `|v₃₂ − v₆₄| ≤ a + r·|v₆₄|`, propagated operation by
+//! operation (see `apply`): relative where no cancellation can occur (sums of terms of one sign,
+//! products, quotients, square roots: `|x − y|`, `x + y`, `(√x − √y)²` stay relative), absolute
+//! (over `V`) where it can. Each rounding adds `2⁻²⁴` (f32) and `2⁻⁵³` (f64) relative, and
+//! `2⁻¹⁴⁹` for subnormal results; `exp` and `log` take 4 ulp for f32 (CUDA's `expf` is within 2,
+//! `logf` within 1; the CPU rounds the f64 function once) and 2 ulp for f64. A fused
+//! multiply-add (CUDA contracts `a·b + c`) skips a rounding, so it stays within these. Channels
+//! add one rounding to f32; constants their own. The accumulation is iterated over the `d`
+//! coordinates from `acc = 0` (exactly, `d` steps), so `A`, `R` are those of `acc_d`; both values
+//! of an instruction lie in `V`, so an error never exceeds `V`'s width.
 //!
-//! A fused multiply-add (CUDA contracts `a·b + c`) skips a rounding, so it stays within these.
-//! Channels add `2⁻²⁴·max|V| + 2⁻¹⁵⁰` for their one rounding to f32; constants their own.
-//! The accumulation is iterated over the `d` coordinates from `acc = 0`, so `E = e_d`.
-//!
-//! Sharper for monotone accumulations (`acc + t` with `t ≥ 0`, or `max(acc, t)`): f64 keys
-//! then never decrease along the coordinates, so for pairs whose key is at most `K` every
-//! intermediate `acc` is too (and its f32 value at most `K + e_j`). Rerunning the analysis with
-//! `acc` clamped so gives `E(K)` for keys up to `K`, tabulated at powers of two. A row whose
-//! W-th computed key is `k̂_W` then has the floor `k̂_W − E(k̂_W)`: a point left out either has
-//! a reference key above `k̂_W` or one within `E(k̂_W)` of its computed key, which is at least
-//! `k̂_W`.
+//! A row whose W-th computed key is `k̂_W` gets the floor `k̂_W − (A + R·m)`, `m` the largest
+//! magnitude of a key at most `k̂_W` (`k̂_W` itself when keys are not negative): a point left
+//! out has a computed key at least `k̂_W` and a reference key either above `k̂_W` or within
+//! `A + R·m` of its computed key.
 //!
 //! Operations whose operands may leave their domain on this data (`sqrt` of a negative value,
 //! `log` of a value ≤ 0, a divisor interval holding 0), values beyond the f32 range, and final
@@ -49,16 +41,10 @@ use std::collections::HashMap;
 
 const U32: f64 = 1.0 / (1u64 << 24) as f64;
 const U64: f64 = 1.0 / (1u64 << 53) as f64;
-/// One f32 rounding (engine) and one f64 rounding (reference).
-const U: f64 = U32 + U64;
 /// Absolute error of a rounding into the subnormal range (f32 and f64 together).
 const ETA: f64 = 1.401298464324817e-45; // 2⁻¹⁴⁹
-/// exp and log: 4 ulp of f32 and 2 ulp of f64, relative.
-const T: f64 = 8.0 * U32 + 4.0 * U64;
 /// Most channels (distinct functions of `x`, or of `y`) an expression may use.
 pub const MAX_CHANNELS: usize = 16;
-/// Levels of the bound table (powers of two below the largest key).
-const LEVELS: i32 = 48;
 
 /// An operand of an engine instruction.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -151,10 +137,11 @@ impl EngineProgram {
 pub struct ExprPlan {
     program: EngineProgram,
     dim: usize,
-    /// Bound for every pair.
-    global: f64,
-    /// `(K, E(K))` by increasing `K`: the bound for pairs whose reference key is at most `K`.
-    levels: Vec<(f64, f64)>,
+    /// `|k̂ − k| ≤ abs + rel·|k|` for every pair (`k` the f64 key).
+    abs: f64,
+    rel: f64,
+    /// The values f64 keys can take.
+    keys: (f64, f64),
 }
 
 impl ExprPlan {
@@ -169,17 +156,28 @@ impl ExprPlan {
     }
 
     /// A bound on `|computed − reference|` valid for every pair whose reference key is at most
-    /// `key` (for every pair when no sharper level applies).
+    /// `key`: `abs + rel·m`, `m` the largest magnitude such a key can have.
     pub fn error_bound(&self, key: f32) -> f64 {
-        let k = key as f64;
-        self.levels
-            .iter()
-            .find(|&&(level, _)| level >= k)
-            .map_or(self.global, |&(_, e)| e.min(self.global))
+        let (lo, hi) = self.keys;
+        let k = (key as f64).min(hi);
+        let m = if lo >= 0.0 {
+            k.max(0.0)
+        } else {
+            k.abs().max(lo.abs())
+        };
+        let e = self.abs + self.rel * m;
+        if e.is_nan() {
+            f64::INFINITY
+        } else {
+            e
+        }
     }
 
     /// The floor of a row whose `width`-th computed key is `kth`: a lower bound on the reference
     /// key of every point left out, rounded down to f32 (`−∞` when the bound is unusable).
+    ///
+    /// A point left out has a computed key `k̂ ≥ kth`; its reference key is either above `kth`
+    /// or at most `kth`, and then within `error_bound(kth)` of `k̂`.
     pub fn floor(&self, kth: f32) -> f32 {
         let f = kth as f64 - self.error_bound(kth) * (1.0 + 1e-9) - ETA;
         if f.is_nan() {
@@ -347,11 +345,20 @@ fn real_range(f: Func, a: Iv, b: Iv, same: bool) -> Iv {
     out
 }
 
-/// An instruction's interval and error bound.
+/// An instruction's values and error: `v` holds every value it takes in f32 and in f64, and
+/// `|v₃₂ − v₆₄| ≤ a + r·|v₆₄|`.
 #[derive(Clone, Copy, Debug)]
 struct St {
     v: Iv,
-    e: f64,
+    a: f64,
+    r: f64,
+}
+
+impl St {
+    /// The error as an absolute bound over `v`.
+    fn abs(self) -> f64 {
+        self.a + self.r * self.v.maxabs()
+    }
 }
 
 fn num(v: f64) -> String {
@@ -372,7 +379,44 @@ fn range(v: Iv) -> String {
     format!("[{}, {}]", num(v.lo), num(v.hi))
 }
 
+/// The error of an operation's result from its propagated error `|s₃₂ − s| ≤ pa + pr·|s|`
+/// (`s₃₂`, `s`: the exact results on the f32 and the f64 operands) and one rounding of each
+/// (`u32`: the f32 one, relative, `u64` the f64 one): with `v₃₂ = fl(s₃₂)`, `v₆₄ = fl(s)`,
+/// `|v₃₂ − v₆₄| ≤ u32·|s₃₂| + |s₃₂ − s| + u64·|s| + 2η` and `|s| ≤ (1 + 2u64)|v₆₄| + η`.
+fn rounded(v: Iv, pa: f64, pr: f64, u32: f64, u64: f64) -> St {
+    let r = (pr * (1.0 + u32) + u32 + u64) * (1.0 + 2.0 * u64);
+    let a = pa * (1.0 + u32) + 3.0 * ETA;
+    capped(St { v, a, r })
+}
+
+/// Both values lie in `v`, so their difference is at most its width: a bound that never grows
+/// past it.
+fn capped(s: St) -> St {
+    let width = s.v.hi - s.v.lo;
+    if s.abs() > width {
+        St {
+            v: s.v,
+            a: width,
+            r: 0.0,
+        }
+    } else {
+        s
+    }
+}
+
+/// `true` when every value of both intervals has one sign (so `|a| + |b| = |a + b|`).
+fn same_sign(a: Iv, b: Iv) -> bool {
+    (a.lo >= 0.0 && b.lo >= 0.0) || (a.hi <= 0.0 && b.hi <= 0.0)
+}
+
 /// One operation on intervals with error bounds; `Err` explains a domain or range problem.
+/// The propagation of `|δa| ≤ A_a + R_a|a|` through each operation:
+/// - `a ± b`: `A_a + A_b + max(R_a, R_b)|s|` when no cancellation can occur, else all absolute;
+/// - `a·b`: `(R_a + R_b + R_aR_b)|s| + A_b·max|a|(1 + R_a) + A_a·max|b|(1 + R_b) + A_aA_b`;
+/// - `a/b`: `ρA_a/m + ρ(R_a + R_b + A_b/m)|s|` with `m = min|b|`, `ρ = 1/(1 − R_b − A_b/m)`;
+/// - `√a`: `R_a|s|` (+ `A_a/(2√min a)`, or `√A_a + √R_a·|s|` when `a` can be 0);
+/// - `exp a`: `D·e^D·|s|` with `D = A_a + R_a·max|a|`; `log a`: `ε/(1 − ε)`, `ε = A_a/min a + R_a`;
+/// - `|a|`, `−a`: unchanged; `min`, `max`: `max(A) + max(R)|s|` for operands ≥ 0, else absolute.
 fn apply(f: Func, a: St, b: St, same: bool) -> std::result::Result<St, String> {
     let (av, bv) = (a.v, b.v);
     let out = match f {
@@ -381,42 +425,65 @@ fn apply(f: Func, a: St, b: St, same: bool) -> std::result::Result<St, String> {
                 lo: -av.hi,
                 hi: -av.lo,
             },
-            e: a.e,
+            ..a
         },
         Func::Abs => St {
             v: Iv {
                 lo: av.minabs(),
                 hi: av.maxabs(),
             },
-            e: a.e,
+            ..a
         },
-        Func::Min => St {
-            v: Iv {
-                lo: av.lo.min(bv.lo),
-                hi: av.hi.min(bv.hi),
-            },
-            e: a.e.max(b.e),
-        },
-        Func::Max => St {
-            v: Iv {
-                lo: av.lo.max(bv.lo),
-                hi: av.hi.max(bv.hi),
-            },
-            e: a.e.max(b.e),
-        },
+        Func::Min | Func::Max => {
+            let v = if f == Func::Min {
+                Iv {
+                    lo: av.lo.min(bv.lo),
+                    hi: av.hi.min(bv.hi),
+                }
+            } else {
+                Iv {
+                    lo: av.lo.max(bv.lo),
+                    hi: av.hi.max(bv.hi),
+                }
+            };
+            if av.lo >= 0.0 && bv.lo >= 0.0 {
+                St {
+                    v,
+                    a: a.a.max(b.a),
+                    r: a.r.max(b.r),
+                }
+            } else {
+                capped(St {
+                    v,
+                    a: a.abs().max(b.abs()),
+                    r: 0.0,
+                })
+            }
+        }
         Func::Add | Func::Sub => {
             let v = real_range(f, av, bv, false).to_f32();
-            St {
-                v,
-                e: U * v.maxabs() + a.e + b.e + ETA,
+            let no_cancel = if f == Func::Add {
+                same_sign(av, bv)
+            } else {
+                same_sign(
+                    av,
+                    Iv {
+                        lo: -bv.hi,
+                        hi: -bv.lo,
+                    },
+                )
+            };
+            if no_cancel {
+                rounded(v, a.a + b.a, a.r.max(b.r), U32, U64)
+            } else {
+                rounded(v, a.abs() + b.abs(), 0.0, U32, U64)
             }
         }
         Func::Mul => {
             let v = real_range(f, av, bv, same).to_f32();
-            St {
-                v,
-                e: U * v.maxabs() + av.maxabs() * b.e + bv.maxabs() * a.e + ETA,
-            }
+            let pr = a.r + b.r + a.r * b.r;
+            let pa = b.a * av.maxabs() * (1.0 + a.r) + a.a * bv.maxabs() * (1.0 + b.r) + a.a * b.a;
+            rounded(v, pa, pr, U32, U64)
         }
         Func::Div => {
             if bv.lo <= 0.0 && bv.hi >= 0.0 {
@@ -427,9 +494,12 @@ fn apply(f: Func, a: St, b: St, same: bool) -> std::result::Result<St, String> {
             }
             let v = real_range(f, av, bv, false).to_f32();
             let m = bv.minabs();
-            St {
-                v,
-                e: U * v.maxabs() + a.e / m + av.maxabs() * b.e / (m * m) + ETA,
+            let shrink = b.r + b.a / m;
+            if shrink < 0.5 {
+                let rho = 1.0 / (1.0 - shrink);
+                rounded(v, rho * a.a / m, rho * (a.r + shrink), U32, U64)
+            } else {
+                rounded(v, v.hi - v.lo, 0.0, U32, U64)
             }
         }
         Func::Sqrt => {
@@ -440,23 +510,20 @@ fn apply(f: Func, a: St, b: St, same: bool) -> std::result::Result<St, String> {
                 ));
             }
             let v = real_range(f, av, bv, false).to_f32();
-            let prop = if av.lo > 0.0 {
-                a.e.sqrt().min(a.e / (2.0 * av.lo.sqrt()))
+            let (pa, pr) = if a.a == 0.0 {
+                (0.0, a.r)
+            } else if av.lo > 0.0 {
+                (a.a / (2.0 * av.lo.sqrt()), a.r)
             } else {
-                a.e.sqrt()
+                (a.a.sqrt(), a.r.sqrt())
             };
-            St {
-                v,
-                e: U * v.hi + prop + ETA,
-            }
+            rounded(v, pa, pr, U32, U64)
         }
         Func::Exp => {
             // The engine's exp: within 4 ulp of f32.
             let v = real_range(f, av, bv, false).loose(8.0 * U32).to_f32();
-            St {
-                v,
-                e: T * v.maxabs() + v.hi * a.e + ETA,
-            }
+            let dd = a.abs();
+            rounded(v, 0.0, dd * dd.exp(), 8.0 * U32, 4.0 * U64)
         }
         Func::Log => {
             if av.lo <= 0.0 {
@@ -466,10 +533,13 @@ fn apply(f: Func, a: St, b: St, same: bool) -> std::result::Result<St, String> {
                 ));
             }
             let v = real_range(f, av, bv, false).loose(8.0 * U32).to_f32();
-            St {
-                v,
-                e: T * v.maxabs() + a.e / av.lo + ETA,
-            }
+            let eps = a.a / av.lo + a.r;
+            let pa = if eps < 0.5 {
+                eps / (1.0 - eps)
+            } else {
+                v.hi - v.lo
+            };
+            rounded(v, pa, 0.0, 8.0 * U32, 4.0 * U64)
         }
     };
     if !(out.v.maxabs() <= f32::MAX as f64) {
@@ -599,7 +669,8 @@ fn channels(
             st: vec![
                 St {
                     v: Iv::point(0.0),
-                    e: 0.0
+                    a: 0.0,
+                    r: 0.0,
                 };
                 roots.len()
             ],
@@ -624,7 +695,8 @@ fn channels(
                     lo: lo as f64,
                     hi: hi as f64,
                 },
-                e: 0.0,
+                a: 0.0,
+                r: 0.0,
             }],
         });
     }
@@ -696,12 +768,11 @@ fn channels(
     }
     let st = ranges
         .into_iter()
-        .map(|(lo, hi)| {
-            let v = Iv { lo, hi };
-            St {
-                v,
-                e: U32 * v.maxabs() + ETA,
-            }
+        // One rounding of the f64 value to f32.
+        .map(|(lo, hi)| St {
+            v: Iv { lo, hi },
+            a: ETA,
+            r: U32,
         })
         .collect();
     Ok(Channels {
@@ -734,7 +805,8 @@ impl Analysis<'_> {
                 }
                 St {
                     v: Iv::of(c, c32 as f64),
-                    e: (c - c32 as f64).abs(),
+                    a: (c - c32 as f64).abs(),
+                    r: 0.0,
                 }
             }
         })
@@ -969,8 +1041,9 @@ pub(crate) fn prepare_expr(
     let mut plan = ExprPlan {
         program,
         dim: d,
-        global: f64::INFINITY,
-        levels: Vec::new(),
+        abs: f64::INFINITY,
+        rel: 0.0,
+        keys: (f64::NEG_INFINITY, f64::INFINITY),
     };
     if nq == 0 {
         // Nothing will be evaluated.
@@ -985,60 +1058,25 @@ pub(crate) fn prepare_expr(
     };
     let zero = St {
         v: Iv::point(0.0),
-        e: 0.0,
+        a: 0.0,
+        r: 0.0,
     };
     // Instructions free of acc: their states hold at every coordinate.
     let mut vals = Vec::new();
     an.step(zero, &mut vals).map_err(KnnError::Expr)?;
     an.fixed = vals.iter().map(|&s| Some(s)).collect();
     let root = sp.instrs.len() - 1;
-    let (rf, ra, rb, _, _) = sp.instrs[root];
-    let mut monotone = matches!(rf, Func::Add | Func::Max) && (ra == ASrc::Acc || rb == ASrc::Acc);
     let mut acc = zero;
     for _ in 0..d {
         an.step(acc, &mut vals).map_err(KnnError::Expr)?;
-        if rf == Func::Add {
-            let other = if ra == ASrc::Acc { rb } else { ra };
-            let s = an.operand(other, &vals, acc).expect("checked in step");
-            monotone &= s.v.lo >= 0.0;
-        }
         acc = vals[root];
     }
-    plan.global = if acc.e.is_finite() {
-        acc.e
-    } else {
-        f64::INFINITY
-    };
     if let Some(f) = e.final_step() {
         check_final(text, f, acc.v).map_err(KnnError::Expr)?;
     }
-    if monotone && acc.v.hi > 0.0 && acc.v.hi.is_finite() && plan.global.is_finite() {
-        let top = acc.v.hi.log2().ceil() as i32;
-        for level in (top - LEVELS + 1)..=top {
-            let k = 2f64.powi(level);
-            let mut s = zero;
-            let mut bound = 0.0;
-            let mut vacuous = false;
-            for _ in 0..d {
-                let cap = (k + s.e) * (1.0 + 4.0 * U64);
-                if s.v.lo > cap {
-                    vacuous = true;
-                    break;
-                }
-                let clamped = St {
-                    v: Iv {
-                        lo: s.v.lo,
-                        hi: s.v.hi.min(cap),
-                    },
-                    e: s.e,
-                };
-                an.step(clamped, &mut vals).map_err(KnnError::Expr)?;
-                s = vals[root];
-                bound = s.e;
-            }
-            plan.levels.push((k, if vacuous { 0.0 } else { bound }));
-        }
-    }
+    plan.abs = acc.a;
+    plan.rel = acc.r;
+    plan.keys = (acc.v.lo, acc.v.hi);
     Ok((plan, engine))
 }
 
@@ -1170,14 +1208,27 @@ mod tests {
     }
 
     #[test]
-    fn monotone_bounds_are_relative() {
+    fn bounds_are_relative_where_nothing_cancels() {
         let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
         let d = 128;
         let b = generate(u, 50, d, 1);
-        let p = plan("acc + abs(x - y)", &b, &b, d).unwrap();
-        // Keys near 1 get a bound near d·u·(1 + 1), far below the global one (~d²u/2).
-        assert!(p.error_bound(1.0) < 1e-4, "{}", p.error_bound(1.0));
-        assert!(p.error_bound(1.0) < p.error_bound(100.0));
-        assert!(p.floor(1.0) < 1.0 && p.floor(1.0) > 0.999);
+        for text in [
+            "acc + abs(x - y)",
+            "acc + abs(x - y) / (x + y + 1e-6)",
+            "max(acc, abs(x - y))",
+        ] {
+            let p = plan(text, &b, &b, d).unwrap();
+            // Keys near 1 get a bound near (d + 3)·2⁻²⁴: relative, as for the built-in L1.
+            assert!(p.error_bound(1.0) < 1e-5, "{text}: {}", p.error_bound(1.0));
+            assert!(
+                p.error_bound(1e-3) < 1e-8,
+                "{text}: {}",
+                p.error_bound(1e-3)
+            );
+            assert!(p.floor(1.0) < 1.0 && p.floor(1.0) > 0.99999);
+        }
+        // Differences of square roots cancel: an absolute part remains.
+        let h = plan("acc + (sqrt(x) - sqrt(y))^2", &b, &b, d).unwrap();
+        assert!(h.error_bound(0.0) > 0.0 && h.error_bound(0.0) < 1e-4);
     }
 }
