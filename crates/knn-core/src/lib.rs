@@ -26,7 +26,7 @@ mod topk;
 
 pub use engine::{CandidateRequest, Candidates, Engine};
 pub use error::{KnnError, Result};
-pub use expr::{ExprError, ExprPlan, MetricExpr};
+pub use expr::{EngineProgram, ExprError, ExprPlan, MetricExpr};
 pub use matrix::{Matrix, MatrixRef};
 pub use metric::{Covariance, Kernel, Metric};
 pub use neighbors::Neighbors;

@@ -3,7 +3,7 @@
 use crate::device::{driver_device_count, is_oom, Gpu};
 use crate::floor::{floors, max_norm, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
 use crate::fused::{self, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX};
-use knn_core::{CandidateRequest, Candidates, Engine, Kernel, KnnError, Result};
+use knn_core::{CandidateRequest, Candidates, Engine, ExprPlan, Kernel, KnnError, Result};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -119,23 +119,33 @@ impl CudaEngine {
         self.method
     }
 
-    fn rows(&self, gpu: &mut Gpu, req: &CandidateRequest<'_>) -> Result<(Vec<f32>, Vec<u32>)> {
+    /// Row-major `nq × W` (keys, ids) of `req` with this engine's method, or with the fused
+    /// method and an expression module's kernels when `expr` names one.
+    fn rows(
+        &self,
+        gpu: &mut Gpu,
+        req: &CandidateRequest<'_>,
+        expr: Option<&str>,
+    ) -> Result<(Vec<f32>, Vec<u32>)> {
         gpu.ctx
             .bind_to_thread()
             .map_err(crate::device::dev_err("binding the context"))?;
         let (free, _) = gpu.mem_info()?;
         let mut budget = self.budget.unwrap_or(free / 10 * 7);
         loop {
-            let r = match self.method {
-                Method::Fused => fused::run(gpu, req, budget).map(|(c, ms)| {
-                    if let Ok(mut m) = self.last_kernel_ms.lock() {
-                        *m = ms;
-                    }
-                    c.into_iter()
-                        .map(fused::decode)
-                        .unzip::<f32, u32, Vec<f32>, Vec<u32>>()
-                }),
-                m => crate::baseline::run(gpu, req, m, budget),
+            let r = match (self.method, expr) {
+                (Method::Fused, _) | (_, Some(_)) => {
+                    let tag = expr.unwrap_or_else(|| fused::kernel_tag(req.kernel));
+                    fused::run(gpu, req, budget, tag).map(|(c, ms)| {
+                        if let Ok(mut m) = self.last_kernel_ms.lock() {
+                            *m = ms;
+                        }
+                        c.into_iter()
+                            .map(fused::decode)
+                            .unzip::<f32, u32, Vec<f32>, Vec<u32>>()
+                    })
+                }
+                (m, None) => crate::baseline::run(gpu, req, m, budget),
             };
             match r {
                 Err(e) if is_oom(&e) => {
@@ -202,7 +212,7 @@ impl Engine for CudaEngine {
                 .gpu
                 .lock()
                 .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
-            self.rows(&mut gpu, req)?
+            self.rows(&mut gpu, req, None)?
         };
         // Every slot must have been written with a valid, allowed id.
         for (i, row) in ids.chunks(w).enumerate() {
@@ -228,6 +238,69 @@ impl Engine for CudaEngine {
             (F32_UNIT, 0.0)
         };
         let floor = floors(req, &keys, bn_max, u, u_in);
+        Ok(Candidates {
+            width: w,
+            ids,
+            keys,
+            floor,
+        })
+    }
+
+    /// Expression metrics run the fused method (whatever this engine's method) with the
+    /// program's kernels: the L1 kernel's structure, the generated operation in its place.
+    fn candidates_expr(&self, req: &CandidateRequest<'_>, plan: &ExprPlan) -> Result<Candidates> {
+        let (nq, nb, w) = (req.queries.rows(), req.base.rows(), req.width);
+        if w == 0 || w > req.available() {
+            return Err(KnnError::Option(format!(
+                "candidate width {w} outside 1..={}",
+                req.available()
+            )));
+        }
+        if nq == 0 {
+            return Ok(Candidates {
+                width: w,
+                ids: vec![],
+                keys: vec![],
+                floor: vec![],
+            });
+        }
+        if w > SELECT_WIDTH_MAX {
+            // Only re-asks of a few hard rows get this wide: the CPU engine scans them.
+            return knn_cpu::CpuEngine::default().candidates_expr(req, plan);
+        }
+        let (keys, ids) = {
+            let mut gpu = self
+                .gpu
+                .lock()
+                .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
+            gpu.ctx
+                .bind_to_thread()
+                .map_err(crate::device::dev_err("binding the context"))?;
+            let tag = gpu.expr_kernels(plan.program(), req.base.dim())?;
+            self.rows(&mut gpu, req, Some(&tag))?
+        };
+        for (i, row) in ids.chunks(w).enumerate() {
+            let skip = req.exclude.map(|e| e[i]);
+            if let Some(&bad) = row
+                .iter()
+                .find(|&&id| id as usize >= nb || Some(id) == skip)
+            {
+                return Err(KnnError::Device(format!(
+                    "{}: query {i} holds invalid base id {bad} (unwritten or excluded slot)",
+                    self.name()
+                )));
+            }
+        }
+        let complete = w >= req.available();
+        let floor = (0..nq)
+            .map(|i| {
+                if complete {
+                    f32::INFINITY
+                } else {
+                    plan.floor(keys[i * w + w - 1])
+                }
+            })
+            .collect();
         Ok(Candidates {
             width: w,
             ids,
