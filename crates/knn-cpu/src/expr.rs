@@ -574,8 +574,8 @@ fn pass(
         let keys = &regs[p * LANES..(p + 1) * LANES];
         let id = (b0 + p) as u32;
         let mut mask = 0u64;
-        for l in 0..LANES {
-            mask |= u64::from(keys[l] <= g.thr[l]) << l;
+        for (l, (k, t)) in keys.iter().zip(&g.thr).enumerate() {
+            mask |= u64::from(k <= t) << l;
         }
         while mask != 0 {
             let l = mask.trailing_zeros() as usize;

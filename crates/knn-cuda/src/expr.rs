@@ -26,7 +26,11 @@ pub(crate) fn prelude(p: &EngineProgram, values: usize) -> String {
         p.instrs.len()
     );
     let _ = writeln!(s, "#define EXPR_CH {}", p.stride);
-    let _ = writeln!(s, "#define EXPR_TAIL {}", u8::from(values % STAGE != 0));
+    let _ = writeln!(
+        s,
+        "#define EXPR_TAIL {}",
+        u8::from(!values.is_multiple_of(STAGE))
+    );
     s.push_str(
         "__device__ __forceinline__ void tile_compute_expr(const float* __restrict__ Q, \
          long long nq, long long q0, const float* __restrict__ B, long long nb, long long b0, \

@@ -542,7 +542,8 @@ fn apply(f: Func, a: St, b: St, same: bool) -> std::result::Result<St, String> {
             rounded(v, pa, 0.0, 8.0 * U32, 4.0 * U64)
         }
     };
-    if !(out.v.maxabs() <= f32::MAX as f64) {
+    let top = out.v.maxabs();
+    if top > f32::MAX as f64 || top.is_nan() {
         return Err(format!(
             "this may reach {} on this data, beyond the f32 range (3.4e38)",
             num(if out.v.hi.abs() >= out.v.lo.abs() {
