@@ -48,6 +48,7 @@ pub(crate) fn distance_f64(metric: &Metric, key: f64) -> f64 {
         Metric::InnerProduct => -key,
         Metric::Cosine => (1.0 + key).max(0.0),
         Metric::Hellinger => (0.5 * key).max(0.0).sqrt(),
+        Metric::Expr(e) => e.distance(key),
     }
 }
 

@@ -22,6 +22,7 @@ fn distance(metric: &Metric, key: f64) -> f64 {
         Metric::Cosine => (1.0 + key).max(0.0),
         Metric::Hellinger => (0.5 * key).max(0.0).sqrt(),
         Metric::InnerProduct => -key,
+        Metric::Expr(e) => e.distance(key),
     }
 }
 

@@ -70,6 +70,18 @@ pub struct MetricArgs {
     /// For mahalanobis: a d×d covariance file (default: estimated from the base points).
     #[arg(long)]
     pub covariance: Option<PathBuf>,
+    /// Your own distance, instead of --metric: 'ACCUMULATION' or 'ACCUMULATION ; FINAL'. The
+    /// accumulation runs over the coordinates in order with acc (the running value, from 0),
+    /// x (the query's coordinate) and y (the base point's); the smallest final acc is the
+    /// nearest. FINAL (acc only, non-decreasing) maps it to the reported distance. It takes
+    /// numbers, the operators + - * / and ^n (whole n from 0 to 64), and abs, sqrt, exp, log
+    /// (natural), min, max. Examples: 'acc + abs(x - y)' (l1), 'max(acc, abs(x - y))' (linf),
+    /// 'acc + (x - y)^2 ; sqrt(acc)' (l2), 'acc + (sqrt(x) - sqrt(y))^2 ; sqrt(0.5 * acc)'
+    /// (hellinger). Exact like every metric; data on which it is undefined (sqrt of a negative
+    /// value, a divisor that can be 0, values beyond the f32 range) is refused, naming the
+    /// column of the operation.
+    #[arg(long, value_name = "EXPR", conflicts_with = "metric")]
+    pub metric_expr: Option<String>,
 }
 
 /// Where results go.

@@ -5,7 +5,7 @@ use crate::checkpoint::{self, chunk_rows, Checkpointed};
 use crate::data::{distances_path, load_matrix, load_points, parse_format, write_neighbors};
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
-use knn::{Covariance, Device, Knn, Method, Metric, Neighbors, Options, Symmetry};
+use knn::{Covariance, Device, Knn, Method, Metric, MetricExpr, Neighbors, Options, Symmetry};
 use knn_io::Format;
 use std::path::Path;
 use std::process::ExitCode;
@@ -13,6 +13,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub fn metric(a: &MetricArgs) -> Result<Metric> {
+    if let Some(text) = &a.metric_expr {
+        if a.covariance.is_some() {
+            bail!("--covariance is only for --metric mahalanobis, not --metric-expr");
+        }
+        let e = MetricExpr::parse(text).map_err(|e| anyhow::anyhow!("--metric-expr: {e}"))?;
+        return Ok(Metric::Expr(Arc::new(e)));
+    }
     let m: Metric = a.metric.parse()?;
     match (&m, &a.covariance) {
         (Metric::Mahalanobis(_), Some(p)) => {
@@ -227,7 +234,10 @@ fn compute(
 
 /// The metric as the checkpoint fingerprint sees it (the covariance file is an input).
 fn metric_tag(a: &MetricArgs) -> String {
-    a.metric.to_ascii_lowercase()
+    match &a.metric_expr {
+        Some(e) => format!("expr:{e}"),
+        None => a.metric.to_ascii_lowercase(),
+    }
 }
 
 pub fn search(a: &SearchArgs, quiet: bool) -> Result<ExitCode> {

@@ -616,3 +616,183 @@ fn ctrl_c_stops_with_the_checkpoint_saved() {
     ]);
     assert_eq!(std::fs::read(&full).unwrap(), std::fs::read(&out).unwrap());
 }
+
+#[test]
+fn metric_expr_spells_the_built_in_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = generate(dir.path(), "b.npy", 600, 12, 11);
+    let q = generate(dir.path(), "q.npy", 50, 12, 12);
+    // The Hellinger expression: the same keys in f64, so the very same files.
+    let (gh, ge) = (p(dir.path(), "gh.csv"), p(dir.path(), "ge.csv"));
+    ok(&[
+        "graph",
+        "-p",
+        &b,
+        "-k",
+        "6",
+        "-m",
+        "hellinger",
+        "--device",
+        "cpu",
+        "-o",
+        &gh,
+        "--quiet",
+    ]);
+    let expr = "acc + (sqrt(x) - sqrt(y))^2 ; sqrt(0.5 * acc)";
+    let msg = ok(&[
+        "graph",
+        "-p",
+        &b,
+        "-k",
+        "6",
+        "--metric-expr",
+        expr,
+        "--device",
+        "cpu",
+        "-o",
+        &ge,
+    ]);
+    assert!(msg.contains("expr 'acc + (sqrt(x)"), "{msg}");
+    assert_eq!(
+        std::fs::read_to_string(&gh).unwrap(),
+        std::fs::read_to_string(&ge).unwrap()
+    );
+    let dist = |f: &str| std::fs::read_to_string(f.replace(".csv", ".dist.csv")).unwrap();
+    assert_eq!(dist(&gh), dist(&ge));
+    // L1: verified under the built-in metric and under the expression itself.
+    let out = p(dir.path(), "l1.npy");
+    ok(&[
+        "search",
+        "-b",
+        &b,
+        "-q",
+        &q,
+        "-k",
+        "9",
+        "--metric-expr",
+        "acc + abs(x - y)",
+        "--device",
+        "cpu",
+        "-o",
+        &out,
+        "--quiet",
+    ]);
+    ok(&[
+        "verify", "-r", &out, "-b", &b, "-q", &q, "-m", "l1", "--quiet",
+    ]);
+    let v = ok(&[
+        "verify",
+        "-r",
+        &out,
+        "-b",
+        &b,
+        "-q",
+        &q,
+        "--metric-expr",
+        "acc + abs(x - y)",
+    ]);
+    assert!(v.contains("tie-aware recall 1.000000"), "{v}");
+    // A user metric of its own.
+    let own = p(dir.path(), "own.npy");
+    ok(&[
+        "search",
+        "-b",
+        &b,
+        "-q",
+        &q,
+        "-k",
+        "3",
+        "--metric-expr",
+        "acc + abs(x - y) / (x + y + 0.01) ; sqrt(acc)",
+        "--device",
+        "cpu",
+        "-o",
+        &own,
+        "--quiet",
+    ]);
+    ok(&[
+        "verify",
+        "-r",
+        &own,
+        "-b",
+        &b,
+        "-q",
+        &q,
+        "--metric-expr",
+        "acc + abs(x - y) / (x + y + 0.01) ; sqrt(acc)",
+        "--quiet",
+    ]);
+}
+
+#[test]
+fn metric_expr_errors_point_at_the_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = generate(dir.path(), "b.npy", 100, 4, 21);
+    let run = |expr: &str| {
+        fails(
+            &[
+                "graph",
+                "-p",
+                &b,
+                "-k",
+                "3",
+                "--metric-expr",
+                expr,
+                "--device",
+                "cpu",
+            ],
+            2,
+        )
+    };
+    let e = run("acc + sqr(x - y)");
+    assert!(
+        e.contains("--metric-expr: column 7: unknown function 'sqr'")
+            && e.contains("    acc + sqr(x - y)\n          ^^^"),
+        "{e}"
+    );
+    let e = run("acc + abs(x - y");
+    assert!(e.contains("column 16: expected ',' or ')'"), "{e}");
+    let e = run("acc + abs(x - y) ; sqrt(x)");
+    assert!(e.contains("column 25") && e.contains("final step"), "{e}");
+    // Data-dependent: a divisor that can be 0 on this data, a decreasing final step.
+    let e = run("acc + abs(x - y) / (x - y)");
+    assert!(
+        e.contains("column 18") && e.contains("divisor may be 0"),
+        "{e}"
+    );
+    let e = run("acc + abs(x - y) ; -acc");
+    assert!(e.contains("must not decrease"), "{e}");
+    // Negative values under a square root name the row and column of the data.
+    let neg = p(dir.path(), "neg.csv");
+    std::fs::write(&neg, "0.5,1\n2,-3\n1,1\n").unwrap();
+    let e = fails(
+        &[
+            "graph",
+            "-p",
+            &neg,
+            "-k",
+            "1",
+            "--metric-expr",
+            "acc + (sqrt(x) - sqrt(y))^2",
+            "--device",
+            "cpu",
+        ],
+        2,
+    );
+    assert!(e.contains("row 1, column 1 (value -3)"), "{e}");
+    let e = fails(
+        &[
+            "graph",
+            "-p",
+            &b,
+            "-k",
+            "3",
+            "-m",
+            "l1",
+            "--metric-expr",
+            "acc + abs(x - y)",
+        ],
+        2,
+    );
+    assert!(e.contains("cannot be used with"), "{e}");
+}

@@ -1,6 +1,7 @@
 //! The one trait every engine (CPU, CUDA, grid) implements.
 
-use crate::error::Result;
+use crate::error::{KnnError, Result};
+use crate::expr::ExprPlan;
 use crate::matrix::MatrixRef;
 use crate::metric::Kernel;
 use std::fmt;
@@ -133,6 +134,22 @@ pub trait Engine: Sync {
     ) -> Option<Result<Candidates>> {
         let _ = (points, kernel, width, precise);
         None
+    }
+
+    /// Candidates under an expression metric ([`crate::Metric::Expr`]): the same contract as
+    /// [`Engine::candidates`], with keys from `plan`'s program instead of `req.kernel` (which
+    /// is meaningless here). `req.base` and `req.queries` hold the plan's features
+    /// (`plan.dim() · plan.program().stride` values per row); each key is the program run over
+    /// the coordinates in order from `acc = 0` in f32, any evaluation within the rounding model
+    /// of [`crate::expr`] (IEEE operations, fused multiply-adds allowed, exp/log within 4 ulp),
+    /// and a row's floor is [`ExprPlan::floor`] of its `width`-th key (`+∞` when complete).
+    /// Default: an error naming the engine.
+    fn candidates_expr(&self, req: &CandidateRequest<'_>, plan: &ExprPlan) -> Result<Candidates> {
+        let _ = (req, plan);
+        Err(KnnError::Option(format!(
+            "the {} engine does not compute expression metrics (use brute force on the CPU or a GPU)",
+            self.name()
+        )))
     }
 
     /// Queries per pipeline round the engine wants at least (the pipeline still bounds a round

@@ -55,6 +55,9 @@ pub enum KnnError {
     /// Mahalanobis covariance is unusable.
     #[error("Mahalanobis: {0}")]
     Covariance(String),
+    /// An expression metric that does not parse, or that the data would make undefined.
+    #[error("metric expression: {0}")]
+    Expr(crate::expr::ExprError),
     /// Invalid option value.
     #[error("invalid option: {0}")]
     Option(String),

@@ -1,9 +1,9 @@
 //! # knn-core
 //!
 //! The shared vocabulary of the `knn` engine: row-major f32 matrices ([`MatrixRef`],
-//! [`Matrix`]), distances ([`Metric`], reduced to four engine [`Kernel`]s), results
-//! ([`Neighbors`]), running top-k selection ([`TopK`]), the [`Engine`] trait, the exact
-//! pipeline ([`search()`], [`graph()`]) and the f64 [`oracle()`] with its tie-aware [`check()`].
+//! [`Matrix`]), distances ([`Metric`], reduced to four engine [`Kernel`]s, or user-defined:
+//! [`MetricExpr`], module [`expr`]), results ([`Neighbors`]), running top-k selection
+//! ([`TopK`]), the [`Engine`] trait, the exact pipeline ([`search()`], [`graph()`]) and the f64 [`oracle()`] with its tie-aware [`check()`].
 //!
 //! ## Exactness
 //! Engines return candidate lists computed in fast, rounded arithmetic together with a proven
@@ -14,6 +14,7 @@
 
 mod engine;
 mod error;
+pub mod expr;
 mod matrix;
 mod metric;
 mod neighbors;
@@ -25,6 +26,7 @@ mod topk;
 
 pub use engine::{base_key, CandidateRequest, Candidates, Engine, Symmetry};
 pub use error::{KnnError, Result};
+pub use expr::{EngineProgram, ExprError, ExprPlan, MetricExpr};
 pub use matrix::{Matrix, MatrixRef};
 pub use metric::{Covariance, Kernel, Metric};
 pub use neighbors::Neighbors;

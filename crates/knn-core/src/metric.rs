@@ -5,6 +5,7 @@
 //! The reported distance is a monotone function of the kernel key ([`Metric::distance_from_key`]).
 
 use crate::error::{KnnError, Result};
+use crate::expr::MetricExpr;
 use crate::matrix::{Matrix, MatrixRef};
 use std::fmt;
 use std::str::FromStr;
@@ -30,6 +31,11 @@ pub enum Metric {
     /// Mahalanobis: `√((x − y)ᵀ Σ⁻¹ (x − y))` for a covariance `Σ`, given or estimated from the
     /// base set (unbiased, divisor n − 1).
     Mahalanobis(Covariance),
+    /// User-defined: a per-coordinate accumulation with an optional final step
+    /// ([`MetricExpr`], e.g. `acc + (sqrt(x) - sqrt(y))^2 ; sqrt(0.5 * acc)`). Engines compute
+    /// it through [`crate::Engine::candidates_expr`] on the features of
+    /// [`crate::prepare::Prepared::expr`]; it has no [`Kernel`] of its own.
+    Expr(Arc<MetricExpr>),
 }
 
 /// Where the Mahalanobis covariance comes from.
@@ -139,14 +145,22 @@ impl Kernel {
 }
 
 impl Metric {
-    /// The kernel that engines compute for this metric.
+    /// The kernel that engines compute for this metric. [`Metric::Expr`] has none: it answers
+    /// [`Kernel::L1`], the class of per-coordinate direct kernels, for candidate widths only
+    /// (the pipeline hands engines the expression itself, see [`Metric::is_expr`]).
     pub fn kernel(&self) -> Kernel {
         match self {
             Metric::SqL2 | Metric::L2 | Metric::Hellinger | Metric::Mahalanobis(_) => Kernel::SqL2,
             Metric::InnerProduct | Metric::Cosine => Kernel::NegDot,
-            Metric::L1 => Kernel::L1,
+            Metric::L1 | Metric::Expr(_) => Kernel::L1,
             Metric::Linf => Kernel::Linf,
         }
+    }
+
+    /// `true` for a user-defined expression ([`Metric::Expr`]), which engines compute through
+    /// [`crate::Engine::candidates_expr`], never through a [`Kernel`].
+    pub fn is_expr(&self) -> bool {
+        matches!(self, Metric::Expr(_))
     }
 
     /// `true` for similarities (largest first): only the inner product.
@@ -154,9 +168,11 @@ impl Metric {
         matches!(self, Metric::InnerProduct)
     }
 
-    /// `true` when `dist(x, y) == dist(y, x)`: every metric here.
+    /// `true` when `dist(x, y) == dist(y, x)` and engines may compute each pair once: every
+    /// built-in metric. Expression metrics answer `false`: their engines evaluate one ordered
+    /// pair at a time ([`MetricExpr::is_symmetric`] tells whether an expression is symmetric).
     pub fn is_symmetric(&self) -> bool {
-        true
+        !self.is_expr()
     }
 
     /// The reported distance for an exact kernel key computed in the metric's exact space
@@ -168,6 +184,7 @@ impl Metric {
             Metric::InnerProduct => -key,
             Metric::Cosine => (1.0 + key).max(0.0),
             Metric::Hellinger => (0.5 * key).max(0.0).sqrt(),
+            Metric::Expr(e) => e.distance(key),
         };
         d as f32
     }
@@ -198,6 +215,7 @@ impl Metric {
                     t * t
                 })
                 .sum(),
+            Metric::Expr(e) => e.key(x, y),
             m => m.kernel().exact(x, y),
         }
     }
@@ -213,10 +231,12 @@ impl Metric {
             Metric::Linf => "linf",
             Metric::Hellinger => "hellinger",
             Metric::Mahalanobis(_) => "mahalanobis",
+            Metric::Expr(_) => "expr",
         }
     }
 
     /// Checks the inputs against the metric's domain (Hellinger: ≥ 0; cosine: no zero vector).
+    /// Expression metrics are checked on base and queries together when they are prepared.
     pub fn check_domain(&self, what: &str, m: MatrixRef<'_>) -> Result<()> {
         match self {
             Metric::Hellinger => {
@@ -254,7 +274,10 @@ impl Metric {
 
 impl fmt::Display for Metric {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        match self {
+            Metric::Expr(e) => write!(f, "expr '{e}'"),
+            m => f.write_str(m.name()),
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! re-rank computes on (the exact space).
 
 use crate::error::{KnnError, Result};
+use crate::expr::ExprPlan;
 use crate::matrix::{Matrix, MatrixRef};
 use crate::metric::{Covariance, Kernel, Metric};
 use rayon::prelude::*;
@@ -36,6 +37,9 @@ pub struct Prepared<'a> {
     /// Engine keys are exact-space keys times this (a power of two; 1 unless the data was
     /// scaled to keep f32 arithmetic away from overflow and underflow).
     pub key_scale: f64,
+    /// For [`Metric::Expr`]: the program, its rounding bound and the layout of the engine
+    /// space (features of base and queries, see [`crate::expr`]).
+    pub expr: Option<ExprPlan>,
 }
 
 impl Prepared<'_> {
@@ -238,6 +242,17 @@ pub fn prepare<'a>(
     queries: Option<MatrixRef<'a>>,
 ) -> Result<Prepared<'a>> {
     let borrowed = |m: MatrixRef<'a>| Data::Borrowed(m);
+    if let Metric::Expr(e) = metric {
+        // Neither centred nor scaled: the expression is not translation or scale invariant.
+        let (plan, engine) = crate::expr::prepare_expr(e, base, queries)?;
+        return Ok(Prepared {
+            exact_base: borrowed(base),
+            exact_queries: queries.map(borrowed),
+            engine,
+            key_scale: 1.0,
+            expr: Some(plan),
+        });
+    }
     // Exact space: the original data, except whitened data for Mahalanobis.
     let (exact_base, exact_queries) = match metric {
         Metric::Mahalanobis(cov) => {
@@ -323,5 +338,6 @@ pub fn prepare<'a>(
         exact_queries,
         engine,
         key_scale,
+        expr: None,
     })
 }

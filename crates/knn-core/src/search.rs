@@ -253,6 +253,8 @@ struct Run<'a> {
     base_key: u64,
     /// See [`CandidateRequest::exact_data`].
     exact_data: bool,
+    /// An expression metric's plan (keys from its program, see [`Engine::candidates_expr`]).
+    expr: Option<&'a crate::expr::ExprPlan>,
     /// First-try candidates of every row of a whole graph, computed at once with each
     /// unordered pair once (see [`Engine::graph_candidates`]).
     symmetric: Option<crate::engine::Candidates>,
@@ -314,6 +316,8 @@ impl Run<'_> {
             let first_try = self.symmetric.as_ref().filter(|_| contiguous);
             let (cand, exact) = if let Some(all) = first_try {
                 (all.rows(start, end), None)
+            } else if let Some(plan) = self.expr {
+                (engine.candidates_expr(&req, plan)?, None)
             } else if self.same_space {
                 engine.candidates_with_exact(&req)?
             } else {
@@ -464,13 +468,14 @@ fn run(
         width0,
         base_key: crate::engine::base_key(),
         exact_data: prep.engine.is_none(),
+        expr: prep.expr.as_ref(),
         symmetric: None,
         profile,
     };
     ctx.lap("prepare", &mut since);
     // A whole graph of a symmetric metric: the engine may compute every row's first candidate
     // lists at once, each unordered pair once (see `Engine::graph_candidates`).
-    if ctx.self_join && rows == (0..base.rows()) && metric.is_symmetric() {
+    if ctx.self_join && ctx.expr.is_none() && rows == (0..base.rows()) && metric.is_symmetric() {
         ctx.symmetric = engine
             .graph_candidates(ctx.eb, kernel, width0, false)
             .transpose()?;

@@ -3,7 +3,8 @@
 
 use crate::symmetric::SymmetricStats;
 use knn_core::{
-    CandidateRequest, Candidates, Engine, Kernel, KnnError, MatrixRef, Result, Symmetry, TopK,
+    CandidateRequest, Candidates, Engine, ExprPlan, Kernel, KnnError, MatrixRef, Result, Symmetry,
+    TopK,
 };
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -155,6 +156,13 @@ impl Engine for CpuEngine {
             k + 4 + k / 16
         };
         w.min(available)
+    }
+
+    fn candidates_expr(&self, req: &CandidateRequest<'_>, plan: &ExprPlan) -> Result<Candidates> {
+        Ok(match &self.pool {
+            Some(p) => p.install(|| crate::expr::candidates(req, plan)),
+            None => crate::expr::candidates(req, plan),
+        })
     }
 
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {

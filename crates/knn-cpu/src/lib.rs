@@ -22,11 +22,15 @@
 //!   floors as the one-sided path. [`CpuEngine::with_symmetry`] chooses; `Auto` takes it where
 //!   it measured faster ([`CpuEngine::pays_symmetric`]).
 //!
+//! - Expression metrics (`--metric-expr`): the plan's f32 program run by a bytecode loop over
+//!   64 query lanes × 4 base points per dispatch (`expr.rs`).
+//!
 //! Results do not depend on the thread count: every selection is by (key, id).
 
 mod bf16;
 mod direct;
 mod engine;
+mod expr;
 mod gemm;
 mod int8;
 mod symmetric;

@@ -49,3 +49,13 @@ fn adversarial() {
 fn errors() {
     kit::check_errors(&CpuEngine::default());
 }
+
+#[test]
+fn expressions() {
+    for e in [
+        CpuEngine::new(Some(1)).unwrap(),
+        CpuEngine::new(Some(2)).unwrap(),
+    ] {
+        kit::check_expr(&e);
+    }
+}

@@ -11,6 +11,7 @@ typedef unsigned int u32;
 #define KERNEL_NEGDOT 1
 #define KERNEL_L1 2
 #define KERNEL_LINF 3
+#define KERNEL_EXPR 4  // an expression metric: kernels/expr.cu, one module per program
 
 #define SENTINEL 0xFFFFFFFFFFFFFFFFull
 #define NO_ID 0xFFFFFFFFu

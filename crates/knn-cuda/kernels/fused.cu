@@ -7,6 +7,7 @@
 //   NegDot −q·b
 //   L1     Σ|qᵢ − bᵢ|             (direct)
 //   Linf   max|qᵢ − bᵢ|           (direct)
+//   Expr   a generated per-coordinate program (kernels/expr.cu, compiled per expression)
 
 #define BQ 128        // queries per block tile
 #define BB 128        // base points per block tile
@@ -52,6 +53,13 @@ template <int KERNEL>
 __device__ __forceinline__ void tile_compute(const float* __restrict__ Q, long long nq, long long q0,
                                              const float* __restrict__ B, long long nb, long long b0,
                                              int d, float* work, float acc[8][8]) {
+#ifdef KNN_EXPR_ONLY
+    if constexpr (KERNEL == KERNEL_EXPR) {
+        // The generated per-coordinate program, over channel groups (kernels/expr.cu).
+        tile_compute_expr(Q, nq, q0, B, nb, b0, d, work, acc);
+        return;
+    }
+#endif
     float* As = work;
     float* Bs = work + KC * SPAD;
     int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
@@ -618,9 +626,11 @@ __device__ void merge_runs(const u64* __restrict__ a, int runs, const u64* __res
         u64* __restrict__ out) {                                                                   \
         merge_runs<S>(a, runs, b, n, W, out);                                                      \
     }
+#ifndef KNN_EXPR_ONLY  // expression modules use these from the main module
 MERGE(merge_w32, 1)
 MERGE(merge_w64, 2)
 MERGE(merge_w128, 4)
+#endif
 
 #define FUSED(NAME, K, S, TF)                                                                      \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                    \
@@ -630,6 +640,7 @@ MERGE(merge_w128, 4)
         u64* __restrict__ gthr) {                                                                  \
         fused_topk<K, S, TF>(Q, qn, nq, B, bn, nb, id_base, d, exclude, W, split_len, out, gthr);  \
     }
+#ifndef KNN_EXPR_ONLY  // expression modules instantiate their own (kernels/expr.cu)
 FUSED(fused_sql2_w32, KERNEL_SQL2, 1, false)
 FUSED(fused_sql2_w64, KERNEL_SQL2, 2, false)
 FUSED(fused_sql2_w128, KERNEL_SQL2, 4, false)
@@ -648,6 +659,7 @@ FUSED(fused_tf32_sql2_w128, KERNEL_SQL2, 4, true)
 FUSED(fused_tf32_negdot_w32, KERNEL_NEGDOT, 1, true)
 FUSED(fused_tf32_negdot_w64, KERNEL_NEGDOT, 2, true)
 FUSED(fused_tf32_negdot_w128, KERNEL_NEGDOT, 4, true)
+#endif
 
 // Key tile to global memory (the large-width path): keys[q * ld + b] for the nq x nb block.
 // Grid: (ceil(nq/BQ), ceil(nb/BB)); shared memory 2*KC*SPAD floats.
@@ -680,10 +692,12 @@ __device__ void tile_keys(const float* __restrict__ Q, const float* __restrict__
         long long ld, float* __restrict__ keys) {                                                  \
         tile_keys<K>(Q, qn, nq, B, bn, nb, d, ld, keys);                                           \
     }
+#ifndef KNN_EXPR_ONLY  // expression modules instantiate their own (kernels/expr.cu)
 TILE(tile_sql2, KERNEL_SQL2)
 TILE(tile_negdot, KERNEL_NEGDOT)
 TILE(tile_l1, KERNEL_L1)
 TILE(tile_linf, KERNEL_LINF)
+#endif
 
 // Threshold filter (the large-width path): computes the key tile of queries [q0, +BQ) x base
 // rows [b0, +BB) and appends every composite below the query's current W-th one
@@ -749,13 +763,16 @@ __device__ void filter_keys(const float* __restrict__ Q, const float* __restrict
         filter_keys<K, TF>(Q, qn, nq, B, bn, nb, id_base, d, exclude, running, W, cap, buf,        \
                            count);                                                                 \
     }
+#ifndef KNN_EXPR_ONLY  // expression modules instantiate their own (kernels/expr.cu)
 FILTER(filter_sql2, KERNEL_SQL2, false)
 FILTER(filter_negdot, KERNEL_NEGDOT, false)
 FILTER(filter_l1, KERNEL_L1, false)
 FILTER(filter_linf, KERNEL_LINF, false)
 FILTER(filter_tf32_sql2, KERNEL_SQL2, true)
 FILTER(filter_tf32_negdot, KERNEL_NEGDOT, true)
+#endif
 
+#ifndef KNN_EXPR_ONLY
 // Primes the shared thresholds: gthr[i] = W-th composite of row i of n sorted W-lists, plus one
 // (kept entries are strictly below it; an unfilled row keeps SENTINEL).
 extern "C" __global__ void prime_thresholds(const u64* __restrict__ lists, long long n, int W,
@@ -765,3 +782,4 @@ extern "C" __global__ void prime_thresholds(const u64* __restrict__ lists, long 
     u64 v = lists[i * W + W - 1];
     gthr[i] = v == SENTINEL ? SENTINEL : v + 1;
 }
+#endif

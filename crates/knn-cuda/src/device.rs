@@ -9,10 +9,15 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+const COMMON: &str = include_str!("../kernels/common.cuh");
+const FUSED: &str = include_str!("../kernels/fused.cu");
+/// The expression kernels, compiled per program (see [`Gpu::expr_kernels`]).
+const EXPR: &str = include_str!("../kernels/expr.cu");
+
 /// The kernel sources, concatenated in this order into one NVRTC program.
 const SOURCES: [&str; 5] = [
-    include_str!("../kernels/common.cuh"),
-    include_str!("../kernels/fused.cu"),
+    COMMON,
+    FUSED,
     include_str!("../kernels/select.cu"),
     include_str!("../kernels/baseline.cu"),
     include_str!("../kernels/grid.cu"),
@@ -87,8 +92,12 @@ pub(crate) struct Gpu {
     pub name: String,
     pub sm_count: usize,
     pub max_smem_optin: usize,
+    /// Compute capability, for compiling expression modules.
+    arch: (i32, i32),
     functions: HashMap<String, CudaFunction>,
     _module: Arc<CudaModule>,
+    /// Expression modules loaded so far, by tag.
+    expr_modules: HashMap<String, Arc<CudaModule>>,
     pub blas: Option<cudarc::cublas::CudaBlas>,
 }
 
@@ -136,10 +145,41 @@ impl Gpu {
             name,
             sm_count,
             max_smem_optin,
+            arch: (major, minor),
             functions,
             _module: module,
+            expr_modules: HashMap::new(),
             blas: None,
         })
+    }
+
+    /// Loads the kernels of an expression program for rows of `values` floats (compiled by
+    /// NVRTC, or from the disk cache) and returns their tag: `fused_{tag}_w32`, `tile_{tag}`,
+    /// `filter_{tag}` are then [`Gpu::func`]s, used by the fused method in place of a built-in
+    /// kernel's.
+    pub fn expr_kernels(
+        &mut self,
+        program: &knn_core::EngineProgram,
+        values: usize,
+    ) -> Result<String> {
+        let prelude = crate::expr::prelude(program, values);
+        let tag = format!("expr_{:016x}", fnv1a(&[prelude.as_bytes()]));
+        if self.expr_modules.contains_key(&tag) {
+            return Ok(tag);
+        }
+        let ptx = compiled_expr_ptx(&prelude, self.arch.0, self.arch.1)?;
+        let module = self
+            .ctx
+            .load_module(ptx)
+            .map_err(dev_err("loading the expression kernels"))?;
+        for name in kernel_names(EXPR) {
+            let f = module
+                .load_function(&name)
+                .map_err(dev_err("loading an expression kernel"))?;
+            self.functions.insert(name.replacen("expr", &tag, 1), f);
+        }
+        self.expr_modules.insert(tag.clone(), module);
+        Ok(tag)
     }
 
     pub fn func(&self, name: &str) -> Result<&CudaFunction> {
@@ -356,14 +396,27 @@ fn nvrtc_version() -> Result<(i32, i32)> {
 
 /// The PTX of all kernels for compute capability `major.minor`, from the disk cache or NVRTC.
 fn compiled_ptx(major: i32, minor: i32) -> Result<Ptx> {
+    compiled(&SOURCES.concat(), major, minor, &[])
+}
+
+/// The PTX of an expression module: the fused kernels with the generated `prelude` (see
+/// `kernels/expr.cu`), only the expression kernels instantiated.
+fn compiled_expr_ptx(prelude: &str, major: i32, minor: i32) -> Result<Ptx> {
+    let src = [COMMON, prelude, FUSED, EXPR].concat();
+    compiled(&src, major, minor, &["-DKNN_EXPR_ONLY".to_string()])
+}
+
+/// `src` compiled for compute capability `major.minor` with `extra` options, from the disk
+/// cache or NVRTC.
+fn compiled(src: &str, major: i32, minor: i32, extra: &[String]) -> Result<Ptx> {
     let (vmaj, vmin) = nvrtc_version()?;
     let arch = format!("sm_{major}{minor}");
-    let src: String = SOURCES.concat();
     // Tuning experiments: `KNN_CUDA_DEFINES="RANK_MAX=0 BATCH_MIN=8"` overrides kernel constants.
     let defines: Vec<String> = std::env::var("KNN_CUDA_DEFINES")
         .unwrap_or_default()
         .split_whitespace()
         .map(|d| format!("-D{d}"))
+        .chain(extra.iter().cloned())
         .collect();
     let key = fnv1a(&[
         src.as_bytes(),
@@ -390,7 +443,7 @@ fn compiled_ptx(major: i32, minor: i32) -> Result<Ptx> {
         .collect(),
         ..Default::default()
     };
-    let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(&src, opts))
+    let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(src, opts))
         .map_err(|_| KnnError::Device("NVRTC panicked while compiling the kernels".into()))?
         .map_err(|e| match e {
             cudarc::nvrtc::CompileError::CompileError { log, .. } => KnnError::Device(format!(
@@ -418,6 +471,16 @@ mod tests {
 
     #[test]
     fn finds_every_kernel_name() {
+        assert_eq!(
+            kernel_names(EXPR),
+            [
+                "fused_expr_w32",
+                "fused_expr_w64",
+                "fused_expr_w128",
+                "tile_expr",
+                "filter_expr"
+            ]
+        );
         let names: Vec<String> = SOURCES.iter().flat_map(|s| kernel_names(s)).collect();
         for n in [
             "sq_norms",
@@ -457,6 +520,43 @@ mod tests {
             assert!(
                 text.contains(&format!(".entry {n}(")),
                 "{n} missing from the PTX"
+            );
+        }
+        assert!(
+            !text.contains("_expr"),
+            "expression kernels belong to their own modules"
+        );
+        // Expression modules: one channel, features, several channels with every function,
+        // and a dimension that ends inside a stage.
+        for (expr, d) in [
+            ("acc + abs(x - y)", 128),
+            ("acc + abs(x - y)", 100),
+            ("acc + (sqrt(x) - sqrt(y))^2 ; sqrt(0.5 * acc)", 7),
+            (
+                "max(acc, min(x, y) / (1 + abs(x - y))) + exp(-x) * log(y + 1) - sqrt(x) * y^3",
+                5,
+            ),
+        ] {
+            let m = knn_core::Metric::Expr(std::sync::Arc::new(
+                knn_core::MetricExpr::parse(expr).unwrap(),
+            ));
+            let data: Vec<f32> = (0..3 * d).map(|i| (i % 7) as f32 * 0.25).collect();
+            let b = knn_core::MatrixRef::new("b", &data, d).unwrap();
+            let prep = knn_core::prepare::prepare(&m, b, None).unwrap();
+            let plan = prep.expr.as_ref().unwrap();
+            let prelude = crate::expr::prelude(plan.program(), d * plan.program().stride);
+            let ptx = compiled_expr_ptx(&prelude, 9, 0)
+                .unwrap_or_else(|e| panic!("{expr}: {e}\n{prelude}"));
+            let text = ptx.to_src();
+            for n in kernel_names(EXPR) {
+                assert!(
+                    text.contains(&format!(".entry {n}(")),
+                    "{expr}: {n} missing"
+                );
+            }
+            assert!(
+                !text.contains(".entry fused_l1_w32("),
+                "{expr}: built-ins compiled"
             );
         }
         let _ = std::fs::remove_dir_all(dir);

@@ -3,7 +3,7 @@
 use crate::device::{driver_device_count, is_oom, Gpu};
 use crate::floor::{centred_max_norm, floors, mean, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
 use crate::fused::{self, Resident, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX};
-use knn_core::{CandidateRequest, Candidates, Engine, Kernel, KnnError, Result};
+use knn_core::{CandidateRequest, Candidates, Engine, ExprPlan, Kernel, KnnError, Result};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -177,12 +177,15 @@ impl CudaEngine {
         info
     }
 
+    /// Row-major `nq × W` (keys, ids) of `req` with this engine's method, or with the fused
+    /// method and an expression module's kernels when `expr` names one.
     fn rows(
         &self,
         gpu: &mut Gpu,
         req: &CandidateRequest<'_>,
         info: &BaseInfo,
         exact: bool,
+        expr: Option<&str>,
     ) -> Result<Rows> {
         gpu.ctx
             .bind_to_thread()
@@ -193,29 +196,27 @@ impl CudaEngine {
         let held = resident.as_ref().map_or(0, Resident::bytes);
         let mut budget = self.budget.unwrap_or((free + held) / 10 * 7);
         loop {
-            let r = match self.method {
-                Method::Fused => fused::run(
-                    gpu,
-                    req,
-                    budget,
-                    fused::BaseView {
+            let r = match (self.method, expr) {
+                (Method::Fused, _) | (_, Some(_)) => {
+                    let tag = expr.unwrap_or_else(|| fused::kernel_tag(req.kernel));
+                    let base = fused::BaseView {
                         centre: info.centre.as_deref(),
                         cache: &mut resident,
-                        exact,
-                    },
-                )
-                .map(|out| {
-                    if let Ok(mut m) = self.last_kernel_ms.lock() {
-                        *m = out.kernel_ms;
-                    }
-                    let (keys, ids) = out.composites.into_iter().map(fused::decode).unzip();
-                    Rows {
-                        keys,
-                        ids,
-                        exact: out.exact,
-                    }
-                }),
-                m => crate::baseline::run(gpu, req, m, budget).map(|(keys, ids)| Rows {
+                        exact: exact && expr.is_none(),
+                    };
+                    fused::run(gpu, req, budget, base, tag).map(|out| {
+                        if let Ok(mut m) = self.last_kernel_ms.lock() {
+                            *m = out.kernel_ms;
+                        }
+                        let (keys, ids) = out.composites.into_iter().map(fused::decode).unzip();
+                        Rows {
+                            keys,
+                            ids,
+                            exact: out.exact,
+                        }
+                    })
+                }
+                (m, None) => crate::baseline::run(gpu, req, m, budget).map(|(keys, ids)| Rows {
                     keys,
                     ids,
                     exact: None,
@@ -292,6 +293,77 @@ impl Engine for CudaEngine {
     ) -> Result<(Candidates, Option<Vec<f64>>)> {
         self.candidates_inner(req, self.method == Method::Fused)
     }
+    /// Expression metrics run the fused method (whatever this engine's method) with the
+    /// program's kernels: the L1 kernel's structure, the generated operation in its place.
+    fn candidates_expr(&self, req: &CandidateRequest<'_>, plan: &ExprPlan) -> Result<Candidates> {
+        let (nq, nb, w) = (req.queries.rows(), req.base.rows(), req.width);
+        if w == 0 || w > req.available() {
+            return Err(KnnError::Option(format!(
+                "candidate width {w} outside 1..={}",
+                req.available()
+            )));
+        }
+        if nq == 0 {
+            return Ok(Candidates {
+                width: w,
+                ids: vec![],
+                keys: vec![],
+                floor: vec![],
+            });
+        }
+        if w > SELECT_WIDTH_MAX {
+            // Only re-asks of a few hard rows get this wide: the CPU engine scans them.
+            return knn_cpu::CpuEngine::default().candidates_expr(req, plan);
+        }
+        let (keys, ids) = {
+            let mut gpu = self
+                .gpu
+                .lock()
+                .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
+            gpu.ctx
+                .bind_to_thread()
+                .map_err(crate::device::dev_err("binding the context"))?;
+            let tag = gpu.expr_kernels(plan.program(), req.base.dim())?;
+            // Expression features are used as given: no centre, no norm bound.
+            let info = BaseInfo {
+                key: None,
+                kernel: req.kernel,
+                exact_data: false,
+                centre: None,
+                bn_max: 0.0,
+            };
+            let rows = self.rows(&mut gpu, req, &info, false, Some(&tag))?;
+            (rows.keys, rows.ids)
+        };
+        for (i, row) in ids.chunks(w).enumerate() {
+            let skip = req.exclude.map(|e| e[i]);
+            if let Some(&bad) = row
+                .iter()
+                .find(|&&id| id as usize >= nb || Some(id) == skip)
+            {
+                return Err(KnnError::Device(format!(
+                    "{}: query {i} holds invalid base id {bad} (unwritten or excluded slot)",
+                    self.name()
+                )));
+            }
+        }
+        let complete = w >= req.available();
+        let floor = (0..nq)
+            .map(|i| {
+                if complete {
+                    f32::INFINITY
+                } else {
+                    plan.floor(keys[i * w + w - 1])
+                }
+            })
+            .collect();
+        Ok(Candidates {
+            width: w,
+            ids,
+            keys,
+            floor,
+        })
+    }
 }
 
 impl CudaEngine {
@@ -326,7 +398,7 @@ impl CudaEngine {
                 .gpu
                 .lock()
                 .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
-            self.rows(&mut gpu, req, &info, want_exact)?
+            self.rows(&mut gpu, req, &info, want_exact, None)?
         };
         // Every slot must have been written with a valid, allowed id.
         for (i, row) in ids.chunks(w).enumerate() {

@@ -48,7 +48,9 @@ fn split_count(qblocks: usize, slots: usize, tiles: usize) -> usize {
 }
 const SENTINEL: u64 = u64::MAX;
 
-fn kernel_tag(k: Kernel) -> &'static str {
+/// The name part of a built-in kernel's functions (`fused_{tag}_w32`, ...); expression modules
+/// have their own tags (see [`crate::device::Gpu::expr_kernels`]).
+pub(crate) fn kernel_tag(k: Kernel) -> &'static str {
     match k {
         Kernel::SqL2 => "sql2",
         Kernel::NegDot => "negdot",
@@ -121,13 +123,15 @@ pub(crate) struct Output {
     pub kernel_ms: Option<f32>,
 }
 
-/// Runs the fused method; returns `nq × W` composites, rows sorted.
+/// Runs the fused method with the kernels named by `tag` (a built-in kernel's
+/// [`kernel_tag`], or an expression module's); returns `nq × W` composites, rows sorted.
 /// Also returns the device time of the kernels (CUDA events), when it could be measured.
 pub(crate) fn run(
     gpu: &Gpu,
     req: &CandidateRequest<'_>,
     budget: usize,
     base: BaseView<'_>,
+    tag: &str,
 ) -> Result<Output> {
     let (nq, nb, d, w) = (
         req.queries.rows(),
@@ -279,9 +283,8 @@ pub(crate) fn run(
             let bl = be - bs;
             if small {
                 let name = format!(
-                    "fused_{}{}_w{}",
+                    "fused_{}{tag}_w{}",
                     if tf { "tf32_" } else { "" },
-                    kernel_tag(req.kernel),
                     32 * slots
                 );
                 let f = gpu.func(&name)?;
@@ -383,7 +386,7 @@ pub(crate) fn run(
                 running = Some(next);
             } else {
                 let ctx = Large {
-                    kernel: req.kernel,
+                    tag,
                     tf,
                     n,
                     d,
@@ -618,8 +621,8 @@ fn select(
 }
 
 /// What the large-width path needs of one query chunk × base chunk (device addresses).
-struct Large {
-    kernel: Kernel,
+struct Large<'t> {
+    tag: &'t str,
     tf: bool,
     n: usize,
     d: usize,
@@ -642,15 +645,11 @@ const FILTER_COLS_MAX: usize = 1 << 22;
 /// below the running W-th one, about W·len/seen for data in random order, so ranges grow with
 /// the columns seen while staying under cap/2 expected survivors. A range whose survivors
 /// overflow `cap` in some row is redone with whole key blocks in device memory.
-fn large(gpu: &Gpu, c: &Large, bl: usize, mut running: Option<Lists>) -> Result<Lists> {
+fn large(gpu: &Gpu, c: &Large<'_>, bl: usize, mut running: Option<Lists>) -> Result<Lists> {
     let (n, d, w, cap) = (c.n, c.d, c.w, c.cap);
     let buf = gpu.alloc::<u64>(n * cap)?;
     let mut count = gpu.alloc::<u32>(n)?;
-    let name = format!(
-        "filter_{}{}",
-        if c.tf { "tf32_" } else { "" },
-        kernel_tag(c.kernel)
-    );
+    let name = format!("filter_{}{}", if c.tf { "tf32_" } else { "" }, c.tag);
     let f = gpu.func(&name)?;
     let smem = if c.tf { TILE_SMEM_TF32 } else { TILE_SMEM };
     f.set_attribute(
@@ -729,7 +728,7 @@ fn large(gpu: &Gpu, c: &Large, bl: usize, mut running: Option<Lists>) -> Result<
 /// the running list by a full select (the filter's overflow fallback).
 fn key_blocks(
     gpu: &Gpu,
-    c: &Large,
+    c: &Large<'_>,
     seen: usize,
     len: usize,
     mut running: Option<Lists>,
@@ -737,7 +736,7 @@ fn key_blocks(
     let (n, d, w) = (c.n, c.d, c.w);
     let kb = KEY_BLOCK.min(len);
     let keys = gpu.alloc::<f32>(n * kb)?;
-    let name = format!("tile_{}", kernel_tag(c.kernel));
+    let name = format!("tile_{}", c.tag);
     let f = gpu.func(&name)?;
     for ks in (seen..seen + len).step_by(kb) {
         let ke = (ks + kb).min(seen + len);

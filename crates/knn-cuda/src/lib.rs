@@ -17,6 +17,10 @@
 //! - `global`, `texture`, `cublas`: the three implementations of seed 000, each followed by the
 //!   seed's modified insertion sort, with queries (and base) split under a memory budget.
 //!
+//! Expression metrics (`--metric-expr`) run the fused method with the generated per-coordinate
+//! program in place of the L1 operation: one NVRTC module per program (`kernels/expr.cu`,
+//! `src/expr.rs`), cached on disk like the others.
+//!
 //! [`CudaGridEngine`] is the exact grid for d ≤ 3 (counting sort into cells on the device, one
 //! thread per query searching rings of cells; see `src/grid.rs`).
 //!
@@ -26,6 +30,7 @@
 mod baseline;
 mod device;
 mod engine;
+mod expr;
 pub mod floor;
 mod fused;
 mod grid;

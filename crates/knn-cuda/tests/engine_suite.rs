@@ -234,3 +234,40 @@ fn method_names_parse() {
     }
     assert!("warp".parse::<Method>().is_err());
 }
+
+/// Expression metrics: the shared expression checks (same neighbours as the built-ins they
+/// spell, identical Hellinger, errors), and the same answers as the CPU engine for every
+/// expression of the suite, on one channel and several, at dimensions that end inside a staged
+/// block, with large widths (device key tiles) and with a budget that streams the base.
+#[test]
+fn expressions() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "expressions") {
+        return;
+    }
+    let fused = CudaEngine::new(0, Method::Fused).unwrap();
+    kit::check_expr(&fused);
+    for d in [5, 16, 67] {
+        let b = uniform(3001, d, 61 + d as u64);
+        let q = uniform(257, d, 62 + d as u64);
+        for metric in kit::expr_metrics() {
+            same_as_cpu(&fused, &b, Some(&q), 10, &metric);
+            same_as_cpu(&fused, &b, None, 7, &metric);
+        }
+    }
+    let b = uniform(9000, 32, 63);
+    let q = uniform(40, 32, 64);
+    for text in [
+        "acc + abs(x - y)",
+        "acc + (sqrt(x) - sqrt(y))^2 ; sqrt(0.5 * acc)",
+    ] {
+        let metric = kit::expr(text);
+        for k in [129, 1024] {
+            same_as_cpu(&fused, &b, Some(&q), k, &metric);
+        }
+        let small = CudaEngine::new(0, Method::Fused)
+            .unwrap()
+            .with_memory_budget(1 << 20);
+        let q40 = uniform(300, 40, 66);
+        same_as_cpu(&small, &uniform(12000, 40, 65), Some(&q40), 5, &metric);
+    }
+}

@@ -10,12 +10,40 @@
 
 use knn_core::synth::{generate, Distribution, Rng};
 use knn_core::{
-    check, graph, search, Covariance, Engine, KnnError, Matrix, MatrixRef, Metric,
-    DEFAULT_TOLERANCE,
+    check, check_with_truth, graph, oracle, search, Covariance, Engine, KnnError, Matrix,
+    MatrixRef, Metric, MetricExpr, DEFAULT_TOLERANCE,
 };
 use std::sync::Arc;
 
-/// Every metric, with a fixed covariance variant for Mahalanobis.
+/// An expression metric ([`Metric::Expr`]) from its text.
+pub fn expr(text: &str) -> Metric {
+    Metric::Expr(Arc::new(
+        MetricExpr::parse(text).unwrap_or_else(|e| panic!("{text}: {e}")),
+    ))
+}
+
+/// Expression metrics for data in `[0, 1)`: the built-in metrics spelled out, division, exp and
+/// log, several channels, an accumulation that is not monotone, one that is not symmetric, and
+/// one with negative keys.
+pub fn expr_metrics() -> Vec<Metric> {
+    [
+        "acc + abs(x - y)",
+        "max(acc, abs(x - y))",
+        "acc + (sqrt(x) - sqrt(y))^2 ; sqrt(0.5 * acc)",
+        "acc + (x - y)^2 ; sqrt(acc)",
+        "acc + abs(x - y) / (x + y + 1)",
+        "acc + log(1 + abs(x - y)) * exp(-x)",
+        "acc + abs(x - y) * sqrt(x + 1) + (sqrt(y) - x)^2",
+        "0.75 * acc + abs(x - y)^3",
+        "acc + abs(x - 2 * y)",
+        "acc - x * y",
+    ]
+    .into_iter()
+    .map(expr)
+    .collect()
+}
+
+/// Every metric, with a fixed covariance variant for Mahalanobis, and [`expr_metrics`].
 pub fn all_metrics(d: usize) -> Vec<Metric> {
     let mut cov = vec![0.0f32; d * d];
     for i in 0..d {
@@ -40,6 +68,9 @@ pub fn all_metrics(d: usize) -> Vec<Metric> {
             Matrix::new("cov", cov, d).unwrap(),
         ))),
     ]
+    .into_iter()
+    .chain(expr_metrics())
+    .collect()
 }
 
 /// One case: data, k, metric, self-join or not.
@@ -94,12 +125,12 @@ fn uniform(n: usize, d: usize, seed: u64) -> Matrix {
     )
 }
 
-/// The metrics whose kernel has a distance-to-cell bound (all but inner product and cosine):
-/// what grid engines support.
+/// The metrics whose kernel has a distance-to-cell bound (all but inner product, cosine and
+/// expressions): what grid engines support.
 pub fn grid_metrics(d: usize) -> Vec<Metric> {
     all_metrics(d)
         .into_iter()
-        .filter(|m| !matches!(m, Metric::InnerProduct | Metric::Cosine))
+        .filter(|m| !matches!(m, Metric::InnerProduct | Metric::Cosine | Metric::Expr(_)))
         .collect()
 }
 
@@ -232,6 +263,9 @@ pub fn check_adversarial(engine: &dyn Engine) {
         Metric::Linf,
         Metric::InnerProduct,
         Metric::Cosine,
+        expr("acc + abs(x - y)"),
+        expr("max(acc, abs(x - y))"),
+        expr("acc + (x - y)^2 ; sqrt(acc)"),
     ];
     let d = 6;
     // Many exact duplicates: ties everywhere, distance exactly 0.
@@ -304,8 +338,13 @@ pub fn check_adversarial(engine: &dyn Engine) {
         let hellinger =
             matches!(*name, "offset 4e6" | "duplicates" | "lattice").then_some(Metric::Hellinger);
         for metric in metrics.iter().chain(hellinger.as_ref()) {
-            if *name == "near f32 max" && matches!(metric, Metric::SqL2 | Metric::InnerProduct) {
-                continue; // their values overflow f32: checked in check_errors
+            if *name == "near f32 max"
+                && matches!(
+                    metric,
+                    Metric::SqL2 | Metric::InnerProduct | Metric::Expr(_)
+                )
+            {
+                continue; // their values overflow f32: checked in check_errors / check_expr
             }
             for k in [1usize, 10, 50] {
                 cases.push(Case {
@@ -377,6 +416,187 @@ pub fn check_errors(engine: &dyn Engine) {
     assert!(
         matches!(nan, KnnError::NonFinite { row: 0, col: 1, .. }),
         "{nan}"
+    );
+}
+
+/// Expression metrics against the built-in metrics they spell (tie-aware: the expression's rows
+/// must be true nearest sets under the built-in metric, distances within tolerance; Hellinger,
+/// whose f64 keys are the same operations, must give identical results), then the expression
+/// suite on varied data, and errors with their columns.
+pub fn check_expr(engine: &dyn Engine) {
+    let mut failures = Vec::new();
+    let same_as = [
+        ("acc + abs(x - y)", Metric::L1),
+        ("max(acc, abs(x - y))", Metric::Linf),
+        ("acc + (x - y)^2 ; sqrt(acc)", Metric::L2),
+        ("acc + (x - y)^2", Metric::SqL2),
+        (
+            "acc + (sqrt(x) - sqrt(y))^2 ; sqrt(0.5 * acc)",
+            Metric::Hellinger,
+        ),
+    ];
+    for (text, builtin) in same_as {
+        for (nb, nq, d, k) in [
+            (500usize, 40usize, 24usize, 10usize),
+            (300, 7, 128, 16),
+            (64, 3, 3, 64),
+        ] {
+            let seed = 900 + nb as u64 + d as u64;
+            let b = uniform(nb, d, seed);
+            let q = uniform(nq, d, seed + 1);
+            let m = expr(text);
+            for queries in [Some(q.view()), None] {
+                let k = k.min(nb - usize::from(queries.is_none()));
+                let name = format!(
+                    "{text} as {builtin} nb={nb} nq={nq} d={d} k={k} {}",
+                    if queries.is_some() { "search" } else { "graph" }
+                );
+                let run = |metric: &Metric| match queries {
+                    Some(q) => search(engine, b.view(), q, k, metric),
+                    None => graph(engine, b.view(), k, metric),
+                };
+                let (got, want) = match (run(&m), run(&builtin)) {
+                    (Ok(g), Ok(w)) => (g, w),
+                    (g, w) => {
+                        failures.push(format!("{name}: {:?} / {:?}", g.err(), w.err()));
+                        continue;
+                    }
+                };
+                let truth = oracle(b.view(), queries, k, &builtin).expect("oracle");
+                let rep = check_with_truth(
+                    b.view(),
+                    queries,
+                    k,
+                    &builtin,
+                    &got,
+                    &truth,
+                    DEFAULT_TOLERANCE,
+                )
+                .expect("check");
+                if !rep.passed() {
+                    failures.push(format!("{name}: {:?}", rep.first_problem));
+                }
+                if builtin == Metric::Hellinger && got != want {
+                    failures.push(format!("{name}: differs from the built-in Hellinger"));
+                }
+            }
+        }
+    }
+    // The expression suite on clustered data and duplicates (many near ties).
+    let d = 9;
+    let clustered = matrix(
+        generate(
+            Distribution::Clustered {
+                clusters: 4,
+                spread: 1e-3,
+            },
+            400,
+            d,
+            31,
+        )
+        .into_iter()
+        .map(|v| v.abs())
+        .collect(),
+        d,
+    );
+    let protos = generate(Distribution::Uniform { lo: 0.0, hi: 1.0 }, 5, d, 32);
+    let dup = matrix(
+        (0..200)
+            .flat_map(|i| protos[(i % 5) * d..(i % 5 + 1) * d].to_vec())
+            .collect(),
+        d,
+    );
+    let mut cases = Vec::new();
+    for (name, data) in [("clustered", &clustered), ("duplicates", &dup)] {
+        let split = data.rows() * 3 / 4;
+        let all = data.view().as_slice();
+        let base = matrix(all[..split * d].to_vec(), d);
+        let queries = matrix(all[split * d..].to_vec(), d);
+        for metric in expr_metrics() {
+            cases.extend(search_and_graph_cases(
+                name,
+                &base,
+                &queries,
+                &metric,
+                &[1, 12],
+                12,
+            ));
+        }
+    }
+    failures.extend(cases.iter().filter_map(|c| c.run(engine).err()));
+    // Errors name the column of the operation and the data that breaks it.
+    let b = uniform(20, 4, 3);
+    let mut neg = b.view().as_slice().to_vec();
+    neg[2 * 4 + 1] = -0.5;
+    let neg = matrix(neg, 4);
+    let mut zero = b.view().as_slice().to_vec();
+    zero[7] = 0.0;
+    let zero = matrix(zero, 4);
+    let e = |r: knn_core::Result<knn_core::Neighbors>| match r {
+        Err(KnnError::Expr(e)) => Some(e),
+        _ => None,
+    };
+    let cases: Vec<(&str, Option<knn_core::ExprError>, usize, &str)> = vec![
+        (
+            "sqrt of a negative value",
+            e(search(
+                engine,
+                neg.view(),
+                b.view(),
+                3,
+                &expr("acc + (sqrt(x) - sqrt(y))^2"),
+            )),
+            18,
+            "base row 2, column 1",
+        ),
+        (
+            "a divisor that can be 0",
+            e(graph(
+                engine,
+                zero.view(),
+                3,
+                &expr("acc + abs(x - y) / (x + y)"),
+            )),
+            18,
+            "divisor",
+        ),
+        (
+            "f32 overflow",
+            e(graph(
+                engine,
+                b.view(),
+                3,
+                &expr("acc + exp(100 * abs(x - y))"),
+            )),
+            7,
+            "f32 range",
+        ),
+        (
+            "a final step that decreases",
+            e(graph(
+                engine,
+                b.view(),
+                3,
+                &expr("acc + abs(x - y) ; 1 - acc"),
+            )),
+            20,
+            "must not decrease",
+        ),
+    ];
+    for (what, err, col, text) in cases {
+        match err {
+            Some(e) if e.column() == col && e.message().contains(text) => {}
+            other => failures.push(format!(
+                "{what}: expected column {col} and '{text}', got {other:?}"
+            )),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} expression checks failed on engine {}:\n{}",
+        failures.len(),
+        engine.name(),
+        failures.join("\n")
     );
 }
 

@@ -11,6 +11,7 @@
 //! | low dimensions: the exact grid, on the CPU or a GPU | [`Options::method`] = [`Method::Grid`] (or `Auto`) |
 //! | several GPUs | [`Options::gpus`] |
 //! | cap GPU memory, stream the base from the host | [`Options::gpu_memory`] |
+//! | your own distance: a per-coordinate accumulation | [`Metric::Expr`] with [`MetricExpr::parse`] |
 //! | check a result against the f64 oracle | [`check`] |
 //!
 //! ```
@@ -24,14 +25,29 @@
 //! assert_eq!(nn.ids_of(0), &[1, 0]);
 //! ```
 //!
+//! A distance of your own, here Hellinger spelled out (see `knn_core::expr` for the syntax):
+//! ```
+//! use knn::{Knn, Metric, MetricExpr, MatrixRef, Options};
+//! use std::sync::Arc;
+//! let base = [0.0f32, 1.0, 0.25, 0.25, 1.0, 0.0];
+//! let queries = [0.2f32, 0.3];
+//! let hellinger = MetricExpr::parse("acc + (sqrt(x) - sqrt(y))^2 ; sqrt(0.5 * acc)").unwrap();
+//! let knn = Knn::new(&Options { device: knn::Device::Cpu, ..Options::default() }).unwrap();
+//! let b = MatrixRef::new("base", &base, 2).unwrap();
+//! let q = MatrixRef::new("queries", &queries, 2).unwrap();
+//! let nn = knn.search(b, q, 1, &Metric::Expr(Arc::new(hellinger))).unwrap();
+//! assert_eq!(nn.ids_of(0), &[1]);
+//! ```
+//!
 //! Every answer is exact: engines compute candidates fast, the shared pipeline re-ranks them in
 //! f64 and proves no other point is closer (see `knn_core`). Rows are ordered by
 //! (distance, id); the same input gives the same answer on every device and thread count.
 
 pub use knn_core::synth;
 pub use knn_core::{
-    check, check_with_truth, id_recall, oracle, CheckReport, Covariance, Engine, Kernel, KnnError,
-    Matrix, MatrixRef, Metric, Neighbors, Result, Symmetry, DEFAULT_TOLERANCE,
+    check, check_with_truth, id_recall, oracle, CheckReport, Covariance, Engine, ExprError, Kernel,
+    KnnError, Matrix, MatrixRef, Metric, MetricExpr, Neighbors, Result, Symmetry,
+    DEFAULT_TOLERANCE,
 };
 pub use knn_cpu::CpuEngine;
 pub use knn_grid::GridEngine;
@@ -237,8 +253,9 @@ impl Knn {
     }
 
     /// The engine a call on `points` base points of dimension `dim` under `metric` uses.
+    /// Expression metrics always take brute force (the grid has no bound for them).
     pub fn engine_for(&self, points: usize, dim: usize, metric: &Metric) -> Result<&dyn Engine> {
-        let grid_fits = metric.kernel() != Kernel::NegDot;
+        let grid_fits = metric.kernel() != Kernel::NegDot && !metric.is_expr();
         match self.method {
             Method::Grid if !grid_fits => Err(KnnError::Option(format!(
                 "the grid method has no distance-to-cell bound for {metric} (use --method brute)"

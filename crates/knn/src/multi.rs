@@ -1,6 +1,6 @@
 //! Several engines (one per GPU) behind one [`Engine`].
 
-use knn_core::{CandidateRequest, Candidates, Engine, Kernel, KnnError, Result};
+use knn_core::{CandidateRequest, Candidates, Engine, ExprPlan, Kernel, KnnError, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -46,6 +46,22 @@ impl Engine for MultiEngine {
     }
 
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
+        self.split(req, |e, sub| e.candidates(sub))
+    }
+
+    fn candidates_expr(&self, req: &CandidateRequest<'_>, plan: &ExprPlan) -> Result<Candidates> {
+        self.split(req, |e, sub| e.candidates_expr(sub, plan))
+    }
+}
+
+impl MultiEngine {
+    /// Cuts the request's queries into tiles that the engines take from a shared queue, each
+    /// tile computed by `run`; the rows come back in place.
+    fn split(
+        &self,
+        req: &CandidateRequest<'_>,
+        run: impl Fn(&dyn Engine, &CandidateRequest<'_>) -> Result<Candidates> + Sync,
+    ) -> Result<Candidates> {
         let nq = req.queries.rows();
         let tile = nq
             .div_ceil(TILES_PER_ENGINE * self.engines.len())
@@ -59,6 +75,7 @@ impl Engine for MultiEngine {
         std::thread::scope(|s| {
             for e in &self.engines {
                 let (next, done) = (&next, &done);
+                let run = &run;
                 s.spawn(move || loop {
                     let t = next.fetch_add(1, Ordering::Relaxed);
                     if t >= tiles {
@@ -70,7 +87,7 @@ impl Engine for MultiEngine {
                         exclude: req.exclude.map(|x| &x[q0..q1]),
                         ..*req
                     };
-                    let r = e.candidates(&sub);
+                    let r = run(e.as_ref(), &sub);
                     let failed = r.is_err();
                     done.lock().unwrap_or_else(|p| p.into_inner())[t] = Some(r);
                     if failed {
@@ -117,7 +134,10 @@ mod tests {
             Box::new(knn_cpu::CpuEngine::new(Some(1)).unwrap()),
         ]);
         assert_eq!(multi.name(), "cpu+cpu+cpu");
-        for metric in [Metric::L2, Metric::L1] {
+        let l1 = Metric::Expr(std::sync::Arc::new(
+            knn_core::MetricExpr::parse("acc + abs(x - y)").unwrap(),
+        ));
+        for metric in [Metric::L2, Metric::L1, l1] {
             let a = knn_core::search(&one, base.view(), queries.view(), 10, &metric).unwrap();
             let b = knn_core::search(&multi, base.view(), queries.view(), 10, &metric).unwrap();
             assert_eq!(a, b);
