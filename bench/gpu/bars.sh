@@ -6,7 +6,7 @@
 #
 #   bash bench/gpu/bars.sh grid      # 2^23 uniform / clustered points, k = 1 and 16, GPU grid
 #   bash bench/gpu/bars.sh multi     # kNN graph n = 1e6, d = 256, k = 100, L2: 1 GPU vs all
-#   bash bench/gpu/bars.sh stream    # graph n = 1e6, d = 128, k = 10: no cap vs --gpu-memory 2GiB
+#   bash bench/gpu/bars.sh stream    # graph n = 4e6 (STREAM_N), d = 128, k = 10: no cap vs --gpu-memory 2GiB
 #
 # KNN (default .gpu/knn) and SCRATCH (default /tmp/knn-bars) may be set.
 set -euo pipefail
@@ -36,9 +36,10 @@ multi() {
 }
 
 stream() {
-    gen p128.npy -n 1000000 -d 128 --seed 5
-    "$KNN" graph -p p128.npy -k 10 --device cuda -o free.npy --force
-    "$KNN" graph -p p128.npy -k 10 --device cuda --gpu-memory 2GiB -o capped.npy --force
+    local n=${STREAM_N:-4000000}
+    gen "p128-$n.npy" -n "$n" -d 128 --seed 5
+    "$KNN" graph -p "p128-$n.npy" -k 10 --device cuda -o free.npy --force
+    "$KNN" graph -p "p128-$n.npy" -k 10 --device cuda --gpu-memory 2GiB -o capped.npy --force
     cmp free.npy capped.npy && cmp free.dist.npy capped.dist.npy && echo "stream: identical graphs"
 }
 

@@ -5,7 +5,7 @@ use crate::checkpoint::{self, chunk_rows, Checkpointed};
 use crate::data::{distances_path, load_matrix, load_points, parse_format, write_neighbors};
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
-use knn::{Covariance, Device, Knn, Method, Metric, Neighbors, Options};
+use knn::{Covariance, Device, Knn, Method, Metric, Neighbors, Options, Symmetry};
 use knn_io::Format;
 use std::path::Path;
 use std::process::ExitCode;
@@ -25,6 +25,11 @@ pub fn metric(a: &MetricArgs) -> Result<Metric> {
 }
 
 pub fn engine(a: &EngineArgs) -> Result<Knn> {
+    engine_with_symmetry(a, Symmetry::Auto)
+}
+
+/// [`engine`] with the symmetric mode of `knn graph`.
+fn engine_with_symmetry(a: &EngineArgs, symmetric: Symmetry) -> Result<Knn> {
     let device: Device = a.device.parse()?;
     let method: Method = a.method.parse()?;
     let gpu_memory = a.gpu_memory.as_deref().map(parse_bytes).transpose()?;
@@ -38,6 +43,7 @@ pub fn engine(a: &EngineArgs) -> Result<Knn> {
         method,
         gpu_memory,
         gpus,
+        symmetric,
     })?;
     if device == Device::Auto && knn.device() == Device::Cpu && gpu_memory.is_some() {
         eprintln!(
@@ -266,7 +272,8 @@ pub fn search(a: &SearchArgs, quiet: bool) -> Result<ExitCode> {
 pub fn graph(a: &GraphArgs, quiet: bool) -> Result<ExitCode> {
     let points = load_points(&a.points, parse_format(&a.input_format)?)?;
     let metric = metric(&a.metric)?;
-    let knn = engine(&a.engine)?;
+    let symmetric: Symmetry = a.symmetric.parse().context("--symmetric")?;
+    let knn = engine_with_symmetry(&a.engine, symmetric)?;
     let mut inputs: Vec<&Path> = vec![&a.points];
     inputs.extend(a.metric.covariance.as_deref());
     let n = points.rows();

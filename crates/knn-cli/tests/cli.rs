@@ -134,6 +134,57 @@ fn graph_csv_and_metrics() {
 }
 
 #[test]
+fn graph_symmetric_on_off_auto_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let pts = generate(dir.path(), "p.npy", 700, 20, 9);
+    let mut outputs = Vec::new();
+    for mode in ["off", "on", "auto"] {
+        for m in ["l2", "l1"] {
+            let out = p(dir.path(), &format!("g_{mode}_{m}.npy"));
+            ok(&[
+                "graph",
+                "-p",
+                &pts,
+                "-k",
+                "7",
+                "-m",
+                m,
+                "--device",
+                "cpu",
+                "--symmetric",
+                mode,
+                "-o",
+                &out,
+                "--quiet",
+            ]);
+            outputs.push((m, std::fs::read(&out).unwrap()));
+        }
+    }
+    for (m, bytes) in &outputs[2..] {
+        let same_metric = outputs.iter().find(|(x, _)| x == m).unwrap();
+        assert!(bytes == &same_metric.1, "{m}: symmetric modes differ");
+    }
+    let e = fails(
+        &[
+            "graph",
+            "-p",
+            &pts,
+            "-k",
+            "3",
+            "--symmetric",
+            "sometimes",
+            "-o",
+            &p(dir.path(), "x.npy"),
+        ],
+        2,
+    );
+    assert!(
+        e.contains("--symmetric") && e.contains("auto, on, off"),
+        "{e}"
+    );
+}
+
+#[test]
 fn bad_input_errors_name_the_problem() {
     let dir = tempfile::tempdir().unwrap();
     let nan = p(dir.path(), "nan.csv");

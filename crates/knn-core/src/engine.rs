@@ -3,6 +3,8 @@
 use crate::error::Result;
 use crate::matrix::MatrixRef;
 use crate::metric::{Kernel, Metric};
+use std::fmt;
+use std::str::FromStr;
 
 /// One candidate computation: for every query, the `width` base points with the smallest
 /// kernel keys.
@@ -21,6 +23,25 @@ pub struct CandidateRequest<'a> {
     /// `true` on retries: the pipeline asks again, wider, for rows whose floor was too low, and
     /// an engine with a reduced-precision fast path should use full f32 precision now.
     pub precise: bool,
+    /// Identifies the base's values: requests with the same key have the same base values
+    /// (the pipeline takes a fresh [`base_key`] per run, during which the base is borrowed
+    /// immutably), so an engine may keep what it derived from the base (a device copy, norms)
+    /// from one call to the next. `None`: no such promise.
+    pub base_key: Option<u64>,
+    /// `true` when the data are the metric's exact values themselves (nothing rounded in
+    /// between, such as Hellinger's square roots): an engine may then translate them (centre
+    /// them) with one rounding of its own, which the `+8` slack of [`Kernel::error_bound`]
+    /// covers. A translation after an earlier rounding would leave that rounding outside the
+    /// bound.
+    ///
+    /// [`Kernel::error_bound`]: crate::Kernel::error_bound
+    pub exact_data: bool,
+}
+
+/// A key no earlier call of this process returned, for [`CandidateRequest::base_key`].
+pub fn base_key() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl CandidateRequest<'_> {
@@ -43,6 +64,19 @@ pub struct Candidates {
     pub keys: Vec<f32>,
     /// One per row.
     pub floor: Vec<f32>,
+}
+
+impl Candidates {
+    /// Rows `start..end` as their own candidate lists.
+    pub fn rows(&self, start: usize, end: usize) -> Candidates {
+        let w = self.width;
+        Candidates {
+            width: w,
+            ids: self.ids[start * w..end * w].to_vec(),
+            keys: self.keys[start * w..end * w].to_vec(),
+            floor: self.floor[start..end].to_vec(),
+        }
+    }
 }
 
 /// Where [`Engine::finish_rows`] writes final rows: `rows × k` ids and distances, laid out as
@@ -92,7 +126,27 @@ pub trait Engine: Sync {
         Ok((self.candidates(req)?, None))
     }
 
-    /// Optional: the pipeline's re-rank done by the engine itself, on a first round whose data
+    /// Symmetric self-join: candidates for **every** row of a kNN graph of `points` (the same
+    /// lists and floors as [`Engine::candidates`] with `queries = base = points`, `exclude[i] = i`
+    /// and this `width`), computed by an engine that evaluates each unordered pair's key once and
+    /// folds it into both points' lists. Only called for kernels that are symmetric in their two
+    /// arguments (all four are) and metrics whose engine space is one matrix for both sides
+    /// ([`crate::Metric::is_symmetric`]).
+    ///
+    /// `None`: not supported, or not worth it for this size (the pipeline then takes
+    /// [`Engine::candidates`] row range by row range). Default: `None`.
+    fn graph_candidates(
+        &self,
+        points: MatrixRef<'_>,
+        kernel: Kernel,
+        width: usize,
+        precise: bool,
+    ) -> Option<Result<Candidates>> {
+        let _ = (points, kernel, width, precise);
+        None
+    }
+
+    /// Optional: the pipeline's re-rank done by the engine itself, on a first try whose data
     /// is the metric's exact space (the conditions of [`Engine::candidates_with_exact`]), for
     /// `k ≤ req.width` neighbours. `Ok(false)` (the default): not done, the pipeline asks for
     /// candidates. `Ok(true)`: for each row `i`, `proven[i]` is `true` only when the row's
@@ -117,5 +171,53 @@ pub trait Engine: Sync {
     /// the queries of a call for locality (the grid) gains from large ones. Default 4096.
     fn min_round_queries(&self) -> usize {
         4096
+    }
+
+    /// Independent engines behind this one (one per GPU): the pipeline hands whole rounds of
+    /// queries to each of them side by side. Empty (the default): this engine alone.
+    fn devices(&self) -> Vec<&dyn Engine> {
+        Vec::new()
+    }
+
+    /// Rounds of queries this engine works on at once. A GPU engine says 2, so the host's exact
+    /// re-rank of one round overlaps the device's work on the next. Default 1.
+    fn concurrent_rounds(&self) -> usize {
+        1
+    }
+}
+
+/// Whether a kNN graph computes each unordered pair once ([`Engine::graph_candidates`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Symmetry {
+    /// Where the engine measured it to pay (its own rule: size, metric, dimension, memory).
+    #[default]
+    Auto,
+    /// Always, where the engine supports it.
+    On,
+    /// Never: every row computes its keys against every point.
+    Off,
+}
+
+impl FromStr for Symmetry {
+    type Err = crate::KnnError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Symmetry::Auto),
+            "on" | "yes" | "true" => Ok(Symmetry::On),
+            "off" | "no" | "false" => Ok(Symmetry::Off),
+            _ => Err(crate::KnnError::Option(format!(
+                "unknown symmetric mode '{s}' (auto, on, off)"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Symmetry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Symmetry::Auto => "auto",
+            Symmetry::On => "on",
+            Symmetry::Off => "off",
+        })
     }
 }

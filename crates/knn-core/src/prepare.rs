@@ -68,14 +68,10 @@ fn map_rows(m: MatrixRef<'_>, f: impl Fn(&[f32], &mut [f32]) + Sync) -> Matrix {
     Matrix::from_trusted(out, d)
 }
 
-/// Subtracts the base mean from base and queries when the data sits far from the origin
-/// relative to its spread: the GEMM form's rounding grows with ‖x‖², so this keeps candidate
-/// keys tight for data such as points near 4e6 with small jitter. Returns `None` when the
-/// data is already near the origin (no copy made).
-fn centre_if_far(
-    base: MatrixRef<'_>,
-    queries: Option<MatrixRef<'_>>,
-) -> Option<(Matrix, Option<Matrix>)> {
+/// The base mean, when the data sits far from the origin relative to its spread: the GEMM
+/// form's rounding grows with ‖x‖², so subtracting it keeps candidate keys tight for data such
+/// as points near 4e6 with small jitter. `None` when the data is already near the origin.
+fn far_centre(base: MatrixRef<'_>) -> Option<Vec<f64>> {
     let d = base.dim();
     let n = base.rows() as f64;
     let sums = base
@@ -110,17 +106,18 @@ fn centre_if_far(
         .sum::<f64>()
         / n;
     let mean_sq: f64 = mean.iter().map(|m| m * m).sum();
-    if mean_sq <= 16.0 * spread {
-        return None;
-    }
-    let centre = |m: MatrixRef<'_>| {
-        map_rows(m, |x, o| {
-            for ((o, &v), mu) in o.iter_mut().zip(x).zip(&mean) {
-                *o = (v as f64 - mu) as f32;
-            }
-        })
-    };
-    Some((centre(base), queries.map(centre)))
+    (mean_sq > 16.0 * spread).then_some(mean)
+}
+
+/// `f(x) − centre` row by row, computed in f64 and rounded to f32 once: the only rounding is
+/// relative to the centred value, as the engines' bounds assume (rounding `f(x)` first and
+/// centring after would leave an error of the size of `f(x)`'s rounding outside them).
+fn centred(m: MatrixRef<'_>, centre: &[f64], f: fn(f32) -> f64) -> Matrix {
+    map_rows(m, |x, o| {
+        for ((o, &v), c) in o.iter_mut().zip(x).zip(centre) {
+            *o = (f(v) - c) as f32;
+        }
+    })
 }
 
 /// Lower-triangular Cholesky factor of a symmetric positive definite `d × d` matrix (f64).
@@ -275,12 +272,21 @@ pub fn prepare<'a>(
         _ => None,
     };
     if metric.kernel() == Kernel::SqL2 {
-        let centred = match &engine {
-            Some((b, q)) => centre_if_far(b.view(), q.as_ref().map(|q| q.view())),
-            None => centre_if_far(exact_base.view(), exact_queries.as_ref().map(|q| q.view())),
+        let seen = match &engine {
+            Some((b, _)) => b.view(),
+            None => exact_base.view(),
         };
-        if centred.is_some() {
-            engine = centred;
+        if let Some(c) = far_centre(seen) {
+            // From the exact values through the metric's transform, one rounding in all.
+            let (f, b, q): (fn(f32) -> f64, _, _) = match metric {
+                Metric::Hellinger => (|v| (v as f64).sqrt(), base, queries),
+                _ => (
+                    |v| v as f64,
+                    exact_base.view(),
+                    exact_queries.as_ref().map(|q| q.view()),
+                ),
+            };
+            engine = Some((centred(b, &c, f), q.map(|q| centred(q, &c, f))));
         }
     }
     // Scale by a power of two (exact) when squares or sums could overflow or underflow f32.

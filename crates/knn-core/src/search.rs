@@ -235,92 +235,95 @@ impl Rerank<'_, '_> {
     }
 }
 
-/// The pipeline for the query rows `rows` (all of them, or a piece of a graph); the result's row
-/// `i` is query `rows.start + i`.
-#[allow(clippy::too_many_arguments)]
-fn run(
-    engine: &dyn Engine,
-    base: MatrixRef<'_>,
-    queries: Option<MatrixRef<'_>>,
+/// What every round of one pipeline run shares.
+struct Run<'a> {
+    metric: &'a Metric,
+    eb: MatrixRef<'a>,
+    eq: MatrixRef<'a>,
+    xb: MatrixRef<'a>,
+    xq: MatrixRef<'a>,
+    key_scale: f64,
+    /// The engine computes on the exact space itself: it may hand over exact keys.
+    same_space: bool,
+    self_join: bool,
     k: usize,
-    metric: &Metric,
     available: usize,
-    rows: std::ops::Range<usize>,
-    progress: ProgressFn<'_>,
-) -> Result<Neighbors> {
-    let profile = std::env::var_os("KNN_PROFILE").is_some();
-    let clock = std::time::Instant::now();
-    let lap = |what: &str, since: &mut std::time::Instant| {
-        if profile {
+    width0: usize,
+    /// See [`CandidateRequest::base_key`].
+    base_key: u64,
+    /// See [`CandidateRequest::exact_data`].
+    exact_data: bool,
+    /// First-try candidates of every row of a whole graph, computed at once with each
+    /// unordered pair once (see [`Engine::graph_candidates`]).
+    symmetric: Option<crate::engine::Candidates>,
+    profile: bool,
+}
+
+impl Run<'_> {
+    fn lap(&self, what: &str, since: &mut std::time::Instant) {
+        if self.profile {
             eprintln!(
                 "pipeline: {what}: {:.2} ms",
                 since.elapsed().as_secs_f64() * 1e3
             );
             *since = std::time::Instant::now();
         }
-    };
-    let mut since = clock;
-    let prep = prepare(metric, base, queries)?;
-    lap("prepare", &mut since);
-    let eb = prep.engine_base();
-    let eq = prep.engine_queries();
-    let xb = prep.exact_base.view();
-    let xq = prep.exact_queries().unwrap_or(xb);
-    // The engine computes on the exact space itself: it may hand over exact keys.
-    let same_space = prep.engine.is_none() && !matches!(metric, Metric::Cosine | Metric::Hellinger);
-    let self_join = queries.is_none();
-    let first = rows.start;
-    let nq = rows.end;
-    let mut out = Neighbors::with_shape(rows.len(), k);
-    let kernel = metric.kernel();
-    let width0 = engine
-        .candidate_width(k, available, kernel)
-        .clamp(k, available);
-    let per_round = (CANDIDATE_BYTES_PER_ROUND / (8 * width0)).max(1024).min(
-        (rows.len() / 32)
-            .max(MIN_ROUND)
-            .max(engine.min_round_queries()),
-    );
+    }
 
-    for start in rows.clone().step_by(per_round) {
-        let end = (start + per_round).min(nq);
+    /// Queries `start..end` to the end: first try, exact re-rank, wider retries of the rows
+    /// whose floor does not prove them, and a direct scan past the widest engine call. Writes
+    /// rows `start..end` into `ids` / `dists` (`k` per row).
+    fn round(
+        &self,
+        engine: &dyn Engine,
+        start: usize,
+        end: usize,
+        ids_out: &mut [u32],
+        dists_out: &mut [f32],
+    ) -> Result<()> {
+        let (k, available) = (self.k, self.available);
+        let mut since = std::time::Instant::now();
         let mut pending: Vec<u32> = (start as u32..end as u32).collect();
-        let mut width = width0;
+        let mut width = self.width0;
         while !pending.is_empty() {
-            // Gather the pending queries (contiguous on the first round: no copy).
-            let contiguous = pending.len() == end - start && width == width0;
+            // Gather the pending queries (contiguous on the first try: no copy).
+            let contiguous = pending.len() == end - start && width == self.width0;
             let gathered;
             let qv = if contiguous {
-                eq.slice_rows(start, end)
+                self.eq.slice_rows(start, end)
             } else {
-                let d = eq.dim();
+                let d = self.eq.dim();
                 let mut v = Vec::with_capacity(pending.len() * d);
                 for &i in &pending {
-                    v.extend_from_slice(eq.row(i as usize));
+                    v.extend_from_slice(self.eq.row(i as usize));
                 }
                 gathered = Matrix::from_trusted(v, d);
                 gathered.view()
             };
-            let exclude = self_join.then_some(pending.as_slice());
+            let exclude = self.self_join.then_some(pending.as_slice());
             let req = CandidateRequest {
-                base: eb,
+                base: self.eb,
                 queries: qv,
-                kernel,
+                kernel: self.metric.kernel(),
                 width,
                 exclude,
                 precise: !contiguous,
+                base_key: Some(self.base_key),
+                exact_data: self.exact_data,
             };
-            // An engine that re-ranks on its own writes a first round's rows in place.
+            let first_try = self.symmetric.as_ref().filter(|_| contiguous);
+            // An engine that re-ranks on its own writes a first try's rows in place.
             let mut proven = vec![false; pending.len()];
             let finished = contiguous
-                && same_space
+                && first_try.is_none()
+                && self.same_space
                 && engine.finish_rows(
                     &req,
-                    metric,
+                    self.metric,
                     k,
                     FinishedRows {
-                        ids: &mut out.ids[(start - first) * k..(end - first) * k],
-                        distances: &mut out.distances[(start - first) * k..(end - first) * k],
+                        ids: &mut *ids_out,
+                        distances: &mut *dists_out,
                         proven: &mut proven,
                     },
                 )?;
@@ -332,20 +335,22 @@ fn run(
                     floor: vec![],
                 };
                 (none, None)
-            } else if same_space {
+            } else if let Some(all) = first_try {
+                (all.rows(start, end), None)
+            } else if self.same_space {
                 engine.candidates_with_exact(&req)?
             } else {
                 (engine.candidates(&req)?, None)
             };
-            lap("engine", &mut since);
+            self.lap("engine", &mut since);
             debug_assert!(finished || cand.ids.len() == pending.len() * width);
             debug_assert!(exact.as_ref().is_none_or(|e| e.len() == cand.ids.len()));
             let exact = exact.filter(|e| e.len() == cand.ids.len());
             let rerank = Rerank {
-                metric,
-                xb,
+                metric: self.metric,
+                xb: self.xb,
                 k,
-                key_scale: prep.key_scale,
+                key_scale: self.key_scale,
                 complete: width >= available,
             };
             let row_of = |j: usize| RowCandidates {
@@ -359,14 +364,14 @@ fn run(
             if finished {
                 // Rows and flags written by the engine.
             } else if contiguous {
-                out.ids[(start - first) * k..(end - first) * k]
+                ids_out
                     .par_chunks_mut(k)
-                    .zip(out.distances[(start - first) * k..(end - first) * k].par_chunks_mut(k))
+                    .zip(dists_out.par_chunks_mut(k))
                     .zip(proven.par_iter_mut())
                     .enumerate()
                     .with_min_len(256)
                     .for_each_init(Vec::new, |scratch, (j, ((ids, dists), ok))| {
-                        let q = xq.row(start + j);
+                        let q = self.xq.row(start + j);
                         *ok = rerank.row(q, &row_of(j), scratch, ids, dists);
                     });
             } else {
@@ -379,19 +384,19 @@ fn run(
                     .enumerate()
                     .with_min_len(64)
                     .for_each_init(Vec::new, |scratch, (j, ((ids, dists), ok))| {
-                        let q = xq.row(pending[j] as usize);
+                        let q = self.xq.row(pending[j] as usize);
                         *ok = rerank.row(q, &row_of(j), scratch, ids, dists);
                     });
                 for (j, &qi) in pending.iter().enumerate() {
                     if proven[j] {
-                        let qi = qi as usize - first;
-                        out.ids[qi * k..(qi + 1) * k].copy_from_slice(&ids_buf[j * k..(j + 1) * k]);
-                        out.distances[qi * k..(qi + 1) * k]
+                        let qi = qi as usize - start;
+                        ids_out[qi * k..(qi + 1) * k].copy_from_slice(&ids_buf[j * k..(j + 1) * k]);
+                        dists_out[qi * k..(qi + 1) * k]
                             .copy_from_slice(&dists_buf[j * k..(j + 1) * k]);
                     }
                 }
             }
-            lap("re-rank", &mut since);
+            self.lap("re-rank", &mut since);
             pending = pending
                 .iter()
                 .zip(&proven)
@@ -407,24 +412,150 @@ fn run(
                 let scanned: Vec<(Vec<u32>, Vec<f32>)> = pending
                     .par_iter()
                     .map(|&qi| {
-                        let skip = self_join.then_some(qi);
-                        let exact = exact_scan(metric, xb, xq.row(qi as usize), k, skip);
+                        let skip = self.self_join.then_some(qi);
+                        let exact =
+                            exact_scan(self.metric, self.xb, self.xq.row(qi as usize), k, skip);
                         let (mut ids, mut dists) = (vec![0u32; k], vec![0f32; k]);
-                        finish_row(metric, &exact, &mut ids, &mut dists);
+                        finish_row(self.metric, &exact, &mut ids, &mut dists);
                         (ids, dists)
                     })
                     .collect();
                 for (&qi, (ids, dists)) in pending.iter().zip(scanned) {
-                    let qi = qi as usize - first;
-                    out.ids[qi * k..(qi + 1) * k].copy_from_slice(&ids);
-                    out.distances[qi * k..(qi + 1) * k].copy_from_slice(&dists);
+                    let qi = qi as usize - start;
+                    ids_out[qi * k..(qi + 1) * k].copy_from_slice(&ids);
+                    dists_out[qi * k..(qi + 1) * k].copy_from_slice(&dists);
                 }
                 break;
             }
         }
-        progress(end - first, rows.len());
+        Ok(())
     }
-    lap("rounds done", &mut since);
+}
+
+/// The engines rounds run on, one entry per concurrent round: every device of `engine` (or the
+/// engine itself), each as many times as it works on rounds at once.
+fn workers(engine: &dyn Engine) -> Vec<&dyn Engine> {
+    let devices = engine.devices();
+    let devices = if devices.is_empty() {
+        vec![engine]
+    } else {
+        devices
+    };
+    let mut out = Vec::new();
+    for e in devices {
+        for _ in 0..e.concurrent_rounds().max(1) {
+            out.push(e);
+        }
+    }
+    out
+}
+
+/// The pipeline for the query rows `rows` (all of them, or a piece of a graph); the result's row
+/// `i` is query `rows.start + i`. Rounds of queries go to the engine's workers (see
+/// [`Engine::devices`], [`Engine::concurrent_rounds`]); each round's rows are the same whichever
+/// worker takes it, so the answer does not depend on the schedule.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    engine: &dyn Engine,
+    base: MatrixRef<'_>,
+    queries: Option<MatrixRef<'_>>,
+    k: usize,
+    metric: &Metric,
+    available: usize,
+    rows: std::ops::Range<usize>,
+    progress: ProgressFn<'_>,
+) -> Result<Neighbors> {
+    let profile = std::env::var_os("KNN_PROFILE").is_some();
+    let mut since = std::time::Instant::now();
+    let prep = prepare(metric, base, queries)?;
+    let xb = prep.exact_base.view();
+    let kernel = metric.kernel();
+    let workers = workers(engine);
+    let width0 = engine
+        .candidate_width(k, available, kernel)
+        .clamp(k, available);
+    let mut ctx = Run {
+        metric,
+        eb: prep.engine_base(),
+        eq: prep.engine_queries(),
+        xb,
+        xq: prep.exact_queries().unwrap_or(xb),
+        key_scale: prep.key_scale,
+        same_space: prep.engine.is_none() && !matches!(metric, Metric::Cosine | Metric::Hellinger),
+        self_join: queries.is_none(),
+        k,
+        available,
+        width0,
+        base_key: crate::engine::base_key(),
+        exact_data: prep.engine.is_none(),
+        symmetric: None,
+        profile,
+    };
+    ctx.lap("prepare", &mut since);
+    // A whole graph of a symmetric metric: the engine may compute every row's first candidate
+    // lists at once, each unordered pair once (see `Engine::graph_candidates`).
+    if ctx.self_join && rows == (0..base.rows()) && metric.is_symmetric() {
+        ctx.symmetric = engine
+            .graph_candidates(ctx.eb, kernel, width0, false)
+            .transpose()?;
+        ctx.lap("engine (symmetric, all rows)", &mut since);
+    }
+    let first = rows.start;
+    let mut out = Neighbors::with_shape(rows.len(), k);
+    let per_round = (CANDIDATE_BYTES_PER_ROUND / workers.len() / (8 * width0))
+        .max(1024)
+        .min(
+            (rows.len() / (32 * workers.len()))
+                .max(MIN_ROUND)
+                .max(engine.min_round_queries()),
+        );
+    let total = rows.len();
+    // Rounds: (first query, that round's output rows).
+    let rounds = rows
+        .clone()
+        .step_by(per_round)
+        .zip(out.ids.chunks_mut(per_round * k))
+        .zip(out.distances.chunks_mut(per_round * k));
+    if workers.len() == 1 || total <= per_round {
+        for ((start, ids), dists) in rounds {
+            let end = (start + per_round).min(rows.end);
+            ctx.round(workers[0], start, end, ids, dists)?;
+            progress(end - first, total);
+        }
+    } else {
+        let queue = std::sync::Mutex::new(rounds);
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let failed: std::sync::Mutex<Option<KnnError>> = std::sync::Mutex::new(None);
+        std::thread::scope(|s| {
+            for &e in &workers {
+                let (ctx, queue, done, failed) = (&ctx, &queue, &done, &failed);
+                s.spawn(move || loop {
+                    let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
+                    let Some(((start, ids), dists)) = next else {
+                        break;
+                    };
+                    let end = (start + per_round).min(rows.end);
+                    if let Err(e) = ctx.round(e, start, end, ids, dists) {
+                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                        // Hand out no more rounds: the call fails anyway.
+                        queue
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .by_ref()
+                            .for_each(drop);
+                        break;
+                    }
+                    let n = end - start;
+                    let so_far = done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+                    progress(so_far, total);
+                });
+            }
+        });
+        if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
+    }
+    ctx.lap("rounds done", &mut since);
     if let Some(i) = out.distances.par_iter().position_first(|d| !d.is_finite()) {
         return Err(KnnError::Overflow {
             metric: metric.name(),

@@ -13,7 +13,7 @@
 //! straight into the queries' top-k lists, comparing 16 keys with 16 thresholds at once.
 
 use crate::engine::{GemmPlan, BASE_TILE};
-use knn_core::{CandidateRequest, Kernel, TopK};
+use knn_core::{CandidateRequest, Kernel, MatrixRef, TopK};
 use std::ops::Range;
 
 /// Unit roundoff of rounding f32 to bf16 (8 significant bits).
@@ -160,6 +160,117 @@ pub(crate) fn fold_unit(
     }
 }
 
+/// Every point of a symmetric self-join in both bf16 layouts, made once: as queries (groups of
+/// 32 in lanes, see `pack_queries`) and as base rows (see `micro::convert_rows`), centred on
+/// the plan's mean.
+pub(crate) struct PackedPoints {
+    queries: Vec<u32>,
+    rows: Vec<u32>,
+    pairs: usize,
+}
+
+impl PackedPoints {
+    /// Packs `points` for `plan` (whose `bf16` is set, so AVX-512 BF16 is available).
+    pub(crate) fn new(points: MatrixRef<'_>, plan: &GemmPlan) -> Self {
+        let (n, d) = (points.rows(), points.dim());
+        let pairs = d.div_ceil(2);
+        let queries = pack_queries(points.as_slice(), d, 0..n, plan.mean.as_deref());
+        let mut rows = vec![0u32; n * pairs];
+        #[cfg(target_arch = "x86_64")]
+        {
+            let zero = vec![0.0f32; d];
+            let mean = plan.mean.as_deref().unwrap_or(&zero);
+            // SAFETY: the plan's bf16 path was chosen after `available()` checked AVX-512F and
+            // AVX-512 BF16; `rows` holds `n · pairs` words.
+            unsafe { micro::convert_rows(points.as_slice(), d, mean, &mut rows) };
+        }
+        PackedPoints {
+            queries,
+            rows,
+            pairs,
+        }
+    }
+}
+
+/// Symmetric self-join: folds the keys of the block pair `ri × rj` of the packed points into
+/// both sides' lists (see [`crate::symmetric`]); on the diagonal (`ri == rj`) only pairs
+/// `i < j`. `ri.start` is a multiple of 32 (blocks are). Returns the number of pair keys
+/// computed.
+pub(crate) fn fold_pair(
+    packed: &PackedPoints,
+    kernel: Kernel,
+    plan: &GemmPlan,
+    ri: Range<usize>,
+    rj: Range<usize>,
+    sides: &mut crate::symmetric::Sides<'_>,
+) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        debug_assert_eq!(ri.start % GROUP, 0);
+        let pairs = packed.pairs;
+        let (ni, nj) = (ri.len(), rj.len());
+        let groups = ni.div_ceil(GROUP);
+        let sql2 = kernel == Kernel::SqL2;
+        let scale = if sql2 { -2.0f32 } else { -1.0 };
+        let sq = |i: usize| if sql2 { plan.norms.sq[i] } else { 0.0 };
+        let diagonal = sides.is_diagonal();
+        let bpack = &packed.rows[rj.start * pairs..rj.end * pairs];
+        let mut computed = 0u64;
+        for g in 0..groups {
+            let first = ri.start / GROUP + g;
+            let q = &packed.queries[first * pairs * GROUP..(first + 1) * pairs * GROUP];
+            let a0 = g * GROUP;
+            let lanes = (ni - a0).min(GROUP);
+            let qsq: [f32; GROUP] = std::array::from_fn(|l| {
+                if l < lanes {
+                    sq(ri.start + a0 + l)
+                } else {
+                    0.0
+                }
+            });
+            for c in (0..nj).step_by(NR) {
+                let points = (nj - c).min(NR);
+                // On the diagonal, blocks with every column at or before every row hold no
+                // pair `i < j`.
+                if diagonal && c + points <= a0 + 1 {
+                    continue;
+                }
+                let add: [f32; NR] = std::array::from_fn(|p| {
+                    if p < points {
+                        sq(rj.start + c + p)
+                    } else {
+                        0.0
+                    }
+                });
+                // SAFETY: `PackedPoints` exists only where AVX-512 BF16 is available; `q`
+                // holds a group, `bpack` `points` rows from `c`; the sides' row thresholds are
+                // padded to whole groups.
+                unsafe {
+                    micro::block_sym(
+                        q,
+                        pairs,
+                        &bpack[c * pairs..(c + points) * pairs],
+                        points,
+                        &qsq,
+                        &add,
+                        scale,
+                        lanes,
+                        (a0, c),
+                        sides,
+                    );
+                }
+                computed += (lanes * points) as u64;
+            }
+        }
+        computed
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (packed, kernel, plan, ri, rj, sides);
+        unreachable!("bf16 path is only chosen on x86-64");
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod micro {
     use super::{GROUP, NR};
@@ -244,48 +355,7 @@ mod micro {
         tops: &mut [TopK],
     ) {
         debug_assert!(q.len() >= pairs * GROUP && b.len() >= points * pairs && thr.len() == GROUP);
-        let bp = b.as_ptr();
-        // Points beyond `points` repeat the last one: same cost, results ignored.
-        let row: [*const u32; NR] = std::array::from_fn(|p| bp.add(p.min(points - 1) * pairs));
-        let qp = q.as_ptr();
-        // Sixteen named accumulators (8 points × 2 query vectors) so they all stay in registers.
-        let z = _mm512_setzero_ps();
-        let (mut a00, mut a01, mut a10, mut a11, mut a20, mut a21, mut a30, mut a31) =
-            (z, z, z, z, z, z, z, z);
-        let (mut a40, mut a41, mut a50, mut a51, mut a60, mut a61, mut a70, mut a71) =
-            (z, z, z, z, z, z, z, z);
-        for t in 0..pairs {
-            let q0: __m512bh =
-                std::mem::transmute(_mm512_loadu_si512(qp.add(t * GROUP) as *const _));
-            let q1: __m512bh =
-                std::mem::transmute(_mm512_loadu_si512(qp.add(t * GROUP + 16) as *const _));
-            macro_rules! step {
-                ($p:expr, $x0:ident, $x1:ident) => {
-                    let a: __m512bh =
-                        std::mem::transmute(_mm512_set1_epi32(*row[$p].add(t) as i32));
-                    $x0 = _mm512_dpbf16_ps($x0, a, q0);
-                    $x1 = _mm512_dpbf16_ps($x1, a, q1);
-                };
-            }
-            step!(0, a00, a01);
-            step!(1, a10, a11);
-            step!(2, a20, a21);
-            step!(3, a30, a31);
-            step!(4, a40, a41);
-            step!(5, a50, a51);
-            step!(6, a60, a61);
-            step!(7, a70, a71);
-        }
-        let acc = [
-            [a00, a01],
-            [a10, a11],
-            [a20, a21],
-            [a30, a31],
-            [a40, a41],
-            [a50, a51],
-            [a60, a61],
-            [a70, a71],
-        ];
+        let acc = dots(q, pairs, b, points);
         let vscale = _mm512_set1_ps(scale);
         for p in 0..points {
             let vadd = _mm512_set1_ps(add[p]);
@@ -308,6 +378,138 @@ mod micro {
                     tops[l].push(keys[l], id);
                     thr[l] = tops[l].threshold();
                 }
+            }
+        }
+    }
+
+    /// The 8 × 32 block of dot products of `points ≤ 8` converted base rows (`pairs` words
+    /// each) with one group of 32 packed queries: `[point][query vector]`. Inlined into its
+    /// callers, which enable AVX-512 BF16.
+    ///
+    /// # Safety
+    /// AVX-512F and AVX-512 BF16 must be available; `q` holds `pairs·32` words, `b`
+    /// `points·pairs`, `1 ≤ points ≤ 8`.
+    #[inline(always)]
+    unsafe fn dots(q: &[u32], pairs: usize, b: &[u32], points: usize) -> [[__m512; 2]; NR] {
+        // SAFETY: forwarded from the caller; every pointer stays inside `q` or `b`.
+        unsafe {
+            let bp = b.as_ptr();
+            // Points beyond `points` repeat the last one: same cost, results ignored.
+            let row: [*const u32; NR] = std::array::from_fn(|p| bp.add(p.min(points - 1) * pairs));
+            let qp = q.as_ptr();
+            // Sixteen named accumulators (8 points × 2 query vectors) so they all stay in
+            // registers.
+            let z = _mm512_setzero_ps();
+            let (mut a00, mut a01, mut a10, mut a11, mut a20, mut a21, mut a30, mut a31) =
+                (z, z, z, z, z, z, z, z);
+            let (mut a40, mut a41, mut a50, mut a51, mut a60, mut a61, mut a70, mut a71) =
+                (z, z, z, z, z, z, z, z);
+            for t in 0..pairs {
+                let q0: __m512bh =
+                    std::mem::transmute(_mm512_loadu_si512(qp.add(t * GROUP) as *const _));
+                let q1: __m512bh =
+                    std::mem::transmute(_mm512_loadu_si512(qp.add(t * GROUP + 16) as *const _));
+                macro_rules! step {
+                    ($p:expr, $x0:ident, $x1:ident) => {
+                        let a: __m512bh =
+                            std::mem::transmute(_mm512_set1_epi32(*row[$p].add(t) as i32));
+                        $x0 = _mm512_dpbf16_ps($x0, a, q0);
+                        $x1 = _mm512_dpbf16_ps($x1, a, q1);
+                    };
+                }
+                step!(0, a00, a01);
+                step!(1, a10, a11);
+                step!(2, a20, a21);
+                step!(3, a30, a31);
+                step!(4, a40, a41);
+                step!(5, a50, a51);
+                step!(6, a60, a61);
+                step!(7, a70, a71);
+            }
+            [
+                [a00, a01],
+                [a10, a11],
+                [a20, a21],
+                [a30, a31],
+                [a40, a41],
+                [a50, a51],
+                [a60, a61],
+                [a70, a71],
+            ]
+        }
+    }
+
+    /// The symmetric form of [`block`]: the keys of one group of 32 row points (lanes, local
+    /// indices `a0..a0 + 32` of `sides`' rows) against `points ≤ 8` column points (local indices
+    /// `b0..` of its columns), each folded into **both** lists: the row's (id of the column) and
+    /// the column's (id of the row). Keys are whole: `qsq[l] + bsq[p] + scale·dot` (the squared
+    /// norms are zero for the inner product), so a pair's key is the same number for both.
+    /// Lanes from `lanes` on are padding; on the diagonal only pairs with row < column count.
+    ///
+    /// # Safety
+    /// AVX-512F and AVX-512 BF16 must be available; `q`, `b` as for [`block`]; `qsq` holds 32
+    /// values; `sides`' row thresholds hold `a0 + 32` values, its columns `b0 + points`.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn block_sym(
+        q: &[u32],
+        pairs: usize,
+        b: &[u32],
+        points: usize,
+        qsq: &[f32],
+        bsq: &[f32; NR],
+        scale: f32,
+        lanes: usize,
+        (a0, b0): (usize, usize),
+        sides: &mut crate::symmetric::Sides<'_>,
+    ) {
+        let acc = dots(q, pairs, b, points);
+        let vscale = _mm512_set1_ps(scale);
+        let q0 = _mm512_loadu_ps(qsq.as_ptr());
+        let q1 = _mm512_loadu_ps(qsq.as_ptr().add(16));
+        let valid: u32 = if lanes >= GROUP {
+            u32::MAX
+        } else {
+            (1u32 << lanes) - 1
+        };
+        let diagonal = sides.is_diagonal();
+        for p in 0..points {
+            let bl = b0 + p;
+            // On the diagonal only rows before the column (`a0 + l < bl`).
+            let lanes_before = if !diagonal || bl >= a0 + GROUP {
+                u32::MAX
+            } else if bl <= a0 {
+                0
+            } else {
+                (1u32 << (bl - a0)) - 1
+            };
+            let vb = _mm512_set1_ps(bsq[p]);
+            let k0 = _mm512_fmadd_ps(acc[p][0], vscale, _mm512_add_ps(q0, vb));
+            let k1 = _mm512_fmadd_ps(acc[p][1], vscale, _mm512_add_ps(q1, vb));
+            // `≤`: the lists decide ties by id (pushes arrive in no particular id order).
+            let thr = sides.row_thr()[a0..a0 + GROUP].as_ptr();
+            let r0 = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(k0, _mm512_loadu_ps(thr));
+            let r1 = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(k1, _mm512_loadu_ps(thr.add(16)));
+            let vc = _mm512_set1_ps(sides.col_thr()[bl]);
+            let c0 = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(k0, vc);
+            let c1 = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(k1, vc);
+            let mut rmask = ((r0 as u32) | ((r1 as u32) << 16)) & valid & lanes_before;
+            let mut cmask = ((c0 as u32) | ((c1 as u32) << 16)) & valid & lanes_before;
+            if rmask | cmask == 0 {
+                continue;
+            }
+            let mut keys = [0.0f32; GROUP];
+            _mm512_storeu_ps(keys.as_mut_ptr(), k0);
+            _mm512_storeu_ps(keys.as_mut_ptr().add(16), k1);
+            while rmask != 0 {
+                let l = rmask.trailing_zeros() as usize;
+                rmask &= rmask - 1;
+                sides.push_row(a0 + l, keys[l], sides.col_id(bl));
+            }
+            while cmask != 0 {
+                let l = cmask.trailing_zeros() as usize;
+                cmask &= cmask - 1;
+                sides.push_col(bl, keys[l], sides.row_id(a0 + l));
             }
         }
     }

@@ -1,7 +1,10 @@
 //! [`CpuEngine`]: splits the work into units of (query tile × base range), runs them on rayon,
 //! merges the per-unit top-k lists.
 
-use knn_core::{CandidateRequest, Candidates, Engine, Kernel, KnnError, Result, TopK};
+use crate::symmetric::SymmetricStats;
+use knn_core::{
+    CandidateRequest, Candidates, Engine, Kernel, KnnError, MatrixRef, Result, Symmetry, TopK,
+};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -21,6 +24,8 @@ pub struct CpuEngine {
     f32_only: bool,
     /// Never use the int8 fast path (for comparison and tests).
     no_int8: bool,
+    /// Whether kNN graphs compute each unordered pair once ([`Engine::graph_candidates`]).
+    symmetry: Symmetry,
 }
 
 impl CpuEngine {
@@ -39,6 +44,54 @@ impl CpuEngine {
             pool,
             f32_only: false,
             no_int8: false,
+            symmetry: Symmetry::Auto,
+        })
+    }
+
+    /// The same engine with kNN graphs computed symmetrically `On`, `Off` or where it pays
+    /// (`Auto`, the default; see [`CpuEngine::pays_symmetric`]). The symmetric path holds every
+    /// row's list at once, `n·(24·width + 20)` bytes; `On` takes it whatever that comes to.
+    pub fn with_symmetry(mut self, symmetry: Symmetry) -> Self {
+        self.symmetry = symmetry;
+        self
+    }
+
+    /// `Auto`'s rule: a graph of `n` points of dimension `d` is computed symmetrically when
+    /// `n ≥` [`SYMMETRIC_MIN_POINTS`], its `n` running lists of `width` fit
+    /// [`SYMMETRIC_LIST_BYTES`], and the one-sided path would not take the int8 kernel (squared
+    /// L2 at `d ≤ 64` on AVX-512 VNNI), which has no symmetric form: there the symmetric bf16
+    /// path measured 0.8× of the one-sided int8 path (n = 20 000, d = 16 to 64). Elsewhere it
+    /// measured 1.1× to 2× faster (see `bench/graph/README.md`).
+    pub fn pays_symmetric(&self, n: usize, d: usize, kernel: Kernel, width: usize) -> bool {
+        let int8 = self.bf16()
+            && !self.no_int8
+            && kernel == Kernel::SqL2
+            && d <= crate::int8::MAX_DIM
+            && crate::int8::available();
+        n >= SYMMETRIC_MIN_POINTS && list_bytes(n, width) <= SYMMETRIC_LIST_BYTES && !int8
+    }
+
+    /// The symmetric self-join itself, whatever the engine's [`Symmetry`]: candidates of every
+    /// row of the kNN graph of `points` (as [`Engine::graph_candidates`]) and what it computed.
+    /// Needs `2 ≤ points.rows()` and `1 ≤ width < points.rows()`.
+    pub fn symmetric_candidates(
+        &self,
+        points: MatrixRef<'_>,
+        kernel: Kernel,
+        width: usize,
+        precise: bool,
+    ) -> Result<(Candidates, SymmetricStats)> {
+        let n = points.rows();
+        if n < 2 || width == 0 || width >= n {
+            return Err(KnnError::Option(format!(
+                "symmetric candidates need 2 or more points and 1 <= width < n (n={n}, width={width})"
+            )));
+        }
+        let run =
+            || crate::symmetric::graph_candidates(points, kernel, width, self.bf16(), precise);
+        Ok(match &self.pool {
+            Some(p) => p.install(run),
+            None => run(),
         })
     }
 
@@ -64,6 +117,21 @@ impl CpuEngine {
             .as_ref()
             .map_or_else(rayon::current_num_threads, |p| p.current_num_threads())
     }
+}
+
+/// Graphs below this many points (one SIMD group of rows) take the one-sided path under
+/// [`Symmetry::Auto`]: they cost well under a millisecond either way (measured 1.1–1.3× in
+/// favour of the symmetric path from 64 to 200 points).
+pub const SYMMETRIC_MIN_POINTS: usize = 64;
+/// Memory for the running lists and candidates of a symmetric graph under [`Symmetry::Auto`]
+/// (the one-sided path holds only one round's): 1 GiB, about 1.8 million points at k = 10.
+pub const SYMMETRIC_LIST_BYTES: usize = 1 << 30;
+
+/// Bytes the symmetric path holds for `n` rows of `width` candidates: per row a buffer of
+/// `2·width` packed pairs, its length, cut and threshold, and the `width` ids and keys handed
+/// to the pipeline.
+fn list_bytes(n: usize, width: usize) -> usize {
+    n.saturating_mul(24 * width + 20)
 }
 
 /// Per-query selections of one work unit, with the unit's query range.
@@ -96,6 +164,33 @@ impl Engine for CpuEngine {
             None => candidates(req, bf16, !self.no_int8),
         })
     }
+
+    fn graph_candidates(
+        &self,
+        points: MatrixRef<'_>,
+        kernel: Kernel,
+        width: usize,
+        precise: bool,
+    ) -> Option<Result<Candidates>> {
+        let n = points.rows();
+        let wanted = match self.symmetry {
+            Symmetry::Off => false,
+            Symmetry::On => true,
+            Symmetry::Auto => self.pays_symmetric(n, points.dim(), kernel, width),
+        };
+        if !wanted || n < 2 || width == 0 || width >= n {
+            return None;
+        }
+        Some(
+            self.symmetric_candidates(points, kernel, width, precise)
+                .map(|(c, stats)| {
+                    if std::env::var_os("KNN_PROFILE").is_some() {
+                        eprintln!("cpu symmetric graph: {n} points, {stats:?}");
+                    }
+                    c
+                }),
+        )
+    }
 }
 
 /// How the GEMM-form keys of one request are computed.
@@ -110,7 +205,7 @@ pub(crate) struct GemmPlan {
 }
 
 impl GemmPlan {
-    fn new(req: &CandidateRequest<'_>, bf16: bool) -> Self {
+    pub(crate) fn new(req: &CandidateRequest<'_>, bf16: bool) -> Self {
         let mean = (bf16 && req.kernel == Kernel::SqL2).then(|| crate::gemm::mean(req.base));
         let norms = crate::gemm::sq_norms(req.base, mean.as_deref());
         GemmPlan { mean, bf16, norms }
@@ -123,6 +218,21 @@ impl GemmPlan {
         } else {
             0.0
         }
+    }
+
+    /// `|computed key − exact key| ≤ bound` for query `q` (dimension `d`) and every base point
+    /// whose whole computed key (`‖q‖²` included for squared L2) is at most `worst`:
+    /// [`Kernel::error_bound`] with the norms of the (centred) data the products saw.
+    pub(crate) fn bound(&self, kernel: Kernel, d: usize, q: &[f32], worst: f32) -> f32 {
+        let qn = (crate::gemm::sq_norm_f64(q, self.mean.as_deref()).sqrt() * (1.0 + 1e-6)) as f32;
+        kernel.error_bound(
+            d,
+            qn,
+            self.norms.max_norm,
+            worst,
+            F32_UNIT,
+            self.input_unit(),
+        )
     }
 }
 
@@ -236,20 +346,8 @@ fn candidates(req: &CandidateRequest<'_>, bf16: bool, int8: bool) -> Candidates 
                     let qn2 = crate::gemm::sq_norm_centred(q, p.mean.as_deref());
                     // Squared-L2 keys so far are ‖b‖² − 2q·b: add ‖q‖² to make them distances.
                     let shift = if req.kernel == Kernel::SqL2 { qn2 } else { 0.0 };
-                    let qn = (crate::gemm::sq_norm_f64(q, p.mean.as_deref()).sqrt() * (1.0 + 1e-6))
-                        as f32;
                     let worst = keys[width - 1] + shift;
-                    (
-                        req.kernel.error_bound(
-                            d,
-                            qn,
-                            p.norms.max_norm,
-                            worst,
-                            F32_UNIT,
-                            p.input_unit(),
-                        ),
-                        shift,
-                    )
+                    (p.bound(req.kernel, d, q, worst), shift)
                 }
                 None => (
                     direct.as_ref().expect("a direct kernel has a plan").bound(
@@ -276,7 +374,7 @@ fn candidates(req: &CandidateRequest<'_>, bf16: bool, int8: bool) -> Candidates 
 }
 
 /// The largest f32 not above `x`, so a floor stays a floor after rounding.
-fn round_down(x: f64) -> f32 {
+pub(crate) fn round_down(x: f64) -> f32 {
     let f = x as f32;
     if (f as f64) > x {
         f.next_down()

@@ -178,3 +178,107 @@ fn scan_row(row: &[f32], add: &[f32], first: u32, skip: Option<u32>, top: &mut T
         }
     }
 }
+
+/// Rows of a block pair per faer product in [`fold_pair`]: the f32 block stays in L2.
+const PAIR_ROWS: usize = 256;
+
+/// Symmetric self-join with f32 products: folds the keys of the block pair
+/// `points[ri] × points[rj]` into both sides' lists (see [`crate::symmetric`]); on the
+/// diagonal (`ri == rj`) only pairs `i < j`. Keys are whole, `‖x‖² + ‖y‖² − 2x·y` (or `−x·y`),
+/// the same number for both points. Returns the number of pair keys computed.
+pub(crate) fn fold_pair(
+    points: MatrixRef<'_>,
+    kernel: Kernel,
+    norms: &BaseNorms,
+    ri: Range<usize>,
+    rj: Range<usize>,
+    sides: &mut crate::symmetric::Sides<'_>,
+) -> u64 {
+    let d = points.dim();
+    let nj = rj.len();
+    let data = points.as_slice();
+    let sql2 = kernel == Kernel::SqL2;
+    let alpha = if sql2 { -2.0f32 } else { -1.0 };
+    let zeros = vec![0.0f32; nj];
+    let bsq: &[f32] = if sql2 { &norms.sq[rj.clone()] } else { &zeros };
+    let b = MatRef::from_column_major_slice(&data[rj.start * d..rj.end * d], d, nj);
+    let diagonal = sides.is_diagonal();
+    let mut block = vec![0.0f32; PAIR_ROWS.min(ri.len()) * nj];
+    let mut computed = 0u64;
+    for a0 in (0..ri.len()).step_by(PAIR_ROWS) {
+        let a1 = (a0 + PAIR_ROWS).min(ri.len());
+        let na = a1 - a0;
+        // On the diagonal, columns up to the chunk's first row hold no pair `i < j`.
+        let c0 = if diagonal { (a0 + 1).min(nj) } else { 0 };
+        if c0 == nj {
+            continue;
+        }
+        let out = &mut block[..na * (nj - c0)];
+        faer::linalg::matmul::matmul(
+            MatMut::from_row_major_slice_mut(out, na, nj - c0),
+            Accum::Replace,
+            MatRef::from_row_major_slice(&data[(ri.start + a0) * d..(ri.start + a1) * d], na, d),
+            b.subcols(c0, nj - c0),
+            alpha,
+            Par::Seq,
+        );
+        computed += (na * (nj - c0)) as u64;
+        for a in a0..a1 {
+            let qsq = if sql2 { norms.sq[ri.start + a] } else { 0.0 };
+            // On the diagonal only columns after the row.
+            let from = if diagonal { a + 1 } else { 0 }.max(c0);
+            let row = &out[(a - a0) * (nj - c0)..(a - a0 + 1) * (nj - c0)];
+            scan_row_sym(&row[from - c0..], &bsq[from..], qsq, a, from, sides);
+        }
+    }
+    computed
+}
+
+/// Keys `qsq + add[j] + row[j]` of local row `a` against local columns `first + j`, offered to
+/// the row's list and to each column's list where at most their thresholds (`≤`: the lists
+/// settle ties by id).
+#[multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2+fma"))]
+fn scan_row_sym(
+    row: &[f32],
+    add: &[f32],
+    qsq: f32,
+    a: usize,
+    first: usize,
+    sides: &mut crate::symmetric::Sides<'_>,
+) {
+    let n = row.len();
+    let mut j = 0;
+    while j < n {
+        let m = (n - j).min(16);
+        let mut keys = [0.0f32; 16];
+        let mut hit = false;
+        let (rthr, cthr) = (
+            sides.row_thr()[a],
+            &sides.col_thr()[first + j..first + j + m],
+        );
+        if m == 16 {
+            // A fixed-length body, so the compiler vectorises it.
+            for l in 0..16 {
+                keys[l] = (qsq + add[j + l]) + row[j + l];
+                hit |= keys[l] <= rthr || keys[l] <= cthr[l];
+            }
+        } else {
+            for l in 0..m {
+                keys[l] = (qsq + add[j + l]) + row[j + l];
+                hit |= keys[l] <= rthr || keys[l] <= cthr[l];
+            }
+        }
+        if hit {
+            for (l, &k) in keys[..m].iter().enumerate() {
+                let b = first + j + l;
+                if k <= sides.row_thr()[a] {
+                    sides.push_row(a, k, sides.col_id(b));
+                }
+                if k <= sides.col_thr()[b] {
+                    sides.push_col(b, k, sides.row_id(a));
+                }
+            }
+        }
+        j += m;
+    }
+}

@@ -15,6 +15,12 @@
 //!   AVX-512, AVX2 + FMA and plain x86-64, picked at run time. L1 on data near the origin uses
 //!   `Σ|q − b| = Σq + Σb − 2·Σmin(q, b)` (2 operations per coordinate instead of 3) with a
 //!   proven, wider floor bound; retries use `|q − b|` (see `direct.rs`).
+//! - kNN graphs (`symmetric.rs`, [`knn_core::Engine::graph_candidates`]): each unordered
+//!   pair's key computed once, by the same kernels made symmetric (whole keys, rows in lanes and
+//!   columns broadcast, each key compared with both points' thresholds), and folded into both
+//!   points' lists; block pairs run in tournament rounds so no two threads share a list. Same
+//!   floors as the one-sided path. [`CpuEngine::with_symmetry`] chooses; `Auto` takes it where
+//!   it measured faster ([`CpuEngine::pays_symmetric`]).
 //!
 //! Results do not depend on the thread count: every selection is by (key, id).
 
@@ -23,5 +29,7 @@ mod direct;
 mod engine;
 mod gemm;
 mod int8;
+mod symmetric;
 
-pub use engine::CpuEngine;
+pub use engine::{CpuEngine, SYMMETRIC_LIST_BYTES, SYMMETRIC_MIN_POINTS};
+pub use symmetric::SymmetricStats;

@@ -134,6 +134,8 @@ fn main() {
                 width: e.candidate_width(k, nb, metric.kernel()),
                 exclude: None,
                 precise: false,
+                base_key: None,
+                exact_data: false,
             };
             kern.clear();
             let mut cand = Vec::new();

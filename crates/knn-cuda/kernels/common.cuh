@@ -27,14 +27,24 @@ __device__ __forceinline__ u64 composite(float k, u32 id) {
 }
 
 // Squared norms, one warp per row: out[r] = sum_j x[r*d+j]^2 in f32 (error <= gamma_d * exact).
-extern "C" __global__ void sq_norms(const float* __restrict__ x, long long rows, int d,
-                                    float* __restrict__ out) {
+// With a centre (not null), each row is first centred in place, x[r*d+j] -= centre[j] (one f32
+// rounding of the exact difference), and the norms are those of the centred rows.
+extern "C" __global__ void sq_norms(float* __restrict__ x, long long rows, int d,
+                                    const float* __restrict__ centre, float* __restrict__ out) {
     long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (row >= rows) return;
-    const float* p = x + row * (long long)d;
+    float* p = x + row * (long long)d;
     float s = 0.f;
-    for (int j = lane; j < d; j += 32) s = fmaf(p[j], p[j], s);
+    if (centre) {
+        for (int j = lane; j < d; j += 32) {
+            float v = p[j] - centre[j];
+            p[j] = v;
+            s = fmaf(v, v, s);
+        }
+    } else {
+        for (int j = lane; j < d; j += 32) s = fmaf(p[j], p[j], s);
+    }
     for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (lane == 0) out[row] = s;
 }
@@ -44,4 +54,43 @@ extern "C" __global__ void fill_u64(u64* __restrict__ p, long long n, u64 v) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long stride = (long long)gridDim.x * blockDim.x;
     for (; i < n; i += stride) p[i] = v;
+}
+
+// Exact f64 keys of candidate lists, bit for bit as the host's `Kernel::exact`: per pair, eight
+// accumulators over blocks of eight coordinates, summed in order, then the remainder; explicit
+// _rn operations so nothing is contracted into an FMA. kind: 0 squared L2, 1 negated inner
+// product, 2 L1, 3 L-infinity. One thread per (row, slot); ids at or past nb give NaN.
+extern "C" __global__ void exact_keys(const float* __restrict__ q, const float* __restrict__ b,
+                                      long long nb, const u64* __restrict__ comps, long long n,
+                                      int w, int d, int kind, double* __restrict__ out) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n * (long long)w) return;
+    long long row = t / w;
+    u32 id = (u32)(comps[t] & 0xffffffffu);
+    if (id >= nb) { out[t] = __longlong_as_double(0x7ff8000000000000ll); return; }
+    const float* x = q + row * (long long)d;
+    const float* y = b + (long long)id * d;
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int full = d / 8 * 8;
+    for (int j = 0; j < full; j += 8) {
+#pragma unroll
+        for (int l = 0; l < 8; ++l) {
+            double a = x[j + l], c = y[j + l];
+            double v;
+            if (kind == 1) v = __dmul_rn(a, c);
+            else { double e = __dsub_rn(a, c); v = kind == 0 ? __dmul_rn(e, e) : fabs(e); }
+            acc[l] = kind == 3 ? fmax(acc[l], v) : __dadd_rn(acc[l], v);
+        }
+    }
+    double s = 0.0;
+#pragma unroll
+    for (int l = 0; l < 8; ++l) s = kind == 3 ? fmax(s, acc[l]) : __dadd_rn(s, acc[l]);
+    for (int j = full; j < d; ++j) {
+        double a = x[j], c = y[j];
+        double v;
+        if (kind == 1) v = __dmul_rn(a, c);
+        else { double e = __dsub_rn(a, c); v = kind == 0 ? __dmul_rn(e, e) : fabs(e); }
+        s = kind == 3 ? fmax(s, v) : __dadd_rn(s, v);
+    }
+    out[t] = kind == 1 ? -s : s;
 }

@@ -755,3 +755,13 @@ FILTER(filter_l1, KERNEL_L1, false)
 FILTER(filter_linf, KERNEL_LINF, false)
 FILTER(filter_tf32_sql2, KERNEL_SQL2, true)
 FILTER(filter_tf32_negdot, KERNEL_NEGDOT, true)
+
+// Primes the shared thresholds: gthr[i] = W-th composite of row i of n sorted W-lists, plus one
+// (kept entries are strictly below it; an unfilled row keeps SENTINEL).
+extern "C" __global__ void prime_thresholds(const u64* __restrict__ lists, long long n, int W,
+                                            u64* __restrict__ gthr) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    u64 v = lists[i * W + W - 1];
+    gthr[i] = v == SENTINEL ? SENTINEL : v + 1;
+}

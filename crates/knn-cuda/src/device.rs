@@ -246,6 +246,19 @@ impl Gpu {
 
     /// Squared norms of `rows` rows of dimension `d` at `x`, into `out`.
     pub fn sq_norms(&self, x: u64, rows: usize, d: usize, out: u64) -> Result<()> {
+        self.centre_sq_norms(x, rows, d, 0, out)
+    }
+
+    /// [`Gpu::sq_norms`] of the rows centred in place first (`x -= centre`, row by row) when
+    /// `centre` (a device address of `d` floats) is not 0.
+    pub fn centre_sq_norms(
+        &self,
+        x: u64,
+        rows: usize,
+        d: usize,
+        centre: u64,
+        out: u64,
+    ) -> Result<()> {
         use cudarc::driver::{LaunchConfig, PushKernelArg};
         if rows == 0 {
             return Ok(());
@@ -254,8 +267,8 @@ impl Gpu {
         let (r, dd) = (rows as i64, d as i32);
         let blocks = (rows * 32).div_ceil(256) as u32;
         let mut b = self.stream.launch_builder(f);
-        b.arg(&x).arg(&r).arg(&dd).arg(&out);
-        // SAFETY: x holds rows*d floats and out rows floats.
+        b.arg(&x).arg(&r).arg(&dd).arg(&centre).arg(&out);
+        // SAFETY: x holds rows*d floats, centre (or null) d floats and out rows floats.
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: (blocks, 1, 1),

@@ -1,8 +1,8 @@
 //! [`CudaEngine`]: the public face of the crate; no CUDA types cross it.
 
 use crate::device::{driver_device_count, is_oom, Gpu};
-use crate::floor::{floors, max_norm, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
-use crate::fused::{self, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX};
+use crate::floor::{centred_max_norm, floors, mean, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
+use crate::fused::{self, Resident, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX};
 use knn_core::{CandidateRequest, Candidates, Engine, Kernel, KnnError, Result};
 use std::fmt;
 use std::str::FromStr;
@@ -69,6 +69,29 @@ pub struct CudaEngine {
     ordinal: usize,
     budget: Option<usize>,
     last_kernel_ms: Mutex<Option<f32>>,
+    /// The fused method's base kept on the device between the calls of one pipeline run.
+    resident: Mutex<Option<Resident>>,
+    /// What the host derived from the base of the last keyed request.
+    base_info: Mutex<Option<BaseInfo>>,
+}
+
+/// One call's rows: approximate keys and ids (`nq × W`), and the exact keys when computed.
+struct Rows {
+    keys: Vec<f32>,
+    ids: Vec<u32>,
+    exact: Option<Vec<f64>>,
+}
+
+/// Host-side facts about a base, kept per [`CandidateRequest::base_key`].
+#[derive(Clone)]
+struct BaseInfo {
+    key: Option<u64>,
+    kernel: Kernel,
+    exact_data: bool,
+    /// The centre the fused method subtracts (squared L2), as f32.
+    centre: Option<Vec<f32>>,
+    /// Upper bound on the norms of the (centred) base rows.
+    bn_max: f32,
 }
 
 /// Smallest working budget tried before giving up with `OutOfMemory`.
@@ -84,6 +107,8 @@ impl CudaEngine {
             ordinal,
             budget: None,
             last_kernel_ms: Mutex::new(None),
+            resident: Mutex::new(None),
+            base_info: Mutex::new(None),
         })
     }
 
@@ -119,27 +144,87 @@ impl CudaEngine {
         self.method
     }
 
-    fn rows(&self, gpu: &mut Gpu, req: &CandidateRequest<'_>) -> Result<(Vec<f32>, Vec<u32>)> {
+    /// The centre and norm bound of `req`'s base: computed once per base key.
+    fn base_info(&self, req: &CandidateRequest<'_>) -> BaseInfo {
+        let mut slot = self.base_info.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(info) = slot.as_ref() {
+            if info.key.is_some()
+                && info.key == req.base_key
+                && info.kernel == req.kernel
+                && info.exact_data == req.exact_data
+            {
+                return info.clone();
+            }
+        }
+        // Centring pays only for the GEMM form of squared L2 (translation-invariant keys whose
+        // rounding bound grows with the norms), and is sound only on exact data (see
+        // `CandidateRequest::exact_data`); the baselines keep the data as given.
+        let centre = (self.method == Method::Fused && req.kernel == Kernel::SqL2 && req.exact_data)
+            .then(|| mean(req.base));
+        let bn_max = if req.kernel.is_gemm() {
+            centred_max_norm(req.base, centre.as_deref())
+        } else {
+            0.0
+        };
+        let info = BaseInfo {
+            key: req.base_key,
+            kernel: req.kernel,
+            exact_data: req.exact_data,
+            centre,
+            bn_max,
+        };
+        *slot = Some(info.clone());
+        info
+    }
+
+    fn rows(
+        &self,
+        gpu: &mut Gpu,
+        req: &CandidateRequest<'_>,
+        info: &BaseInfo,
+        exact: bool,
+    ) -> Result<Rows> {
         gpu.ctx
             .bind_to_thread()
             .map_err(crate::device::dev_err("binding the context"))?;
         let (free, _) = gpu.mem_info()?;
-        let mut budget = self.budget.unwrap_or(free / 10 * 7);
+        let mut resident = self.resident.lock().unwrap_or_else(|p| p.into_inner());
+        // The resident base is ours to reuse: count it as free.
+        let held = resident.as_ref().map_or(0, Resident::bytes);
+        let mut budget = self.budget.unwrap_or((free + held) / 10 * 7);
         loop {
             let r = match self.method {
-                Method::Fused => fused::run(gpu, req, budget).map(|(c, ms)| {
+                Method::Fused => fused::run(
+                    gpu,
+                    req,
+                    budget,
+                    fused::BaseView {
+                        centre: info.centre.as_deref(),
+                        cache: &mut resident,
+                        exact,
+                    },
+                )
+                .map(|out| {
                     if let Ok(mut m) = self.last_kernel_ms.lock() {
-                        *m = ms;
+                        *m = out.kernel_ms;
                     }
-                    c.into_iter()
-                        .map(fused::decode)
-                        .unzip::<f32, u32, Vec<f32>, Vec<u32>>()
+                    let (keys, ids) = out.composites.into_iter().map(fused::decode).unzip();
+                    Rows {
+                        keys,
+                        ids,
+                        exact: out.exact,
+                    }
                 }),
-                m => crate::baseline::run(gpu, req, m, budget),
+                m => crate::baseline::run(gpu, req, m, budget).map(|(keys, ids)| Rows {
+                    keys,
+                    ids,
+                    exact: None,
+                }),
             };
             match r {
                 Err(e) if is_oom(&e) => {
                     let _ = gpu.sync();
+                    *resident = None;
                     if budget / 2 < MIN_BUDGET {
                         let d = req.base.dim();
                         return Err(KnnError::OutOfMemory {
@@ -177,7 +262,44 @@ impl Engine for CudaEngine {
         w.min(available)
     }
 
+    /// Two: the host's exact re-rank of one round overlaps the device's work on the next.
+    fn concurrent_rounds(&self) -> usize {
+        2
+    }
+
+    /// Under a memory cap the base may be streamed, once per call: then rounds as large as the
+    /// pipeline's memory bound allows (n = 4e6, d = 128, k = 10 under 2 GiB: 64 rounds of 62 500
+    /// queries sent 128 GB, 29 s on top of 72 s).
+    /// Without a cap, 16384: each call has a fixed cost (uploads, downloads, host floors) of a
+    /// few ms, which rounds of 4096 queries paid 20 times over for an 80 000-point graph.
+    fn min_round_queries(&self) -> usize {
+        if self.budget.is_some() {
+            1 << 20
+        } else {
+            16384
+        }
+    }
+
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
+        self.candidates_inner(req, false).map(|(c, _)| c)
+    }
+
+    /// The fused method computes the candidates' exact keys on the device (f64, the host's
+    /// summation order) while the base is resident: the pipeline then reads no base rows.
+    fn candidates_with_exact(
+        &self,
+        req: &CandidateRequest<'_>,
+    ) -> Result<(Candidates, Option<Vec<f64>>)> {
+        self.candidates_inner(req, self.method == Method::Fused)
+    }
+}
+
+impl CudaEngine {
+    fn candidates_inner(
+        &self,
+        req: &CandidateRequest<'_>,
+        want_exact: bool,
+    ) -> Result<(Candidates, Option<Vec<f64>>)> {
         let (nq, nb, w) = (req.queries.rows(), req.base.rows(), req.width);
         if w == 0 || w > req.available() {
             return Err(KnnError::Option(format!(
@@ -186,23 +308,25 @@ impl Engine for CudaEngine {
             )));
         }
         if nq == 0 {
-            return Ok(Candidates {
+            let none = Candidates {
                 width: w,
                 ids: vec![],
                 keys: vec![],
                 floor: vec![],
-            });
+            };
+            return Ok((none, None));
         }
         if w > SELECT_WIDTH_MAX {
             // Only re-asks of a few hard rows get this wide: the CPU engine scans them.
-            return knn_cpu::CpuEngine::default().candidates(req);
+            return Ok((knn_cpu::CpuEngine::default().candidates(req)?, None));
         }
-        let (keys, ids) = {
+        let info = self.base_info(req);
+        let Rows { keys, ids, exact } = {
             let mut gpu = self
                 .gpu
                 .lock()
                 .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
-            self.rows(&mut gpu, req)?
+            self.rows(&mut gpu, req, &info, want_exact)?
         };
         // Every slot must have been written with a valid, allowed id.
         for (i, row) in ids.chunks(w).enumerate() {
@@ -217,22 +341,18 @@ impl Engine for CudaEngine {
                 )));
             }
         }
-        let bn_max = if req.kernel.is_gemm() {
-            max_norm(req.base)
-        } else {
-            0.0
-        };
         let (u, u_in) = if self.method == Method::Fused && fused::uses_tf32(req) {
             (TF32_ACC_UNIT, TF32_INPUT_UNIT)
         } else {
             (F32_UNIT, 0.0)
         };
-        let floor = floors(req, &keys, bn_max, u, u_in);
-        Ok(Candidates {
+        let floor = floors(req, &keys, info.bn_max, info.centre.as_deref(), u, u_in);
+        let c = Candidates {
             width: w,
             ids,
             keys,
             floor,
-        })
+        };
+        Ok((c, exact))
     }
 }

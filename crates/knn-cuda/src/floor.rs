@@ -30,21 +30,52 @@ pub const TF32_ACC_UNIT: f64 = 4.0 * F32_UNIT;
 
 /// Largest Euclidean norm of the rows (in f64, rounded up), for the GEMM-form bounds.
 pub fn max_norm(m: MatrixRef<'_>) -> f32 {
-    let mx = (0..m.rows())
-        .into_par_iter()
-        .map(|i| {
-            m.row(i)
-                .iter()
-                .map(|&v| (v as f64) * (v as f64))
-                .sum::<f64>()
-        })
-        .reduce(|| 0.0, f64::max)
-        .sqrt();
-    (mx * (1.0 + 1e-6)) as f32
+    centred_max_norm(m, None)
 }
 
-fn norm(x: &[f32]) -> f32 {
-    let s: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+/// [`max_norm`] of the rows less `centre` (each difference rounded to f32, as the device does).
+pub fn centred_max_norm(m: MatrixRef<'_>, centre: Option<&[f32]>) -> f32 {
+    (0..m.rows())
+        .into_par_iter()
+        .with_min_len(1024)
+        .map(|i| norm(m.row(i), centre))
+        .reduce(|| 0.0, f32::max)
+}
+
+/// Column means of the rows (f64 sums, rounded to f32).
+pub fn mean(m: MatrixRef<'_>) -> Vec<f32> {
+    let d = m.dim();
+    let sums = m
+        .as_slice()
+        .par_chunks(d * 1024)
+        .map(|c| {
+            let mut s = vec![0.0f64; d];
+            for r in c.chunks_exact(d) {
+                s.iter_mut().zip(r).for_each(|(a, &v)| *a += v as f64);
+            }
+            s
+        })
+        .reduce(
+            || vec![0.0f64; d],
+            |mut a, b| {
+                a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+                a
+            },
+        );
+    let n = m.rows().max(1) as f64;
+    sums.iter().map(|s| (s / n) as f32).collect()
+}
+
+/// Euclidean norm of `x − centre` (differences rounded to f32, then f64), rounded up.
+fn norm(x: &[f32], centre: Option<&[f32]>) -> f32 {
+    let s: f64 = match centre {
+        Some(c) => x
+            .iter()
+            .zip(c)
+            .map(|(&v, &m)| ((v - m) as f64).powi(2))
+            .sum(),
+        None => x.iter().map(|&v| (v as f64) * (v as f64)).sum(),
+    };
     (s.sqrt() * (1.0 + 1e-6)) as f32
 }
 
@@ -60,11 +91,13 @@ fn round_down(x: f64) -> f32 {
 
 /// Per-row floors for rows of `width` sorted keys computed with accumulation unit `u` and input
 /// rounding `u_in` (`F32_UNIT, 0.0` for the FP32 kernels; `TF32_ACC_UNIT, TF32_INPUT_UNIT`
-/// for the tensor-core ones).
+/// for the tensor-core ones), on data centred by `centre` when given (`bn_max` is then the
+/// largest norm of the centred base rows).
 pub fn floors(
     req: &CandidateRequest<'_>,
     keys: &[f32],
     bn_max: f32,
+    centre: Option<&[f32]>,
     u: f64,
     u_in: f64,
 ) -> Vec<f32> {
@@ -79,7 +112,7 @@ pub fn floors(
         .map(|i| {
             let kth = keys[i * w + w - 1];
             let qn = match req.kernel {
-                Kernel::SqL2 | Kernel::NegDot => norm(req.queries.row(i)),
+                Kernel::SqL2 | Kernel::NegDot => norm(req.queries.row(i), centre),
                 _ => 0.0,
             };
             let bound = req.kernel.error_bound(d, qn, bn_max, kth, u, u_in);

@@ -72,13 +72,63 @@ struct Lists {
     buf: CudaSlice<u64>,
 }
 
+/// A base kept on the device between calls: its rows (centred when `centre` was given) and
+/// squared norms, for the base the pipeline identifies by `key` (see
+/// [`CandidateRequest::base_key`]).
+pub(crate) struct Resident {
+    key: u64,
+    centre: Option<Vec<f32>>,
+    b: CudaSlice<f32>,
+    bn: CudaSlice<f32>,
+    /// The rows as given, when `b` is centred and exact keys are wanted.
+    orig: Option<CudaSlice<f32>>,
+}
+
+impl Resident {
+    /// Device bytes it holds.
+    pub(crate) fn bytes(&self) -> usize {
+        (self.b.len() + self.bn.len() + self.orig.as_ref().map_or(0, |o| o.len())) * 4
+    }
+
+    /// The rows as given (for exact keys), if held.
+    fn given(&self) -> Option<&CudaSlice<f32>> {
+        if self.centre.is_none() {
+            Some(&self.b)
+        } else {
+            self.orig.as_ref()
+        }
+    }
+}
+
+/// How the fused method sees the base of one call.
+pub(crate) struct BaseView<'a> {
+    /// Subtracted from base and queries on the device (squared L2 only: translation leaves
+    /// its keys unchanged, and smaller norms tighten the GEMM form's rounding bound).
+    pub centre: Option<&'a [f32]>,
+    /// The device copy kept from earlier calls, reused when its key and centre match and
+    /// replaced otherwise (only when the request has a `base_key` and the base fits).
+    pub cache: &'a mut Option<Resident>,
+    /// Also compute each candidate's exact f64 key on the device (see
+    /// [`knn_core::Engine::candidates_with_exact`]), when the base stays resident.
+    pub exact: bool,
+}
+
+/// What [`run`] returns: `nq × W` composites (rows sorted), the exact keys of the candidates
+/// when asked for and possible, and the kernels' device time when it could be measured.
+pub(crate) struct Output {
+    pub composites: Vec<u64>,
+    pub exact: Option<Vec<f64>>,
+    pub kernel_ms: Option<f32>,
+}
+
 /// Runs the fused method; returns `nq × W` composites, rows sorted.
 /// Also returns the device time of the kernels (CUDA events), when it could be measured.
 pub(crate) fn run(
     gpu: &Gpu,
     req: &CandidateRequest<'_>,
     budget: usize,
-) -> Result<(Vec<u64>, Option<f32>)> {
+    base: BaseView<'_>,
+) -> Result<Output> {
     let (nq, nb, d, w) = (
         req.queries.rows(),
         req.base.rows(),
@@ -95,7 +145,28 @@ pub(crate) fn run(
     };
     // Base: resident when it takes at most half the budget, else streamed in chunks.
     let row_bytes = (d + 1) * 4;
-    let bc = if nb * row_bytes <= budget / 2 {
+    let centre_dev = base.centre.map(|c| gpu.upload(c)).transpose()?;
+    let centre_ptr = centre_dev.as_ref().map_or(0, |c| gpu.ptr(c));
+    let cached = match (req.base_key, base.cache.as_ref()) {
+        (Some(key), Some(r)) => {
+            r.key == key
+                && r.centre.as_deref() == base.centre
+                && (!base.exact || r.given().is_some())
+        }
+        _ => false,
+    };
+    if !cached {
+        // Free the old copy before a new base takes its place.
+        *base.cache = None;
+    }
+    // Exact keys of a centred base need the given rows beside the centred ones.
+    let copies = if base.exact && base.centre.is_some() {
+        2
+    } else {
+        1
+    };
+    let fits = nb * (row_bytes + (copies - 1) * d * 4) <= budget / 2;
+    let bc = if cached || fits {
         nb
     } else {
         ((budget / 2 / row_bytes) / BASE_TILE * BASE_TILE).max(BASE_TILE)
@@ -113,26 +184,75 @@ pub(crate) fn run(
         } else {
             cap * 8 + 4
         };
-    let qc = (rest / per_query).clamp(1, nq.max(1));
+    let mut qc = rest / per_query;
+    if small {
+        // The split lists of one call number at most 4·slots + qblocks tiles of QUERY_TILE rows
+        // (see `split_count`; slots ≤ 2 per SM), far fewer than `nsplit_max` per query once
+        // the chunk is large: with that bound, a streamed base is sent once per call instead
+        // of once per small query chunk.
+        let fixed = (nsplit_max + 1) * QUERY_TILE * w * 8;
+        let lean = d * 4 + 8 + 3 * w * 8;
+        qc = qc.max(rest.saturating_sub(fixed) / lean);
+    }
+    let qc = qc.clamp(1, nq.max(1));
     let qc = if qc >= QUERY_TILE {
         qc / QUERY_TILE * QUERY_TILE
     } else {
         qc
     };
 
-    let resident = if bc == nb {
-        Some(upload_base(gpu, req, 0, nb)?)
+    let mut own = None;
+    if bc == nb && !cached {
+        let given = gpu.upload(req.base.as_slice())?;
+        let orig = if copies == 2 {
+            Some(
+                gpu.stream
+                    .clone_dtod(&given)
+                    .map_err(dev_err("copying on the device"))?,
+            )
+        } else {
+            None
+        };
+        let bn = gpu.alloc::<f32>(nb)?;
+        gpu.centre_sq_norms(gpu.ptr(&given), nb, d, centre_ptr, gpu.ptr(&bn))?;
+        let r = Resident {
+            key: req.base_key.unwrap_or(0),
+            centre: base.centre.map(<[f32]>::to_vec),
+            b: given,
+            bn,
+            orig,
+        };
+        if req.base_key.is_some() {
+            *base.cache = Some(r);
+        } else {
+            own = Some(r);
+        }
+    }
+    let held = if bc == nb {
+        own.as_ref().or(base.cache.as_ref())
     } else {
         None
     };
+    let resident = held.map(|r| (&r.b, &r.bn));
+    let given_base = held.and_then(Resident::given).filter(|_| base.exact);
+    let mut exact = given_base.map(|_| vec![0.0f64; nq * w]);
     let mut out = vec![SENTINEL; nq * w];
     let mut kernel_ms = Some(0.0f32);
     for qs in (0..nq).step_by(qc) {
         let qe = (qs + qc).min(nq);
         let n = qe - qs;
         let q = gpu.upload(&req.queries.as_slice()[qs * d..qe * d])?;
+        let q_given = if given_base.is_some() && centre_ptr != 0 {
+            Some(
+                gpu.stream
+                    .clone_dtod(&q)
+                    .map_err(dev_err("copying on the device"))?,
+            )
+        } else {
+            None
+        };
         let qn = gpu.alloc::<f32>(n)?;
-        gpu.sq_norms(gpu.ptr(&q), n, d, gpu.ptr(&qn))?;
+        gpu.centre_sq_norms(gpu.ptr(&q), n, d, centre_ptr, gpu.ptr(&qn))?;
         let excl = match req.exclude {
             Some(e) => Some(gpu.upload(&e[qs..qe])?),
             None => None,
@@ -149,10 +269,10 @@ pub(crate) fn run(
         for bs in (0..nb).step_by(bc) {
             let be = (bs + bc).min(nb);
             let chunk;
-            let (b, bn) = match &resident {
+            let (b, bn) = match resident {
                 Some((b, bn)) => (b, bn),
                 None => {
-                    chunk = upload_base(gpu, req, bs, be)?;
+                    chunk = upload_base(gpu, req, bs, be, centre_ptr)?;
                     (&chunk.0, &chunk.1)
                 }
             };
@@ -183,7 +303,8 @@ pub(crate) fn run(
                 let per_sm = f
                     .occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
                     .unwrap_or(1)
-                    .max(1) as usize;
+                    .clamp(1, 2) as usize;
+                // (At most 2 per SM counted: the memory plan above assumes it.)
                 let slots_total = gpu.sm_count * per_sm;
                 let qblocks = n.div_ceil(QUERY_TILE);
                 let tiles = bl.div_ceil(BASE_TILE);
@@ -195,45 +316,56 @@ pub(crate) fn run(
                 let gthr = gpu.alloc::<u64>(n)?;
                 gpu.fill_u64(gpu.ptr(&gthr), n, SENTINEL)?;
                 let pg = gpu.ptr(&gthr);
-                let (pq, pqn, pb, pbn, pp) = (
-                    gpu.ptr(&q),
-                    gpu.ptr(&qn),
-                    gpu.ptr(b),
-                    gpu.ptr(bn),
-                    gpu.ptr(&partial),
-                );
-                let (nq64, nb64, id0, dd, ww, sl) = (
-                    n as i64,
-                    bl as i64,
-                    bs as u32,
-                    d as i32,
-                    w as i32,
-                    split_len as i64,
-                );
-                let mut l = gpu.stream.launch_builder(f);
-                l.arg(&pq)
-                    .arg(&pqn)
-                    .arg(&nq64)
-                    .arg(&pb)
-                    .arg(&pbn)
-                    .arg(&nb64)
-                    .arg(&id0)
-                    .arg(&dd)
-                    .arg(&excl_ptr)
-                    .arg(&ww)
-                    .arg(&sl)
-                    .arg(&pp)
-                    .arg(&pg);
-                // SAFETY: buffers sized as the kernel documents: q n×d, qn n, b bl×d, bn bl,
-                // exclude n (or null), partial n×nsplit×w.
-                unsafe {
-                    l.launch(LaunchConfig {
-                        grid_dim: (qblocks as u32, nsplit as u32, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: smem as u32,
-                    })
+                let launch = |rows: usize, split_len: usize, nsplit: usize, out: u64, thr: u64| {
+                    let args = (
+                        (gpu.ptr(&q), gpu.ptr(&qn), n as i64),
+                        (gpu.ptr(b), gpu.ptr(bn), rows as i64, bs as u32),
+                        (d as i32, excl_ptr, w as i32, split_len as i64, out, thr),
+                    );
+                    let mut l = gpu.stream.launch_builder(f);
+                    l.arg(&args.0 .0)
+                        .arg(&args.0 .1)
+                        .arg(&args.0 .2)
+                        .arg(&args.1 .0)
+                        .arg(&args.1 .1)
+                        .arg(&args.1 .2)
+                        .arg(&args.1 .3)
+                        .arg(&args.2 .0)
+                        .arg(&args.2 .1)
+                        .arg(&args.2 .2)
+                        .arg(&args.2 .3)
+                        .arg(&args.2 .4)
+                        .arg(&args.2 .5);
+                    // SAFETY: buffers sized as the kernel documents: q n×d, qn n, b ≥ rows×d,
+                    // bn ≥ rows, exclude n (or null), out n×nsplit×w, thr n (or null).
+                    unsafe {
+                        l.launch(LaunchConfig {
+                            grid_dim: (qblocks as u32, nsplit as u32, 1),
+                            block_dim: (256, 1, 1),
+                            shared_mem_bytes: smem as u32,
+                        })
+                    }
+                    .map_err(dev_err(&name))
+                    .map(|_| ())
+                };
+                // Prime each query's shared threshold with a proven bound on its W-th
+                // composite: the W-th of the lists so far (earlier base chunks), or of the
+                // first `prime` rows of this chunk (the same kernel: the same key bits).
+                let prime = prime_rows(w);
+                let prefix;
+                let source = match &running {
+                    Some(r) => Some(gpu.ptr(&r.buf)),
+                    None if prime > 0 && bl >= 4 * prime => {
+                        prefix = gpu.alloc::<u64>(n * w)?;
+                        launch(prime, prime, 1, gpu.ptr(&prefix), 0)?;
+                        Some(gpu.ptr(&prefix))
+                    }
+                    None => None,
+                };
+                if let Some(src) = source {
+                    prime_thresholds(gpu, src, n, w, pg)?;
                 }
-                .map_err(dev_err(&name))?;
+                launch(bl, split_len, nsplit, gpu.ptr(&partial), pg)?;
                 // One split and no earlier chunk: the split's sorted list is the answer.
                 let next = if nsplit == 1 && running.is_none() {
                     Lists { buf: partial }
@@ -280,22 +412,126 @@ pub(crate) fn run(
             kernel_ms = None;
         }
         let r = running.expect("the base is not empty");
+        if let (Some(gb), Some(ex)) = (given_base, exact.as_mut()) {
+            let qg = q_given.as_ref().unwrap_or(&q);
+            let keys = exact_keys(
+                gpu,
+                req.kernel,
+                (gpu.ptr(qg), n),
+                (gpu.ptr(gb), nb),
+                &r.buf,
+                w,
+                d,
+            )?;
+            ex[qs * w..qe * w].copy_from_slice(&gpu.download(&keys, n * w)?);
+        }
         let host = gpu.download(&r.buf, n * w)?;
         out[qs * w..qe * w].copy_from_slice(&host);
     }
-    Ok((out, kernel_ms))
+    Ok(Output {
+        composites: out,
+        exact,
+        kernel_ms,
+    })
 }
 
+/// Base rows scanned first to prime the thresholds of a W-wide search (0: none). The W-th of
+/// `p` rows has rank about W·n/p among n, so every split then inserts little more than that.
+/// `KNN_CUDA_PRIME` overrides it (rows, for measurements).
+fn prime_rows(w: usize) -> usize {
+    if let Some(v) = std::env::var("KNN_CUDA_PRIME")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return v;
+    }
+    let _ = w;
+    0
+}
+
+/// `gthr[i]` = the W-th composite of row `i` of the sorted lists at `lists` (`n × w`), plus one
+/// (filters keep composites strictly below the threshold, and that entry must stay).
+fn prime_thresholds(gpu: &Gpu, lists: u64, n: usize, w: usize, gthr: u64) -> Result<()> {
+    let f = gpu.func("prime_thresholds")?;
+    let (n64, ww) = (n as i64, w as i32);
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&lists).arg(&n64).arg(&ww).arg(&gthr);
+    // SAFETY: lists holds n×w composites and gthr n.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid_dim: (n.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+    .map_err(dev_err("prime_thresholds"))?;
+    Ok(())
+}
+
+/// Exact f64 keys (as the host's `Kernel::exact`) of the `n × w` candidate composites `comps`
+/// for the given (uncentred) queries `q` (address, rows) against the given base `b` (address,
+/// rows).
+fn exact_keys(
+    gpu: &Gpu,
+    kernel: Kernel,
+    q: (u64, usize),
+    b: (u64, usize),
+    comps: &CudaSlice<u64>,
+    w: usize,
+    d: usize,
+) -> Result<CudaSlice<f64>> {
+    let n = q.1;
+    let out = gpu.alloc::<f64>(n * w)?;
+    let f = gpu.func("exact_keys")?;
+    let kind: i32 = match kernel {
+        Kernel::SqL2 => 0,
+        Kernel::NegDot => 1,
+        Kernel::L1 => 2,
+        Kernel::Linf => 3,
+    };
+    let (nb64, n64, ww, dd, pc, po) = (
+        b.1 as i64,
+        n as i64,
+        w as i32,
+        d as i32,
+        gpu.ptr(comps),
+        gpu.ptr(&out),
+    );
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&q.0)
+        .arg(&b.0)
+        .arg(&nb64)
+        .arg(&pc)
+        .arg(&n64)
+        .arg(&ww)
+        .arg(&dd)
+        .arg(&kind)
+        .arg(&po);
+    // SAFETY: q holds n×d floats, b nb×d, comps and out n×w entries.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid_dim: ((n * w).div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+    .map_err(dev_err("exact_keys"))?;
+    Ok(out)
+}
+
+/// Base rows `bs..be` on the device, centred by the device vector at `centre` when it is not 0,
+/// with their squared norms.
 fn upload_base(
     gpu: &Gpu,
     req: &CandidateRequest<'_>,
     bs: usize,
     be: usize,
+    centre: u64,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
     let d = req.base.dim();
     let b = gpu.upload(&req.base.as_slice()[bs * d..be * d])?;
     let bn = gpu.alloc::<f32>(be - bs)?;
-    gpu.sq_norms(gpu.ptr(&b), be - bs, d, gpu.ptr(&bn))?;
+    gpu.centre_sq_norms(gpu.ptr(&b), be - bs, d, centre, gpu.ptr(&bn))?;
     Ok((b, bn))
 }
 

@@ -180,6 +180,53 @@ fn tiny_budget_tiles_base_and_queries() {
     }
 }
 
+/// The fused method's device-side exact keys are the host's `Kernel::exact`, bit for bit, for
+/// every kernel, on data near the origin and far from it (centred on the device, so the given
+/// rows must be kept beside the centred ones), for a dimension that is not a multiple of 8, and
+/// on repeated calls (resident base) and a second base.
+#[test]
+fn device_exact_keys_are_the_host_ones() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "device_exact_keys") {
+        return;
+    }
+    use knn_core::{base_key, CandidateRequest, Kernel};
+    let e = CudaEngine::new(0, Method::Fused).unwrap();
+    for (d, lo) in [(13, 0.0f32), (64, 4e3)] {
+        let shift = |m: Matrix| {
+            let v: Vec<f32> = m.view().as_slice().iter().map(|x| x + lo).collect();
+            Matrix::new("x", v, d).unwrap()
+        };
+        let b = shift(uniform(3000, d, 61));
+        let q = shift(uniform(300, d, 62));
+        let key = base_key();
+        for kernel in [Kernel::SqL2, Kernel::NegDot, Kernel::L1, Kernel::Linf] {
+            for width in [16, 100] {
+                let req = CandidateRequest {
+                    base: b.view(),
+                    queries: q.view(),
+                    kernel,
+                    width,
+                    exclude: None,
+                    precise: false,
+                    base_key: Some(key),
+                    exact_data: true,
+                };
+                let (c, exact) = e.candidates_with_exact(&req).unwrap();
+                let exact = exact.expect("the fused method gives exact keys for a resident base");
+                for (i, (&id, &x)) in c.ids.iter().zip(&exact).enumerate() {
+                    let want = kernel.exact(q.view().row(i / width), b.view().row(id as usize));
+                    assert_eq!(
+                        x.to_bits(),
+                        want.to_bits(),
+                        "{kernel:?} d={d} row {} id {id}: device {x} host {want}",
+                        i / width
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn method_names_parse() {
     for m in Method::ALL {

@@ -127,6 +127,8 @@ fn main() {
                                 width,
                                 exclude: None,
                                 precise: false,
+                                base_key: None,
+                                exact_data: false,
                             };
                             std::hint::black_box(e.candidates(&req).unwrap());
                         },

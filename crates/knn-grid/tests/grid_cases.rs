@@ -161,6 +161,8 @@ fn check_contract(
         width,
         exclude,
         precise: false,
+        base_key: None,
+        exact_data: false,
     };
     let c = e.candidates(&req).map_err(|e| e.to_string())?;
     // The same candidates with exact keys: those are `kernel.exact` of the base rows, bit for

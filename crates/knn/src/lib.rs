@@ -6,6 +6,7 @@
 //! |---|---|
 //! | k nearest base points of each query | [`Knn::search`] or [`search`] |
 //! | kNN graph (self-join, own id excluded) | [`Knn::graph`] or [`graph`] |
+//! | a graph with each unordered pair computed once (CPU; on by default where it pays) | [`Options::symmetric`] |
 //! | a graph in pieces (checkpoints) | [`Knn::graph_rows`] |
 //! | low dimensions: the exact grid, on the CPU or a GPU | [`Options::method`] = [`Method::Grid`] (or `Auto`) |
 //! | several GPUs | [`Options::gpus`] |
@@ -30,7 +31,7 @@
 pub use knn_core::synth;
 pub use knn_core::{
     check, check_with_truth, id_recall, oracle, CheckReport, Covariance, Engine, Kernel, KnnError,
-    Matrix, MatrixRef, Metric, Neighbors, Result, DEFAULT_TOLERANCE,
+    Matrix, MatrixRef, Metric, Neighbors, Result, Symmetry, DEFAULT_TOLERANCE,
 };
 pub use knn_cpu::CpuEngine;
 pub use knn_grid::GridEngine;
@@ -155,6 +156,10 @@ pub struct Options {
     /// from a shared queue, one host thread per GPU. Empty: the single `device`. The answer is
     /// identical to one GPU's (every row is re-ranked exactly and ordered by (distance, id)).
     pub gpus: Vec<usize>,
+    /// kNN graphs on the CPU: compute each unordered pair's key once and fold it into both
+    /// points' lists (every metric here is symmetric). `Auto` (default) where it pays
+    /// ([`CpuEngine::pays_symmetric`]); the answer is the same either way. GPU engines ignore it.
+    pub symmetric: Symmetry,
 }
 
 /// A configured engine: the device is chosen once, then used for every call; with
@@ -188,7 +193,7 @@ impl Knn {
                     "several GPUs were asked for with the CPU device".into(),
                 ))
             }
-            Device::Cpu => (Box::new(CpuEngine::new(opts.threads)?), Device::Cpu),
+            Device::Cpu => (Box::new(cpu_engine(opts)?), Device::Cpu),
             _ if opts.gpus.len() > 1 => (gpu::multi(&opts.gpus, opts)?, Device::Cuda(opts.gpus[0])),
             _ if opts.gpus.len() == 1 => {
                 (gpu::engine(opts.gpus[0], opts)?, Device::Cuda(opts.gpus[0]))
@@ -197,7 +202,7 @@ impl Knn {
             Device::Auto => match gpu::engine(0, opts) {
                 Ok(engine) => (engine, Device::Cuda(0)),
                 Err(e) if gpu_only => return Err(e),
-                Err(_) => (Box::new(CpuEngine::new(opts.threads)?), Device::Cpu),
+                Err(_) => (Box::new(cpu_engine(opts)?), Device::Cpu),
             },
         };
         Ok(Knn {
@@ -305,6 +310,11 @@ impl Knn {
         let engine = self.engine_for(points.rows(), points.dim(), metric)?;
         knn_core::graph_rows(engine, points, rows, k, metric, progress)
     }
+}
+
+/// The CPU engine of `opts`.
+fn cpu_engine(opts: &Options) -> Result<CpuEngine> {
+    Ok(CpuEngine::new(opts.threads)?.with_symmetry(opts.symmetric))
 }
 
 /// Exact search with default options (GPU if usable, else all CPU cores).

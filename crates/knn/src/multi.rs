@@ -36,6 +36,15 @@ impl Engine for MultiEngine {
         self.engines[0].candidate_width(k, available, kernel)
     }
 
+    /// The pipeline hands whole rounds to each engine (each overlapping its device work with
+    /// the host's re-rank), instead of cutting every call in pieces.
+    fn devices(&self) -> Vec<&dyn Engine> {
+        self.engines
+            .iter()
+            .map(|e| e.as_ref() as &dyn Engine)
+            .collect()
+    }
+
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
         let nq = req.queries.rows();
         let tile = nq

@@ -1,0 +1,107 @@
+"""Seed 002's table on one GPU: kNN graph, Hellinger distance, random data, d = 256, k = 100,
+n = 10 000 .. 80 000, side by side with PyTorch and with the seed's 2×GTX280 figures.
+
+PyTorch (the issue's peer): data already on the GPU, sqrt transform, then for chunks of rows
+‖a‖² + ‖b‖² − 2abᵀ (`torch.addmm`, TF32 off), the row's own point masked, `topk`; CUDA events,
+median after warm-up. Ours: `knn graph --metric hellinger` end to end (host arrays in, host
+results out, the exact f64 re-rank included), `--repeat` median, same .npy file; with
+`--metric-expr` too when the binary has it (same graph required, checked with cmp).
+
+Usage (GPU machine, from the repository root):
+    python3 bench/gpu/hellinger_table.py [--knn .gpu/knn] [--sizes 10000,20000,40000,80000]
+"""
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+
+import numpy as np
+import torch
+
+SEED_2X_GTX280_S = {10000: 1.8, 20000: 5.7, 40000: 17.7, 80000: 68.6}
+D, K = 256, 100
+
+
+def torch_graph_ms(x_host, chunk=10000, reps=5):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    x = torch.from_numpy(x_host).cuda()
+    n = x.shape[0]
+
+    def run():
+        r = x.sqrt()
+        rn = (r * r).sum(1)
+        out = []
+        for s in range(0, n, chunk):
+            q = r[s:s + chunk]
+            dist = torch.addmm(rn[s:s + chunk, None] + rn[None, :], q, r.t(), beta=1.0, alpha=-2.0)
+            rows = torch.arange(q.shape[0], device=x.device)
+            dist[rows, rows + s] = float("inf")
+            out.append(torch.topk(dist, K, dim=1, largest=False))
+        return out
+
+    for _ in range(2):
+        run()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return sorted(ts)[len(ts) // 2]
+
+
+def ours_ms(knn, path, out, extra, reps):
+    timing = out + ".json"
+    cmd = [knn, "graph", "-p", path, "-k", str(K), "--device", "cuda", "--repeat", str(reps),
+           "--timing-json", timing, "-o", out, "--force", "--quiet"] + extra
+    subprocess.run(cmd, check=True)
+    with open(timing) as f:
+        return json.load(f)["median_ms"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--knn", default=".gpu/knn")
+    ap.add_argument("--sizes", default="10000,20000,40000,80000")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--no-expr", action="store_true", help="skip the --metric-expr run")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="hellinger-")
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}; d={D}, k={K}, Hellinger")
+    rows = []
+    for n in (int(s) for s in args.sizes.split(",")):
+        x = np.random.default_rng(n).random((n, D), dtype=np.float32)
+        path = os.path.join(tmp, f"x{n}.npy")
+        np.save(path, x)
+        t_torch = torch_graph_ms(x)
+        out = os.path.join(tmp, f"g{n}.npy")
+        t_ours = ours_ms(args.knn, path, out, ["--metric", "hellinger"], args.repeat)
+        t_expr, same = None, None
+        if not args.no_expr:
+            eout = os.path.join(tmp, f"e{n}.npy")
+            try:
+                t_expr = ours_ms(args.knn, path, eout,
+                                 ["--metric-expr", "acc + (sqrt(x) - sqrt(y))^2",
+                                  "--metric-final", "sqrt(0.5 * acc)"], args.repeat)
+                same = all(open(a, "rb").read() == open(b, "rb").read() for a, b in
+                           [(out, eout), (out[:-4] + ".dist.npy", eout[:-4] + ".dist.npy")])
+            except subprocess.CalledProcessError as e:
+                print(f"--metric-expr run failed: {e}")
+        rows.append((n, SEED_2X_GTX280_S[n] * 1e3 if n in SEED_2X_GTX280_S else None,
+                     t_torch, t_ours, t_expr, same))
+    print(f"{'n':>6} | {'seed 2xGTX280':>13} | {'PyTorch':>9} | {'ours':>9} | {'PyTorch/ours':>12} |"
+          f" {'expr':>9} | {'expr/builtin':>12} | same graph")
+    for n, seed, tt, to, te, same in rows:
+        seed_s = f"{seed:10.0f} ms" if seed else "-"
+        te_s = f"{te:6.1f} ms" if te else "-"
+        ratio_e = f"{te / to:11.2f}x" if te else "-"
+        print(f"{n:>6} | {seed_s:>13} | {tt:6.1f} ms | {to:6.1f} ms | {tt / to:11.2f}x |"
+              f" {te_s:>9} | {ratio_e:>12} | {same}")
+
+
+if __name__ == "__main__":
+    main()
