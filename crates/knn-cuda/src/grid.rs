@@ -466,6 +466,15 @@ struct Binned {
     crowd: Option<(u32, u64, u64, u64)>,
 }
 
+/// Crowded cells numbered on the device, before their sub-grids are built: more points than
+/// `crowd_min` make a cell crowded; `counter` (device u32) counts them.
+struct Crowding {
+    crowd_min: u32,
+    counter: u64,
+    crowd_of: u64,
+    subs: u64,
+}
+
 /// What a call returns: candidates for the pipeline, or final rows written in place.
 enum Output<'o> {
     Candidates,
@@ -573,8 +582,15 @@ impl State {
         Ok(())
     }
 
-    /// Uploads the base and bins it, sub-grids for crowded cells included.
-    fn bin_base(&mut self, b: &[f32], d: usize, per_cell: f64, prof: &Profile) -> Result<Binned> {
+    /// Uploads the base, bins it and numbers its crowded cells (their sub-grids follow in
+    /// [`State::sub_grids`]).
+    fn bin_base(
+        &mut self,
+        b: &[f32],
+        d: usize,
+        per_cell: f64,
+        prof: &Profile,
+    ) -> Result<(Binned, Option<Crowding>)> {
         let n = b.len() / d;
         let raw = self.bufs.get(&self.gpu, Buf::BaseRaw, 4 * b.len())?;
         self.staging()?;
@@ -593,24 +609,24 @@ impl State {
         let starts = self.bufs.get(&self.gpu, Buf::BaseStarts, 4 * (cells + 1))?;
         let sorted = self.bufs.get(&self.gpu, Buf::BaseSorted, 16 * n)?;
         self.counting_sort(raw, n, d, &geom, cells, starts, sorted)?;
-        let mut binned = Binned {
+        let binned = Binned {
             geom,
             cells,
             starts,
             sorted,
             crowd: None,
         };
-        self.sub_grids(&mut binned, n, d, per_cell)?;
+        let crowding = self.find_crowded(&binned, n, per_cell)?;
         prof.mark(&self.gpu, "base binning")?;
-        Ok(binned)
+        Ok((binned, crowding))
     }
 
-    /// Sub-grids for the cells of `g` holding more than `crowd_min` points; the points of
-    /// those cells are reordered by sub-cell (into another buffer, which `g.sorted` then names).
-    fn sub_grids(&mut self, g: &mut Binned, n: usize, d: usize, per_cell: f64) -> Result<()> {
+    /// Numbers the cells of `g` holding more than `crowd_min` of its `n` points on the device
+    /// (their count is read later, by [`State::sub_grids`], so the host goes on meanwhile).
+    fn find_crowded(&mut self, g: &Binned, n: usize, per_cell: f64) -> Result<Option<Crowding>> {
         let crowd_min = CROWD_MIN.max((8.0 * per_cell).ceil() as usize);
         if n <= crowd_min {
-            return Ok(());
+            return Ok(None);
         }
         let max_crowd = n / (crowd_min + 1) + 1;
         let flags = self.bufs.get(&self.gpu, Buf::Flags, 8)?;
@@ -636,7 +652,31 @@ impl State {
                     .map_err(dev_err("grid crowded cells"))?;
             }
         }
-        let ncrowd = self.read_u32(flags)? as usize;
+        Ok(Some(Crowding {
+            crowd_min: cm32,
+            counter: flags,
+            crowd_of,
+            subs,
+        }))
+    }
+
+    /// Sub-grids for the crowded cells of `g` found by [`State::find_crowded`]; the points of
+    /// those cells are reordered by sub-cell (into another buffer, which `g.sorted` then names).
+    fn sub_grids(
+        &mut self,
+        g: &mut Binned,
+        c: Crowding,
+        n: usize,
+        d: usize,
+        per_cell: f64,
+    ) -> Result<()> {
+        let Crowding {
+            crowd_min: cm32,
+            counter,
+            crowd_of,
+            subs,
+        } = c;
+        let ncrowd = self.read_u32(counter)? as usize;
         // Sub-cells + 1 per crowded cell: at most 2·ceil(count / per_cell) + 1 each.
         let entries = (2.0 * n as f64 / per_cell) as usize + 3 * ncrowd + 2;
         if ncrowd == 0 || entries > SCAN_MAX {
@@ -737,15 +777,13 @@ impl State {
         let per_cell = TARGET_PER_CELL.max(w as f64 / 2.0);
         let b = req.base.as_slice();
         let key = req.base_key.map(|k| (k, b.as_ptr() as usize, b.len(), d));
-        let g = match self.binned {
+        let (mut g, crowding) = match self.binned {
             // The same run's base (a later round, or a retry: its wider lists keep the first
             // call's cells, which only changes the speed).
-            Some((k, g)) if Some(k) == key => g,
+            Some((k, g)) if Some(k) == key => (g, None),
             _ => {
                 self.binned = None;
-                let g = self.bin_base(b, d, per_cell, &prof)?;
-                self.binned = key.map(|k| (k, g));
-                g
+                self.bin_base(b, d, per_cell, &prof)?
             }
         };
         // Queries in cell order too, so that a warp's threads read the same cells.
@@ -774,6 +812,14 @@ impl State {
             None => 0,
         };
         prof.mark(&self.gpu, "query upload + binning")?;
+        if let Some(c) = crowding {
+            // Read only now: the host uploaded the queries while the device binned the base.
+            self.sub_grids(&mut g, c, b.len() / d, d, per_cell)?;
+            self.binned = key.map(|k| (k, g));
+            prof.mark(&self.gpu, "sub-grids")?;
+        } else if self.binned.is_none() {
+            self.binned = key.map(|k| (k, g));
+        }
         let finish = match &out {
             Output::Candidates => None,
             Output::Finish { mode, .. } => Some(*mode),
@@ -843,7 +889,7 @@ impl State {
         prof.mark(&self.gpu, "ring search")?;
         if self.read_u32(bad)? != 0 {
             return Err(KnnError::Device(format!(
-                "cuda:{}/grid: a candidate list holds an unwritten slot",
+                "grid on {}: a candidate list holds an unwritten slot",
                 self.gpu.name
             )));
         }
