@@ -17,8 +17,9 @@
 //! - `global`, `texture`, `cublas`: the three implementations of seed 000, each followed by the
 //!   seed's modified insertion sort, with queries (and base) split under a memory budget.
 //!
-//! [`CudaGridEngine`] is the exact grid for d ≤ 3 (counting sort into cells on the device, one
-//! thread per query searching rings of cells; see `src/grid.rs`).
+//! [`CudaGridEngine`] is the exact grid for d ≤ 3 (counting sort into cells on the device,
+//! sub-grids for crowded cells, one thread per query searching rings of cells and writing final
+//! rows itself; see `src/grid.rs`).
 //!
 //! Every method returns, per query, the W smallest computed keys and a floor that is a proven
 //! lower bound on the exact key of every point left out (see [`floor`](crate::floor)).
