@@ -3,7 +3,7 @@
 use crate::error::{KnnError, Result};
 use crate::expr::ExprPlan;
 use crate::matrix::MatrixRef;
-use crate::metric::Kernel;
+use crate::metric::{Kernel, Metric};
 use std::fmt;
 use std::str::FromStr;
 
@@ -80,6 +80,17 @@ impl Candidates {
     }
 }
 
+/// Where [`Engine::finish_rows`] writes final rows: `rows × k` ids and distances, laid out as
+/// [`crate::Neighbors`], and one flag per row.
+pub struct FinishedRows<'a> {
+    /// `rows·k` base ids.
+    pub ids: &'a mut [u32],
+    /// `rows·k` distances ([`Metric::distance_from_key`] of the exact keys).
+    pub distances: &'a mut [f32],
+    /// One per row: `true` when the row is final.
+    pub proven: &'a mut [bool],
+}
+
 /// A kNN engine: computes candidate lists; the shared pipeline ([`crate::search`]) re-ranks
 /// them exactly and asks again, wider, for the rows whose floor does not prove them complete.
 ///
@@ -150,6 +161,26 @@ pub trait Engine: Sync {
             "the {} engine does not compute expression metrics (use brute force on the CPU or a GPU)",
             self.name()
         )))
+    }
+
+    /// Optional: the pipeline's re-rank done by the engine itself, on a first try whose data
+    /// is the metric's exact space (the conditions of [`Engine::candidates_with_exact`]), for
+    /// `k ≤ req.width` neighbours. `Ok(false)` (the default): not done, the pipeline asks for
+    /// candidates. `Ok(true)`: for each row `i`, `proven[i]` is `true` only when the row's
+    /// `ids`/`distances` are what the re-rank makes of this engine's candidates for `req` with
+    /// their exact keys — the `k` smallest by (exact key, id), the largest of them below the
+    /// row's floor (or the row holding every available point), distances
+    /// `metric.distance_from_key` of the exact keys, ordered by (distance, id) — so the output
+    /// is the same either way; rows not proven are asked again as usual.
+    fn finish_rows(
+        &self,
+        req: &CandidateRequest<'_>,
+        metric: &Metric,
+        k: usize,
+        out: FinishedRows<'_>,
+    ) -> Result<bool> {
+        let _ = (req, metric, k, out);
+        Ok(false)
     }
 
     /// Queries per pipeline round the engine wants at least (the pipeline still bounds a round

@@ -24,7 +24,7 @@ mod search;
 pub mod synth;
 mod topk;
 
-pub use engine::{base_key, CandidateRequest, Candidates, Engine, Symmetry};
+pub use engine::{base_key, CandidateRequest, Candidates, Engine, FinishedRows, Symmetry};
 pub use error::{KnnError, Result};
 pub use expr::{EngineProgram, ExprError, ExprPlan, MetricExpr};
 pub use matrix::{Matrix, MatrixRef};

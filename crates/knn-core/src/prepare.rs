@@ -75,42 +75,42 @@ fn map_rows(m: MatrixRef<'_>, f: impl Fn(&[f32], &mut [f32]) + Sync) -> Matrix {
 /// The base mean, when the data sits far from the origin relative to its spread: the GEMM
 /// form's rounding grows with ‖x‖², so subtracting it keeps candidate keys tight for data such
 /// as points near 4e6 with small jitter. `None` when the data is already near the origin.
-fn far_centre(base: MatrixRef<'_>) -> Option<Vec<f64>> {
+/// Also returns the largest |value| of the data. One pass over the data (sums and sums of
+/// squares per axis): the spread E[x²] − mean² loses digits only when it is far below the
+/// squared mean, where the answer is "centre" either way.
+fn far_centre(base: MatrixRef<'_>) -> (Option<Vec<f64>>, f32) {
     let d = base.dim();
     let n = base.rows() as f64;
-    let sums = base
+    let (sums, squares, top) = base
         .as_slice()
         .par_chunks(d * 256)
         .map(|c| {
-            let mut s = vec![0.0f64; d];
+            let (mut s, mut q, mut top) = (vec![0.0f64; d], vec![0.0f64; d], 0.0f32);
             for r in c.chunks(d) {
-                for (a, &v) in s.iter_mut().zip(r) {
-                    *a += v as f64;
+                for ((s, q), &v) in s.iter_mut().zip(q.iter_mut()).zip(r) {
+                    *s += v as f64;
+                    *q += v as f64 * v as f64;
+                    top = top.max(v.abs());
                 }
             }
-            s
+            (s, q, top)
         })
         .reduce(
-            || vec![0.0f64; d],
-            |mut a, b| {
-                a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
-                a
+            || (vec![0.0f64; d], vec![0.0f64; d], 0.0f32),
+            |(mut s, mut q, t), (s2, q2, t2)| {
+                s.iter_mut().zip(s2).for_each(|(x, y)| *x += y);
+                q.iter_mut().zip(q2).for_each(|(x, y)| *x += y);
+                (s, q, t.max(t2))
             },
         );
     let mean: Vec<f64> = sums.iter().map(|s| s / n).collect();
-    let spread: f64 = base
-        .as_slice()
-        .par_chunks(d)
-        .map(|r| {
-            r.iter()
-                .zip(&mean)
-                .map(|(&v, m)| (v as f64 - m).powi(2))
-                .sum::<f64>()
-        })
-        .sum::<f64>()
-        / n;
+    let spread: f64 = squares
+        .iter()
+        .zip(&mean)
+        .map(|(q, m)| (q / n - m * m).max(0.0))
+        .sum();
     let mean_sq: f64 = mean.iter().map(|m| m * m).sum();
-    (mean_sq > 16.0 * spread).then_some(mean)
+    ((mean_sq > 16.0 * spread).then_some(mean), top)
 }
 
 /// `f(x) − centre` row by row, computed in f64 and rounded to f32 once: the only rounding is
@@ -286,12 +286,17 @@ pub fn prepare<'a>(
         }
         _ => None,
     };
+    // Largest |value| of the engine base when the pass below saw it unchanged.
+    let mut base_top = None;
     if metric.kernel() == Kernel::SqL2 {
         let seen = match &engine {
             Some((b, _)) => b.view(),
             None => exact_base.view(),
         };
-        if let Some(c) = far_centre(seen) {
+        let (centre, top) = far_centre(seen);
+        base_top = Some(top);
+        if let Some(c) = centre {
+            base_top = None;
             // From the exact values through the metric's transform, one rounding in all.
             let (f, b, q): (fn(f32) -> f64, _, _) = match metric {
                 Metric::Hellinger => (|v| (v as f64).sqrt(), base, queries),
@@ -315,7 +320,9 @@ pub fn prepare<'a>(
             .fold(|| 0.0f32, |a, &v| a.max(v.abs()))
             .reduce(|| 0.0, f32::max)
     };
-    let top = max_abs(eb).max(eq.map_or(0.0, max_abs));
+    let top = base_top
+        .unwrap_or_else(|| max_abs(eb))
+        .max(eq.map_or(0.0, max_abs));
     let mut key_scale = 1.0;
     if top > 0.0 && !(2f32.powi(-40)..=2f32.powi(40)).contains(&top) {
         let e = -(top.log2().round() as i32);

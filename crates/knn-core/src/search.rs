@@ -1,7 +1,7 @@
 //! The shared search pipeline: validate, prepare, ask an engine for candidates, re-rank them
 //! exactly in f64, and widen the rows whose engine floor does not prove them complete.
 
-use crate::engine::{CandidateRequest, Engine};
+use crate::engine::{CandidateRequest, Candidates, Engine, FinishedRows};
 use crate::error::{KnnError, Result};
 use crate::matrix::{Matrix, MatrixRef};
 use crate::metric::Metric;
@@ -314,7 +314,31 @@ impl Run<'_> {
                 exact_data: self.exact_data,
             };
             let first_try = self.symmetric.as_ref().filter(|_| contiguous);
-            let (cand, exact) = if let Some(all) = first_try {
+            // An engine that re-ranks on its own writes a first try's rows in place.
+            let mut proven = vec![false; pending.len()];
+            let finished = contiguous
+                && first_try.is_none()
+                && self.expr.is_none()
+                && self.same_space
+                && engine.finish_rows(
+                    &req,
+                    self.metric,
+                    k,
+                    FinishedRows {
+                        ids: &mut *ids_out,
+                        distances: &mut *dists_out,
+                        proven: &mut proven,
+                    },
+                )?;
+            let (cand, exact) = if finished {
+                let none = Candidates {
+                    width,
+                    ids: vec![],
+                    keys: vec![],
+                    floor: vec![],
+                };
+                (none, None)
+            } else if let Some(all) = first_try {
                 (all.rows(start, end), None)
             } else if let Some(plan) = self.expr {
                 (engine.candidates_expr(&req, plan)?, None)
@@ -324,7 +348,7 @@ impl Run<'_> {
                 (engine.candidates(&req)?, None)
             };
             self.lap("engine", &mut since);
-            debug_assert_eq!(cand.ids.len(), pending.len() * width);
+            debug_assert!(finished || cand.ids.len() == pending.len() * width);
             debug_assert!(exact.as_ref().is_none_or(|e| e.len() == cand.ids.len()));
             let exact = exact.filter(|e| e.len() == cand.ids.len());
             let rerank = Rerank {
@@ -342,8 +366,9 @@ impl Run<'_> {
             };
             // Re-rank each row exactly; keep rows whose floor proves them complete. On the
             // first try the rows are written in place; retries go through a buffer.
-            let mut proven = vec![false; pending.len()];
-            if contiguous {
+            if finished {
+                // Rows and flags written by the engine.
+            } else if contiguous {
                 ids_out
                     .par_chunks_mut(k)
                     .zip(dists_out.par_chunks_mut(k))
@@ -638,6 +663,69 @@ mod tests {
                 keys,
                 floor,
             })
+        }
+    }
+
+    /// [`AllPoints`] that finishes even rows itself (as the re-rank would) and leaves odd rows
+    /// unproven, with garbage in their outputs.
+    struct Finisher(std::sync::atomic::AtomicUsize);
+
+    impl Engine for Finisher {
+        fn name(&self) -> String {
+            "finisher".into()
+        }
+        fn candidates(&self, req: &CandidateRequest<'_>) -> Result<crate::Candidates> {
+            AllPoints.candidates(req)
+        }
+        fn finish_rows(
+            &self,
+            req: &CandidateRequest<'_>,
+            metric: &Metric,
+            k: usize,
+            out: FinishedRows<'_>,
+        ) -> Result<bool> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let c = AllPoints.candidates(req)?;
+            let w = c.width;
+            for i in 0..req.queries.rows() {
+                let (ids, dists) = (&mut out.ids[i * k..][..k], &mut out.distances[i * k..][..k]);
+                if i % 2 == 1 {
+                    ids.fill(u32::MAX);
+                    dists.fill(-1.0);
+                    out.proven[i] = false;
+                    continue;
+                }
+                let q = req.queries.row(i);
+                let mut row: Vec<(f64, u32)> = c.ids[i * w..(i + 1) * w]
+                    .iter()
+                    .map(|&b| (req.kernel.exact(q, req.base.row(b as usize)), b))
+                    .collect();
+                row.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                row.truncate(k);
+                out.proven[i] = row[k - 1].0 < c.floor[i] as f64 || w >= req.available();
+                finish_row(metric, &row, ids, dists);
+            }
+            Ok(true)
+        }
+    }
+
+    #[test]
+    fn rows_finished_by_the_engine_equal_the_rerank() {
+        let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
+        let b = Matrix::new("b", generate(u, 300, 3, 8), 3).unwrap();
+        let q = Matrix::new("q", generate(u, 41, 3, 9), 3).unwrap();
+        for metric in [Metric::L2, Metric::L1, Metric::SqL2] {
+            let e = Finisher(Default::default());
+            let got = search(&e, b.view(), q.view(), 4, &metric).unwrap();
+            assert_eq!(e.0.load(std::sync::atomic::Ordering::Relaxed), 1);
+            assert_eq!(
+                got,
+                search(&AllPoints, b.view(), q.view(), 4, &metric).unwrap()
+            );
+            let want = oracle(b.view(), Some(q.view()), 4, &metric).unwrap();
+            assert_eq!(got.ids, want.ids, "{metric}");
+            let g = graph(&e, b.view(), 3, &metric).unwrap();
+            assert_eq!(g, graph(&AllPoints, b.view(), 3, &metric).unwrap());
         }
     }
 

@@ -496,8 +496,11 @@ mod tests {
             "modified_insertion_sort",
             "grid_count_3",
             "grid_scan_blocks",
-            "grid_query_3_sql2_k8",
-            "grid_query_1_linf_k32",
+            "grid_query_sql2_k8",
+            "grid_query_linf_k32",
+            "grid_cand_l1",
+            "grid_crowd_geom_3",
+            "grid_sub_scatter",
         ] {
             assert!(names.iter().any(|x| x == n), "{n} not found in {names:?}");
         }

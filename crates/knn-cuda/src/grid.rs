@@ -1,27 +1,49 @@
 //! [`CudaGridEngine`]: the exact grid method for low dimensions (d ≤ 3) on a GPU.
 //!
-//! Per call: the base is uploaded and binned into a uniform grid by a counting sort on the
-//! device (`grid_count_*`, a three-kernel exclusive scan, `grid_scatter_*`), then one thread per
-//! query searches rings of cells of growing Chebyshev distance around its own cell, keeping its
-//! `W` best (key, id) pairs in registers, until the W-th key is no larger than the distance to
-//! any unvisited cell (`kernels/grid.cu`). Keys are direct (no GEMM form), and the kernel also
-//! returns each candidate's exact f64 key, bit for bit [`Kernel::exact`], so the pipeline needs
-//! no host re-rank reads.
+//! Per call: the base and the queries go to the device through page-locked staging memory
+//! (the host copies one chunk on every core while the device takes the previous one; the
+//! base's bounding box is taken on the way), then each is binned into a uniform grid by a
+//! counting sort on the device (`grid_count_*`, a three-kernel exclusive scan,
+//! `grid_scatter_*`). Cells holding more than [`CROWD_MIN`] base points (clustered data) get a
+//! sub-grid over their points' bounding box, their points reordered by sub-cell. One thread per
+//! query then searches rings of cells of growing Chebyshev distance around its own cell, keeping
+//! its `W` best (key, id) pairs in registers and skipping cells (and sub-cells) whose distance
+//! bound exceeds its W-th key, until that key is below the bound of every unvisited cell
+//! (`kernels/grid.cu`). Keys are direct (no GEMM form).
+//!
+//! Two outputs:
+//! - [`Engine::finish_rows`] (the pipeline's first round): the kernel computes the exact f64 keys
+//!   of its W = k candidates, checks them against the floor as the pipeline's re-rank would,
+//!   and writes final ids and distances straight into the pipeline's output, with a flag per
+//!   row; only the rare rows not proven come back as candidates;
+//! - [`Engine::candidates_with_exact`] (retries): candidates, their exact f64 keys (bit for bit
+//!   [`Kernel::exact`]) and floors.
 //!
 //! Floor of a row (a lower bound on the exact key of every point it left out): the smaller of
-//! - the unvisited region's bound: per axis, the gap from the query to the searched cube's face,
-//!   less a margin for the binning's rounding (8 ulps of |lo| + extent + |q|), squared for L2;
-//!   times (1 − 2⁻²⁰) for the rounding of that arithmetic;
-//! - the best computed key among visited points that were not kept, times (1 − 2⁻²⁰): a key of
+//! - the best computed key among visited points that were not kept, times (1 − 2⁻²¹): a key of
 //!   at most 3 terms, each a rounded difference (and square), then rounded sums, is within
-//!   6u < 2⁻²⁰ (relative) of the exact one.
+//!   6u < 2⁻²¹ (relative) of the exact one;
+//! - the smallest bound of a cell, sub-cell or region skipped (per axis, the gap from the query
+//!   to the cell's face less a margin for the binning's rounding: 8 ulps of |lo| + extent + |q|,
+//!   combined as the key combines axes), times (1 − 2⁻²⁰) for the rounding of that arithmetic.
 //!
-//! The kernel computes the floor (in f64, rounded down to f32; `+∞` when the list holds every
-//! available point).
+//! A cell is skipped, and the search stops, only when its bound exceeds the W-th computed key by
+//! a factor 1 + 2⁻¹⁸, so skipped regions never keep a row from being proven; rows fail only when
+//! a rejected point's key lies within 2⁻²¹ of the k-th (a near tie), a few per million.
+//!
+//! Device buffers and the staging memory are kept between calls (allocating and freeing a few
+//! hundred MB per call cost more than the search). The binned base is reused only within one
+//! pipeline run (same [`CandidateRequest::base_key`]: later rounds and retries); every search
+//! bins its base anew, so each search's time includes its binning, and nothing has to prove a
+//! cached grid current by reading the base.
 
 use crate::device::{dev_err, Gpu};
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg};
-use knn_core::{CandidateRequest, Candidates, Engine, Kernel, KnnError, Result};
+use cudarc::driver::{
+    CudaEvent, CudaSlice, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg,
+};
+use knn_core::{
+    CandidateRequest, Candidates, Engine, FinishedRows, Kernel, KnnError, Metric, Result,
+};
 use rayon::prelude::*;
 use std::sync::Mutex;
 
@@ -33,6 +55,15 @@ const TARGET_PER_CELL: f64 = 2.0;
 /// Most cells of one grid (the scan handles 4096 · 4096 entries).
 const MAX_CELLS: usize = (1 << 24) - 1;
 const SCAN_BLOCK: usize = 4096;
+/// Most entries one exclusive scan handles (its block sums are scanned by one block).
+const SCAN_MAX: usize = SCAN_BLOCK * SCAN_BLOCK;
+/// A cell with more base points than this (and than 8 times the target) gets a sub-grid.
+const CROWD_MIN: usize = 32;
+/// Bytes of a `SubGrid` record in `kernels/grid.cu` (a `GridGeom`, then two u32).
+const SUBGRID_BYTES: usize = 56;
+/// Final rows up to this width keep their lists in registers; wider ones, and the candidates of
+/// retries, in local memory.
+const GRID_REGISTER_WIDTH: usize = 32;
 
 /// Grid geometry as the kernels read it (`GridGeom` in `kernels/grid.cu`).
 #[repr(C)]
@@ -49,86 +80,266 @@ unsafe impl DeviceRepr for GridGeom {}
 
 /// The grid method on one CUDA device.
 pub struct CudaGridEngine {
-    gpu: Mutex<Gpu>,
+    state: Mutex<State>,
     ordinal: usize,
-    /// Page-locked staging memory for the downloads (kept between calls: pinning is slow,
-    /// pageable copies into fresh memory slower still).
-    staging: Mutex<Option<PinnedHostSlice<u8>>>,
     /// For lists wider than [`GRID_WIDTH_MAX`] and d > 3 (its index cache persists).
     cpu: knn_grid::GridEngine,
-    /// The binned base of the last call.
-    index: Mutex<Option<DeviceGrid>>,
 }
 
-/// A base binned on the device, with what identifies its data.
-struct DeviceGrid {
-    addr: usize,
-    len: usize,
-    dim: usize,
-    /// [`content_hash`] of the values: a base changed in place is binned anew.
-    hash: u64,
-    per_cell: f64,
-    geom: GridGeom,
-    cells: usize,
-    starts: CudaSlice<u32>,
-    sorted: CudaSlice<f32>,
+/// The device, its buffers and the staging memory, used by one call at a time.
+struct State {
+    gpu: Gpu,
+    bufs: Buffers,
+    staging: Option<Staging>,
+    /// The base binned by an earlier call of the same pipeline run (its
+    /// [`CandidateRequest::base_key`], address, length, dimension), reused by the run's later
+    /// rounds and retries; its buffers stay untouched until another base is binned.
+    binned: Option<((u64, usize, usize, usize), Binned)>,
 }
 
-/// Lists up to this width stay in registers; wider ones are retries of a few rows.
-const GRID_REGISTER_WIDTH: usize = 32;
+/// Device buffers kept between calls, one per role, grown when a call needs more.
+#[derive(Clone, Copy, Debug)]
+enum Buf {
+    BaseRaw,
+    BaseStarts,
+    BaseSorted,
+    BaseSubSorted,
+    CellOf,
+    Cursor,
+    Sums,
+    CrowdOf,
+    Subs,
+    SubSizes,
+    SubStarts,
+    SubCell,
+    QueryRaw,
+    QueryStarts,
+    QuerySorted,
+    Exclude,
+    Ids,
+    Keys,
+    Exact,
+    Floor,
+    Proven,
+    Flags,
+}
+const BUFS: usize = Buf::Flags as usize + 1;
 
-/// A 64-bit hash of the values, in parallel (1 MiB chunks hashed with a multiply–rotate mix,
-/// then the chunk hashes in order): tells a base changed in place from the cached one.
-fn content_hash(x: &[f32]) -> u64 {
-    let chunks: Vec<u64> = x
-        .par_chunks(1 << 18)
-        .map(|c| {
-            c.iter().fold(0x243f_6a88_85a3_08d3u64, |h, v| {
-                (h ^ v.to_bits() as u64)
-                    .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-                    .rotate_left(29)
-            })
-        })
-        .collect();
-    chunks.iter().fold(x.len() as u64, |h, &c| {
-        (h ^ c).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(31)
-    })
+#[derive(Default)]
+struct Buffers([Option<CudaSlice<u8>>; BUFS]);
+
+impl Buffers {
+    /// Device address of buffer `b` with room for `bytes` (reallocated, contents lost, when
+    /// smaller). Addresses taken before of the same buffer are invalid after a growth.
+    fn get(&mut self, gpu: &Gpu, b: Buf, bytes: usize) -> Result<u64> {
+        let slot = &mut self.0[b as usize];
+        if slot.as_ref().is_none_or(|s| s.len() < bytes) {
+            *slot = None; // free first
+            *slot = Some(gpu.alloc::<u8>(bytes.next_multiple_of(1 << 16))?);
+        }
+        Ok(gpu.ptr(slot.as_ref().expect("allocated above")))
+    }
 }
 
-/// Per-axis minimum and maximum of the rows (parallel).
-fn bounding_box(b: &[f32], d: usize) -> ([f32; 3], [f32; 3]) {
-    b.par_chunks(d * 4096)
-        .map(|c| {
-            let (mut lo, mut hi) = ([f32::INFINITY; 3], [f32::NEG_INFINITY; 3]);
-            for r in c.chunks_exact(d) {
-                for a in 0..d {
-                    lo[a] = lo[a].min(r[a]);
-                    hi[a] = hi[a].max(r[a]);
-                }
-            }
-            (lo, hi)
-        })
-        .reduce(
-            || ([f32::INFINITY; 3], [f32::NEG_INFINITY; 3]),
-            |(l1, h1), (l2, h2)| {
-                (
-                    std::array::from_fn(|a| l1[a].min(l2[a])),
-                    std::array::from_fn(|a| h1[a].max(h2[a])),
+/// Page-locked host memory for the copies: [`STAGE_SLOTS`] slots of [`STAGE_CHUNK`] bytes, each
+/// with an event marking when the device is done with it, so the host fills (or drains) one slot
+/// on every core while the device copies another.
+struct Staging {
+    mem: PinnedHostSlice<u8>,
+    done: Vec<CudaEvent>,
+}
+
+/// 6 MiB: a multiple of the row size (4·d bytes) for d = 1, 2, 3, so rows never straddle chunks.
+const STAGE_CHUNK: usize = 12 << 19;
+const STAGE_SLOTS: usize = 4;
+/// Bytes per task of the parallel host copies (also a multiple of every row size).
+const PIECE: usize = 12 << 14;
+
+/// The bytes of a slice of plain numbers.
+fn bytes_of<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: u8 has alignment 1 and the range is the slice's own memory.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+/// The bytes of a mutable slice of numbers for which every bit pattern is valid (u32, f32, f64).
+fn bytes_of_mut<T: Copy>(v: &mut [T]) -> &mut [u8] {
+    // SAFETY: as above; callers only use types where any bytes form a valid value.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
+
+fn par_copy(dst: &mut [u8], src: &[u8]) {
+    dst.par_chunks_mut(PIECE)
+        .zip(src.par_chunks(PIECE))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
+impl Staging {
+    fn new(gpu: &Gpu) -> Result<Self> {
+        // SAFETY: every slot is written (by the host or a copy) before it is read.
+        let mem = unsafe {
+            gpu.ctx
+                .alloc_pinned_with_flags::<u8>(STAGE_CHUNK * STAGE_SLOTS, 0)
+        }
+        .map_err(dev_err("allocating pinned host memory"))?;
+        let done = (0..STAGE_SLOTS)
+            .map(|_| gpu.ctx.new_event(None))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(dev_err("creating events"))?;
+        Ok(Self { mem, done })
+    }
+
+    /// Slot `s`, `len` bytes, once the device is done with it.
+    #[allow(clippy::mut_from_ref)]
+    fn slot(&self, s: usize, len: usize) -> Result<&mut [u8]> {
+        self.done[s]
+            .synchronize()
+            .map_err(dev_err("waiting for a copy"))?;
+        let base = self.mem.as_ptr().map_err(dev_err("pinned host memory"))? as *mut u8;
+        // SAFETY: the range lies in the pinned allocation; the device no longer touches it (its
+        // last copy's event has completed) and the host uses one slot at a time.
+        Ok(unsafe { std::slice::from_raw_parts_mut(base.add(s * STAGE_CHUNK), len) })
+    }
+
+    /// Copies `src` to the device at `dst`, folding each row-aligned piece of `src` into an
+    /// accumulator on the way (`fold`, combined by `reduce`).
+    fn upload<A: Send>(
+        &self,
+        gpu: &Gpu,
+        src: &[u8],
+        dst: u64,
+        identity: impl Fn() -> A + Sync + Send,
+        fold: impl Fn(A, &[u8]) -> A + Sync + Send,
+        reduce: impl Fn(A, A) -> A + Sync + Send,
+    ) -> Result<A> {
+        let mut acc = identity();
+        for (i, chunk) in src.chunks(STAGE_CHUNK).enumerate() {
+            let s = i % STAGE_SLOTS;
+            let buf = self.slot(s, chunk.len())?;
+            let part = buf
+                .par_chunks_mut(PIECE)
+                .zip(chunk.par_chunks(PIECE))
+                .fold(&identity, |a, (d, c)| {
+                    d.copy_from_slice(c);
+                    fold(a, c)
+                })
+                .reduce(&identity, &reduce);
+            acc = reduce(acc, part);
+            // SAFETY: `dst` has room for `src` (callers size it), the source is pinned memory
+            // that stays untouched until the event recorded next has completed.
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(
+                    dst + (i * STAGE_CHUNK) as u64,
+                    &*buf,
+                    gpu.stream.cu_stream(),
                 )
-            },
-        )
+            }
+            .map_err(dev_err("copying to the device"))?;
+            self.done[s]
+                .record(&gpu.stream)
+                .map_err(dev_err("recording an event"))?;
+        }
+        Ok(acc)
+    }
+
+    /// Copies `src` to the device at `dst`.
+    fn upload_plain(&self, gpu: &Gpu, src: &[u8], dst: u64) -> Result<()> {
+        self.upload(gpu, src, dst, || (), |(), _| (), |(), ()| ())
+    }
+
+    /// Copies `bytes` bytes from the device at `src`, handing each chunk to `sink(offset,
+    /// bytes)` (in order) while the next ones are on their way.
+    fn download(
+        &self,
+        gpu: &Gpu,
+        src: u64,
+        bytes: usize,
+        mut sink: impl FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        let chunks = bytes.div_ceil(STAGE_CHUNK);
+        let len = |i: usize| (bytes - i * STAGE_CHUNK).min(STAGE_CHUNK);
+        let enqueue = |i: usize| -> Result<()> {
+            let s = i % STAGE_SLOTS;
+            let buf = self.slot(s, len(i))?;
+            // SAFETY: the device range holds `len(i)` bytes at that offset (callers size it);
+            // the pinned destination is read only after the event recorded next.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(
+                    buf,
+                    src + (i * STAGE_CHUNK) as u64,
+                    gpu.stream.cu_stream(),
+                )
+            }
+            .map_err(dev_err("copying from the device"))?;
+            self.done[s]
+                .record(&gpu.stream)
+                .map_err(dev_err("recording an event"))
+        };
+        for i in 0..chunks.min(STAGE_SLOTS) {
+            enqueue(i)?;
+        }
+        for i in 0..chunks {
+            sink(i * STAGE_CHUNK, self.slot(i % STAGE_SLOTS, len(i))?);
+            if i + STAGE_SLOTS < chunks {
+                enqueue(i + STAGE_SLOTS)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies `dst.len()` bytes from the device at `src` into `dst`.
+    fn download_into(&self, gpu: &Gpu, src: u64, dst: &mut [u8]) -> Result<()> {
+        self.download(gpu, src, dst.len(), |off, b| {
+            par_copy(&mut dst[off..off + b.len()], b)
+        })
+    }
+}
+
+/// Per-axis minimum and maximum of rows of `d` values (a fold of whole rows).
+type BBox = ([f32; 3], [f32; 3]);
+
+fn bbox_empty() -> BBox {
+    ([f32::INFINITY; 3], [f32::NEG_INFINITY; 3])
+}
+
+fn bbox_fold(d: usize) -> impl Fn(BBox, &[u8]) -> BBox + Sync + Send {
+    move |(mut lo, mut hi), bytes| {
+        for r in bytes.chunks_exact(4 * d) {
+            for a in 0..d {
+                let v = f32::from_ne_bytes(r[4 * a..4 * a + 4].try_into().expect("4 bytes"));
+                lo[a] = lo[a].min(v);
+                hi[a] = hi[a].max(v);
+            }
+        }
+        (lo, hi)
+    }
+}
+
+fn bbox_merge((l1, h1): BBox, (l2, h2): BBox) -> BBox {
+    (
+        std::array::from_fn(|a| l1[a].min(l2[a])),
+        std::array::from_fn(|a| h1[a].max(h2[a])),
+    )
 }
 
 impl CudaGridEngine {
     /// Opens device `ordinal` and compiles (or loads from the cache) the kernels.
     pub fn new(ordinal: usize) -> Result<Self> {
         Ok(Self {
-            gpu: Mutex::new(Gpu::new(ordinal)?),
+            state: Mutex::new(State {
+                gpu: Gpu::new(ordinal)?,
+                bufs: Buffers::default(),
+                staging: None,
+                binned: None,
+            }),
             ordinal,
-            staging: Mutex::new(None),
             cpu: knn_grid::GridEngine::default(),
-            index: Mutex::new(None),
         })
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, State>> {
+        self.state
+            .lock()
+            .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))
     }
 }
 
@@ -193,15 +404,30 @@ fn tag(k: Kernel) -> Result<&'static str> {
     })
 }
 
+/// The kernel's output mode for final rows of `metric` (`GRID_FINISH_*` in `kernels/grid.cu`):
+/// distances are the exact keys, or their square roots.
+fn finish_mode(metric: &Metric) -> Option<i32> {
+    match metric {
+        Metric::SqL2 | Metric::L1 | Metric::Linf => Some(1),
+        Metric::L2 | Metric::Mahalanobis(_) => Some(2),
+        _ => None,
+    }
+}
+
 /// Phase timings on stderr when `KNN_PROFILE` is set (synchronising after each phase).
-struct Profile(Option<std::cell::Cell<std::time::Instant>>);
+struct Profile(
+    Option<std::cell::Cell<std::time::Instant>>,
+    std::time::Instant,
+);
 
 impl Profile {
     fn new() -> Self {
+        let now = std::time::Instant::now();
         Profile(
             std::env::var_os("KNN_PROFILE")
                 .is_some()
-                .then(|| std::cell::Cell::new(std::time::Instant::now())),
+                .then(|| std::cell::Cell::new(now)),
+            now,
         )
     }
 
@@ -217,272 +443,509 @@ impl Profile {
         }
         Ok(())
     }
-}
 
-/// Uploads `n` points of dimension `d` and sorts them into the cells of `geom` on the device:
-/// returns the cell starts (`cells + 1`, exclusive scan of the counts) and the points as
-/// float4 (x, y, z, index) in cell order.
-fn bin(
-    gpu: &Gpu,
-    x: &[f32],
-    d: usize,
-    n: usize,
-    geom: &GridGeom,
-    cells: usize,
-) -> Result<(CudaSlice<u32>, CudaSlice<f32>)> {
-    let stream = gpu.stream.clone();
-    let xs = gpu.upload(x)?;
-    let starts = stream
-        .alloc_zeros::<u32>(cells + 1)
-        .map_err(dev_err("allocating the grid"))?;
-    let cell_of = gpu.alloc::<u32>(n)?;
-    let cursor = gpu.alloc::<u32>(cells + 1)?;
-    let nblocks = (cells + 1).div_ceil(SCAN_BLOCK);
-    let sums = gpu.alloc::<u32>(nblocks)?;
-    let sorted = gpu.alloc::<f32>(4 * n)?;
-    let (n64, ncells64, nb32) = (n as i64, (cells + 1) as i64, nblocks as i32);
-    let (p_x, p_cell, p_starts, p_cursor, p_sums, p_sorted) = (
-        gpu.ptr(&xs),
-        gpu.ptr(&cell_of),
-        gpu.ptr(&starts),
-        gpu.ptr(&cursor),
-        gpu.ptr(&sums),
-        gpu.ptr(&sorted),
-    );
-    let block = |blocks: usize| LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (1024, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY (all launches): every pointer is a live buffer of this function of the size the
-    // kernel indexes (n points × d, cells + 1 counts, nblocks sums, 4·n floats), and the
-    // kernels' argument lists match these types one for one.
-    unsafe {
-        let mut l = stream.launch_builder(gpu.func(&format!("grid_count_{d}"))?);
-        l.arg(&p_x).arg(&n64).arg(geom).arg(&p_starts).arg(&p_cell);
-        l.launch(launch(n, 256)).map_err(dev_err("grid count"))?;
-        let mut l = stream.launch_builder(gpu.func("grid_scan_blocks")?);
-        l.arg(&p_starts).arg(&ncells64).arg(&p_sums);
-        l.launch(block(nblocks)).map_err(dev_err("grid scan"))?;
-        let mut l = stream.launch_builder(gpu.func("grid_scan_sums")?);
-        l.arg(&p_sums).arg(&nb32);
-        l.launch(block(1)).map_err(dev_err("grid scan"))?;
-        let mut l = stream.launch_builder(gpu.func("grid_scan_add")?);
-        l.arg(&p_starts).arg(&ncells64).arg(&p_sums).arg(&p_cursor);
-        l.launch(launch(cells + 1, 256))
-            .map_err(dev_err("grid scan"))?;
-        let mut l = stream.launch_builder(gpu.func(&format!("grid_scatter_{d}"))?);
-        l.arg(&p_x)
-            .arg(&n64)
-            .arg(&p_cell)
-            .arg(&p_cursor)
-            .arg(&p_sorted);
-        l.launch(launch(n, 256)).map_err(dev_err("grid scatter"))?;
+    fn total(&self, what: &str) {
+        if self.0.is_some() {
+            eprintln!(
+                "grid: {what}: {:.2} ms",
+                self.1.elapsed().as_secs_f64() * 1e3
+            );
+        }
     }
-    Ok((starts, sorted))
 }
 
-impl CudaGridEngine {
-    fn run(&self, gpu: &mut Gpu, req: &CandidateRequest<'_>) -> Result<(Candidates, Vec<f64>)> {
-        let (nq, nb, d, w) = (
-            req.queries.rows(),
-            req.base.rows(),
-            req.base.dim(),
-            req.width,
-        );
+/// A base binned on the device (addresses into the engine's buffers).
+#[derive(Clone, Copy)]
+struct Binned {
+    geom: GridGeom,
+    cells: usize,
+    starts: u64,
+    sorted: u64,
+    /// Sub-grids of crowded cells: (more points than this make a cell crowded, crowd_of, subs,
+    /// sub_starts); `None` when no cell is crowded.
+    crowd: Option<(u32, u64, u64, u64)>,
+}
+
+/// Crowded cells numbered on the device, before their sub-grids are built: more points than
+/// `crowd_min` make a cell crowded; `counter` (device u32) counts them.
+struct Crowding {
+    crowd_min: u32,
+    counter: u64,
+    crowd_of: u64,
+    subs: u64,
+}
+
+/// What a call returns: candidates for the pipeline, or final rows written in place.
+enum Output<'o> {
+    Candidates,
+    Finish { mode: i32, rows: FinishedRows<'o> },
+}
+
+impl State {
+    fn launch_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> KnnError {
+        dev_err(what)
+    }
+
+    fn memset(&self, ptr: u64, bytes: usize) -> Result<()> {
+        // SAFETY: callers pass a device buffer of at least `bytes` bytes.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(ptr, 0, bytes, self.gpu.stream.cu_stream())
+        }
+        .map_err(dev_err("clearing device memory"))
+    }
+
+    fn staging(&mut self) -> Result<&Staging> {
+        if self.staging.is_none() {
+            self.staging = Some(Staging::new(&self.gpu)?);
+        }
+        Ok(self.staging.as_ref().expect("made above"))
+    }
+
+    /// Reads one u32 from the device (synchronising).
+    fn read_u32(&mut self, ptr: u64) -> Result<u32> {
+        let mut v = [0u8; 4];
+        self.staging()?;
+        let st = self.staging.as_ref().expect("made above");
+        st.download(&self.gpu, ptr, 4, |_, b| v.copy_from_slice(b))?;
+        Ok(u32::from_ne_bytes(v))
+    }
+
+    /// Exclusive scan, in place, of `n ≤ SCAN_MAX` u32 at `data`; `cursor` gets a copy.
+    fn scan(&mut self, data: u64, n: usize, cursor: u64) -> Result<()> {
+        debug_assert!(n <= SCAN_MAX);
+        let nblocks = n.div_ceil(SCAN_BLOCK);
+        let sums = self.bufs.get(&self.gpu, Buf::Sums, 4 * SCAN_BLOCK)?;
+        let gpu = &self.gpu;
+        let (n64, nb32) = (n as i64, nblocks as i32);
+        let block = |blocks: usize| LaunchConfig {
+            grid_dim: (blocks.max(1) as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `data` and `cursor` hold n u32, `sums` SCAN_BLOCK ≥ nblocks; the argument
+        // lists match the kernels'.
+        unsafe {
+            let mut l = gpu.stream.launch_builder(gpu.func("grid_scan_blocks")?);
+            l.arg(&data).arg(&n64).arg(&sums);
+            l.launch(block(nblocks)).map_err(dev_err("grid scan"))?;
+            let mut l = gpu.stream.launch_builder(gpu.func("grid_scan_sums")?);
+            l.arg(&sums).arg(&nb32);
+            l.launch(block(1)).map_err(dev_err("grid scan"))?;
+            let mut l = gpu.stream.launch_builder(gpu.func("grid_scan_add")?);
+            l.arg(&data).arg(&n64).arg(&sums).arg(&cursor);
+            l.launch(launch(n, 256)).map_err(dev_err("grid scan"))?;
+        }
+        Ok(())
+    }
+
+    /// Counting sort of the `n` points at `raw` (n × d f32 on the device) into the cells of
+    /// `geom`: cell starts (`cells + 1`) and points as float4 (x, y, z, index) in cell order.
+    #[allow(clippy::too_many_arguments)]
+    fn counting_sort(
+        &mut self,
+        raw: u64,
+        n: usize,
+        d: usize,
+        geom: &GridGeom,
+        cells: usize,
+        starts: u64,
+        sorted: u64,
+    ) -> Result<()> {
+        let cell_of = self.bufs.get(&self.gpu, Buf::CellOf, 4 * n)?;
+        let cursor = self.bufs.get(&self.gpu, Buf::Cursor, 4 * (cells + 1))?;
+        self.memset(starts, 4 * (cells + 1))?;
+        let n64 = n as i64;
+        let gpu = &self.gpu;
+        // SAFETY: raw holds n·d f32, starts and cursor cells + 1 u32, cell_of n u32, sorted
+        // 4·n f32; the argument lists match the kernels'.
+        unsafe {
+            let mut l = gpu
+                .stream
+                .launch_builder(gpu.func(&format!("grid_count_{d}"))?);
+            l.arg(&raw).arg(&n64).arg(geom).arg(&starts).arg(&cell_of);
+            l.launch(launch(n, 256)).map_err(dev_err("grid count"))?;
+        }
+        self.scan(starts, cells + 1, cursor)?;
+        let gpu = &self.gpu;
+        // SAFETY: as above.
+        unsafe {
+            let mut l = gpu
+                .stream
+                .launch_builder(gpu.func(&format!("grid_scatter_{d}"))?);
+            l.arg(&raw)
+                .arg(&n64)
+                .arg(&cell_of)
+                .arg(&cursor)
+                .arg(&sorted);
+            l.launch(launch(n, 256)).map_err(dev_err("grid scatter"))?;
+        }
+        Ok(())
+    }
+
+    /// Uploads the base, bins it and numbers its crowded cells (their sub-grids follow in
+    /// [`State::sub_grids`]).
+    fn bin_base(
+        &mut self,
+        b: &[f32],
+        d: usize,
+        per_cell: f64,
+        prof: &Profile,
+    ) -> Result<(Binned, Option<Crowding>)> {
+        let n = b.len() / d;
+        let raw = self.bufs.get(&self.gpu, Buf::BaseRaw, 4 * b.len())?;
+        self.staging()?;
+        let st = self.staging.as_ref().expect("made above");
+        let (lo, hi) = st.upload(
+            &self.gpu,
+            bytes_of(b),
+            raw,
+            bbox_empty,
+            bbox_fold(d),
+            bbox_merge,
+        )?;
+        prof.mark(&self.gpu, "base upload")?;
+        let geom = geometry(&lo[..d], &hi[..d], n, per_cell);
+        let cells = geom.g.iter().map(|&g| g as usize).product::<usize>();
+        let starts = self.bufs.get(&self.gpu, Buf::BaseStarts, 4 * (cells + 1))?;
+        let sorted = self.bufs.get(&self.gpu, Buf::BaseSorted, 16 * n)?;
+        self.counting_sort(raw, n, d, &geom, cells, starts, sorted)?;
+        let binned = Binned {
+            geom,
+            cells,
+            starts,
+            sorted,
+            crowd: None,
+        };
+        let crowding = self.find_crowded(&binned, n, per_cell)?;
+        prof.mark(&self.gpu, "base binning")?;
+        Ok((binned, crowding))
+    }
+
+    /// Numbers the cells of `g` holding more than `crowd_min` of its `n` points on the device
+    /// (their count is read later, by [`State::sub_grids`], so the host goes on meanwhile).
+    fn find_crowded(&mut self, g: &Binned, n: usize, per_cell: f64) -> Result<Option<Crowding>> {
+        let crowd_min = CROWD_MIN.max((8.0 * per_cell).ceil() as usize);
+        if n <= crowd_min {
+            return Ok(None);
+        }
+        let max_crowd = n / (crowd_min + 1) + 1;
+        let flags = self.bufs.get(&self.gpu, Buf::Flags, 8)?;
+        let crowd_of = self.bufs.get(&self.gpu, Buf::CrowdOf, 4 * g.cells)?;
+        let subs = self
+            .bufs
+            .get(&self.gpu, Buf::Subs, SUBGRID_BYTES * max_crowd)?;
+        self.memset(flags, 8)?;
+        let (cells64, cm32) = (g.cells as i64, crowd_min as u32);
+        {
+            let gpu = &self.gpu;
+            // SAFETY: starts holds cells + 1 u32, crowd_of cells u32, subs room for every
+            // crowded cell (each holds > crowd_min of the n points), flags a u32 counter.
+            unsafe {
+                let mut l = gpu.stream.launch_builder(gpu.func("grid_crowd_find")?);
+                l.arg(&g.starts)
+                    .arg(&cells64)
+                    .arg(&cm32)
+                    .arg(&flags)
+                    .arg(&crowd_of)
+                    .arg(&subs);
+                l.launch(launch(g.cells, 256))
+                    .map_err(dev_err("grid crowded cells"))?;
+            }
+        }
+        Ok(Some(Crowding {
+            crowd_min: cm32,
+            counter: flags,
+            crowd_of,
+            subs,
+        }))
+    }
+
+    /// Sub-grids for the crowded cells of `g` found by [`State::find_crowded`]; the points of
+    /// those cells are reordered by sub-cell (into another buffer, which `g.sorted` then names).
+    fn sub_grids(
+        &mut self,
+        g: &mut Binned,
+        c: Crowding,
+        n: usize,
+        d: usize,
+        per_cell: f64,
+    ) -> Result<()> {
+        let Crowding {
+            crowd_min: cm32,
+            counter,
+            crowd_of,
+            subs,
+        } = c;
+        let ncrowd = self.read_u32(counter)? as usize;
+        // Sub-cells + 1 per crowded cell: at most 2·ceil(count / per_cell) + 1 each.
+        let entries = (2.0 * n as f64 / per_cell) as usize + 3 * ncrowd + 2;
+        if ncrowd == 0 || entries > SCAN_MAX {
+            return Ok(()); // none crowded, or too many to scan: plain cells (still exact)
+        }
+        let sizes = self.bufs.get(&self.gpu, Buf::SubSizes, 4 * (ncrowd + 1))?;
+        let sub_starts = self.bufs.get(&self.gpu, Buf::SubStarts, 4 * entries)?;
+        let sub_cell = self.bufs.get(&self.gpu, Buf::SubCell, 4 * n)?;
+        let cursor = self
+            .bufs
+            .get(&self.gpu, Buf::Cursor, 4 * entries.max(g.cells + 1))?;
+        let out = self.bufs.get(&self.gpu, Buf::BaseSubSorted, 16 * n)?;
+        self.memset(sizes, 4 * (ncrowd + 1))?;
+        self.memset(sub_starts, 4 * entries)?;
+        let (nc32, pc32, n64) = (ncrowd as u32, per_cell as f32, n as i64);
+        {
+            let gpu = &self.gpu;
+            // SAFETY: sorted holds n float4, starts cells + 1 u32, subs ncrowd records, sizes
+            // ncrowd + 1 u32; the argument lists match the kernels'.
+            unsafe {
+                let mut l = gpu
+                    .stream
+                    .launch_builder(gpu.func(&format!("grid_crowd_geom_{d}"))?);
+                l.arg(&g.sorted)
+                    .arg(&g.starts)
+                    .arg(&nc32)
+                    .arg(&pc32)
+                    .arg(&subs)
+                    .arg(&sizes);
+                l.launch(launch(ncrowd * 32, 256))
+                    .map_err(dev_err("grid sub-grids"))?;
+            }
+        }
+        self.scan(sizes, ncrowd + 1, cursor)?;
+        let gpu = &self.gpu;
+        // SAFETY: as above; sub_starts and cursor hold `entries` u32 (the scanned sizes sum to
+        // at most that), sub_cell n u32, out n float4.
+        unsafe {
+            let mut l = gpu.stream.launch_builder(gpu.func("grid_crowd_offsets")?);
+            l.arg(&sizes).arg(&nc32).arg(&subs);
+            l.launch(launch(ncrowd, 256))
+                .map_err(dev_err("grid sub-grids"))?;
+            let mut l = gpu
+                .stream
+                .launch_builder(gpu.func(&format!("grid_sub_count_{d}"))?);
+            l.arg(&g.sorted)
+                .arg(&n64)
+                .arg(&g.geom)
+                .arg(&g.starts)
+                .arg(&cm32)
+                .arg(&crowd_of)
+                .arg(&subs)
+                .arg(&sub_cell)
+                .arg(&sub_starts);
+            l.launch(launch(n, 256))
+                .map_err(dev_err("grid sub-grids"))?;
+        }
+        self.scan(sub_starts, entries, cursor)?;
+        let gpu = &self.gpu;
+        // SAFETY: as above.
+        unsafe {
+            let mut l = gpu.stream.launch_builder(gpu.func("grid_sub_fix")?);
+            l.arg(&g.starts).arg(&subs).arg(&sub_starts).arg(&cursor);
+            l.launch(LaunchConfig {
+                grid_dim: (ncrowd as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+            .map_err(dev_err("grid sub-grids"))?;
+            let mut l = gpu.stream.launch_builder(gpu.func("grid_sub_scatter")?);
+            l.arg(&g.sorted)
+                .arg(&n64)
+                .arg(&sub_cell)
+                .arg(&cursor)
+                .arg(&out);
+            l.launch(launch(n, 256))
+                .map_err(dev_err("grid sub-grids"))?;
+        }
+        g.sorted = out;
+        g.crowd = Some((cm32, crowd_of, subs, sub_starts));
+        Ok(())
+    }
+
+    /// One grid call: bins base and queries, runs the ring search, and returns candidates or
+    /// writes final rows.
+    fn run(
+        &mut self,
+        req: &CandidateRequest<'_>,
+        out: Output<'_>,
+    ) -> Result<Option<(Candidates, Vec<f64>)>> {
+        let (nq, d, w) = (req.queries.rows(), req.base.dim(), req.width);
         let tag = tag(req.kernel)?;
-        gpu.ctx
+        self.gpu
+            .ctx
             .bind_to_thread()
             .map_err(dev_err("binding the context"))?;
         let prof = Profile::new();
-        let b = req.base.as_slice();
         let per_cell = TARGET_PER_CELL.max(w as f64 / 2.0);
-        let hash = content_hash(b);
-        let mut cache = self
-            .index
-            .lock()
-            .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
-        // Reuse the binned base of the last call when it is the same data (the pipeline's
-        // rounds and retries); a retry's wider list keeps the first call's cell size.
-        let reuse = cache.as_ref().is_some_and(|c| {
-            c.addr == b.as_ptr() as usize
-                && c.len == b.len()
-                && c.dim == d
-                && c.hash == hash
-                && (c.per_cell == per_cell || w > GRID_REGISTER_WIDTH)
-        });
-        if !reuse {
-            *cache = None; // free the old grid first
-            let (lo, hi) = bounding_box(b, d);
-            let geom = geometry(&lo[..d], &hi[..d], nb, per_cell);
-            let cells = geom.g.iter().map(|&g| g as usize).product::<usize>();
-            prof.mark(gpu, "bounding box")?;
-            let (starts, sorted) = bin(gpu, b, d, nb, &geom, cells)?;
-            prof.mark(gpu, "base upload + binning")?;
-            *cache = Some(DeviceGrid {
-                addr: b.as_ptr() as usize,
-                len: b.len(),
-                dim: d,
-                hash,
-                per_cell,
-                geom,
-                cells,
-                starts,
-                sorted,
-            });
-        } else {
-            prof.mark(gpu, "cached grid check")?;
-        }
-        let grid = cache.as_ref().expect("built above");
-        let (geom, cells) = (grid.geom, grid.cells);
-        let (starts, sorted) = (&grid.starts, &grid.sorted);
+        let b = req.base.as_slice();
+        let key = req.base_key.map(|k| (k, b.as_ptr() as usize, b.len(), d));
+        let (mut g, crowding) = match self.binned {
+            // The same run's base (a later round, or a retry: its wider lists keep the first
+            // call's cells, which only changes the speed).
+            Some((k, g)) if Some(k) == key => (g, None),
+            _ => {
+                self.binned = None;
+                self.bin_base(b, d, per_cell, &prof)?
+            }
+        };
         // Queries in cell order too, so that a warp's threads read the same cells.
-        let (_qstarts, qsorted) = bin(gpu, req.queries.as_slice(), d, nq, &geom, cells)?;
+        let q = req.queries.as_slice();
+        let qraw = self.bufs.get(&self.gpu, Buf::QueryRaw, 4 * q.len())?;
+        let qstarts = self
+            .bufs
+            .get(&self.gpu, Buf::QueryStarts, 4 * (g.cells + 1))?;
+        let qsorted = self.bufs.get(&self.gpu, Buf::QuerySorted, 16 * nq)?;
+        self.staging()?;
+        self.staging
+            .as_ref()
+            .expect("made above")
+            .upload_plain(&self.gpu, bytes_of(q), qraw)?;
+        self.counting_sort(qraw, nq, d, &g.geom, g.cells, qstarts, qsorted)?;
         let excl = match req.exclude {
-            Some(e) => Some(gpu.upload(e)?),
-            None => None,
+            Some(e) => {
+                let p = self.bufs.get(&self.gpu, Buf::Exclude, 4 * e.len())?;
+                self.staging.as_ref().expect("made above").upload_plain(
+                    &self.gpu,
+                    bytes_of(e),
+                    p,
+                )?;
+                p
+            }
+            None => 0,
         };
-        prof.mark(gpu, "query upload + binning")?;
-        let stream = gpu.stream.clone();
-        let (p_starts, p_sorted) = (gpu.ptr(starts), gpu.ptr(sorted));
-        let ids = gpu.alloc::<u32>(nq * w)?;
-        let keys = gpu.alloc::<f32>(nq * w)?;
-        let exact = gpu.alloc::<f64>(nq * w)?;
-        let floor = gpu.alloc::<f32>(nq)?;
-        let kmax = if w == 1 {
-            1
-        } else if w <= 8 {
-            8
-        } else if w <= GRID_REGISTER_WIDTH {
-            32
-        } else {
-            128
-        };
-        let name = format!("grid_query_{d}_{tag}_k{kmax}");
-        let (nq64, w32, complete) = (nq as i64, w as i32, i32::from(w >= req.available()));
-        let p_ex = excl.as_ref().map_or(0u64, |e| gpu.ptr(e));
-        let (p_q, p_ids, p_keys, p_exact, p_floor) = (
-            gpu.ptr(&qsorted),
-            gpu.ptr(&ids),
-            gpu.ptr(&keys),
-            gpu.ptr(&exact),
-            gpu.ptr(&floor),
-        );
-        // SAFETY: every pointer is a live buffer of the size the kernel indexes (nq sorted
-        // queries, cells + 1 starts, nb sorted points, nq × w outputs, nq floors; `exclude` null
-        // or nq u32), and the argument list matches the kernel's one for one.
-        unsafe {
-            let mut l = stream.launch_builder(gpu.func(&name)?);
-            l.arg(&p_q)
-                .arg(&nq64)
-                .arg(&p_ex)
-                .arg(&geom)
-                .arg(&p_starts)
-                .arg(&p_sorted)
-                .arg(&w32)
-                .arg(&complete)
-                .arg(&p_ids)
-                .arg(&p_keys)
-                .arg(&p_exact)
-                .arg(&p_floor);
-            l.launch(launch(nq, 128)).map_err(dev_err("grid query"))?;
+        prof.mark(&self.gpu, "query upload + binning")?;
+        if let Some(c) = crowding {
+            // Read only now: the host uploaded the queries while the device binned the base.
+            self.sub_grids(&mut g, c, b.len() / d, d, per_cell)?;
+            self.binned = key.map(|k| (k, g));
+            prof.mark(&self.gpu, "sub-grids")?;
+        } else if self.binned.is_none() {
+            self.binned = key.map(|k| (k, g));
         }
-        prof.mark(gpu, "ring search")?;
-        let (ids, keys, exact, floor) = self.download(gpu, &ids, &keys, &exact, &floor)?;
-        prof.mark(gpu, "download")?;
-        if let Some(i) = ids.par_iter().position_first(|&id| id as usize >= nb) {
+        let finish = match &out {
+            Output::Candidates => None,
+            Output::Finish { mode, .. } => Some(*mode),
+        };
+        let ids = self.bufs.get(&self.gpu, Buf::Ids, 4 * nq * w)?;
+        let keys = self.bufs.get(&self.gpu, Buf::Keys, 4 * nq * w)?;
+        let (exact, floor, proven) = if finish.is_some() {
+            (0u64, 0u64, self.bufs.get(&self.gpu, Buf::Proven, nq)?)
+        } else {
+            (
+                self.bufs.get(&self.gpu, Buf::Exact, 8 * nq * w)?,
+                self.bufs.get(&self.gpu, Buf::Floor, 4 * nq)?,
+                0u64,
+            )
+        };
+        let flags = self.bufs.get(&self.gpu, Buf::Flags, 8)?;
+        self.memset(flags, 8)?;
+        // One kernel per width class, for any d ≤ 3 (1-D and 2-D points carry zeros).
+        let name = if finish.is_some() {
+            let kmax = match w {
+                1 => 1,
+                2..=8 => 8,
+                9..=16 => 16,
+                17..=GRID_REGISTER_WIDTH => 32,
+                _ => 128,
+            };
+            format!("grid_query_{tag}_k{kmax}")
+        } else {
+            format!("grid_cand_{tag}")
+        };
+        let (crowd_min, crowd_of, subs, sub_starts) = g.crowd.unwrap_or((u32::MAX, 0, 0, 0));
+        let (nq64, w32, complete) = (nq as i64, w as i32, i32::from(w >= req.available()));
+        let mode = finish.unwrap_or(0);
+        let bad = flags + 4;
+        {
+            let gpu = &self.gpu;
+            // SAFETY: every pointer is a live buffer of the size the kernel indexes (nq sorted
+            // queries, cells + 1 starts, nb sorted points, the sub-grid arrays or null with
+            // crowd_min = u32::MAX, nq × w ids and keys, nq × w exact keys and nq floors in
+            // candidates mode, nq flags in finish mode, `exclude` null or nq u32), and the
+            // argument list matches the kernel's one for one.
+            unsafe {
+                let mut l = gpu.stream.launch_builder(gpu.func(&name)?);
+                l.arg(&qsorted)
+                    .arg(&nq64)
+                    .arg(&excl)
+                    .arg(&g.geom)
+                    .arg(&g.starts)
+                    .arg(&g.sorted)
+                    .arg(&crowd_min)
+                    .arg(&crowd_of)
+                    .arg(&subs)
+                    .arg(&sub_starts)
+                    .arg(&w32)
+                    .arg(&complete)
+                    .arg(&mode)
+                    .arg(&ids)
+                    .arg(&keys)
+                    .arg(&exact)
+                    .arg(&floor)
+                    .arg(&proven)
+                    .arg(&bad);
+                l.launch(launch(nq, 128))
+                    .map_err(Self::launch_err("grid query"))?;
+            }
+        }
+        prof.mark(&self.gpu, "ring search")?;
+        if self.read_u32(bad)? != 0 {
             return Err(KnnError::Device(format!(
-                "{}: query {} holds invalid base id {} (unwritten slot)",
-                self.name(),
-                i / w,
-                ids[i]
+                "grid on {}: a candidate list holds an unwritten slot",
+                self.gpu.name
             )));
         }
-        prof.mark(gpu, "checks")?;
-        Ok((
-            Candidates {
-                width: w,
-                ids,
-                keys,
-                floor,
-            },
-            exact,
-        ))
+        let st = self.staging.as_ref().expect("made above");
+        let result = match out {
+            Output::Finish { rows, .. } => {
+                st.download_into(&self.gpu, ids, bytes_of_mut(rows.ids))?;
+                st.download_into(&self.gpu, keys, bytes_of_mut(rows.distances))?;
+                let flags_out = rows.proven;
+                st.download(&self.gpu, proven, nq, |off, b| {
+                    flags_out[off..off + b.len()]
+                        .par_chunks_mut(PIECE)
+                        .zip(b.par_chunks(PIECE))
+                        .for_each(|(o, s)| o.iter_mut().zip(s).for_each(|(o, &s)| *o = s != 0))
+                })?;
+                None
+            }
+            Output::Candidates => {
+                let mut c = Candidates {
+                    width: w,
+                    ids: vec![0; nq * w],
+                    keys: vec![0.0; nq * w],
+                    floor: vec![0.0; nq],
+                };
+                let mut ex = vec![0f64; nq * w];
+                st.download_into(&self.gpu, ids, bytes_of_mut(&mut c.ids))?;
+                st.download_into(&self.gpu, keys, bytes_of_mut(&mut c.keys))?;
+                st.download_into(&self.gpu, exact, bytes_of_mut(&mut ex))?;
+                st.download_into(&self.gpu, floor, bytes_of_mut(&mut c.floor))?;
+                Some((c, ex))
+            }
+        };
+        prof.mark(&self.gpu, "download")?;
+        prof.total("total");
+        Ok(result)
     }
 }
 
 impl CudaGridEngine {
-    /// Copies the four outputs to the host through the pinned staging buffer, then into
-    /// vectors in parallel.
-    #[allow(clippy::type_complexity)]
-    fn download(
-        &self,
-        gpu: &Gpu,
-        ids: &CudaSlice<u32>,
-        keys: &CudaSlice<f32>,
-        exact: &CudaSlice<f64>,
-        floor: &CudaSlice<f32>,
-    ) -> Result<(Vec<u32>, Vec<f32>, Vec<f64>, Vec<f32>)> {
-        let parts = [
-            ids.len() * 4,
-            keys.len() * 4,
-            exact.len() * 8,
-            floor.len() * 4,
-        ];
-        // 8-byte aligned offsets, so every part can be read as its type.
-        let offs: Vec<usize> = parts
-            .iter()
-            .scan(0usize, |o, &n| {
-                let at = *o;
-                *o += n.div_ceil(8) * 8;
-                Some(at)
-            })
-            .collect();
-        let total = offs[3] + parts[3];
-        let mut staging = self
-            .staging
-            .lock()
-            .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
-        if staging.as_ref().is_none_or(|s| s.len() < total) {
-            *staging = None;
-            // SAFETY: the bytes are written by the copies below before they are read.
-            let fresh = unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(total, 0) }
-                .map_err(dev_err("allocating pinned host memory"))?;
-            *staging = Some(fresh);
+    /// `true` when this request runs on the GPU (else on the CPU grid: d > 3, lists wider than
+    /// [`GRID_WIDTH_MAX`], or more base points than the kernels index).
+    fn on_gpu(req: &CandidateRequest<'_>) -> bool {
+        req.base.dim() <= 3
+            && req.width <= GRID_WIDTH_MAX
+            && req.base.rows() <= u32::MAX as usize / 2
+    }
+
+    fn check_width(req: &CandidateRequest<'_>) -> Result<()> {
+        if req.width == 0 || req.width > req.available() {
+            return Err(KnnError::Option(format!(
+                "candidate width {} outside 1..={}",
+                req.width,
+                req.available()
+            )));
         }
-        let buf = staging
-            .as_mut()
-            .expect("allocated above")
-            .as_mut_slice()
-            .map_err(dev_err("pinned host memory"))?;
-        let srcs = [gpu.ptr(ids), gpu.ptr(keys), gpu.ptr(exact), gpu.ptr(floor)];
-        for i in 0..4 {
-            // SAFETY: the destination range lies in the staging buffer, the source is a device
-            // buffer of exactly `parts[i]` bytes, and the stream is synchronised below before
-            // the bytes are read.
-            unsafe {
-                cudarc::driver::result::memcpy_dtoh_async(
-                    &mut buf[offs[i]..offs[i] + parts[i]],
-                    srcs[i],
-                    gpu.stream.cu_stream(),
-                )
-            }
-            .map_err(dev_err("copying from the device"))?;
-        }
-        gpu.sync()?;
-        fn take<T: Copy + Default + Send + Sync>(bytes: &[u8]) -> Vec<T> {
-            let n = bytes.len() / std::mem::size_of::<T>();
-            // SAFETY: `bytes` starts 8-byte aligned in the pinned buffer and holds n values of
-            // T (u32, f32, f64: every bit pattern is valid).
-            let src = unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, n) };
-            let mut v = vec![T::default(); n];
-            v.par_chunks_mut(1 << 16)
-                .zip(src.par_chunks(1 << 16))
-                .for_each(|(d, s)| d.copy_from_slice(s));
-            v
-        }
-        let part = |i: usize| &buf[offs[i]..offs[i] + parts[i]];
-        Ok((take(part(0)), take(part(1)), take(part(2)), take(part(3))))
+        Ok(())
     }
 }
 
@@ -510,32 +973,56 @@ impl Engine for CudaGridEngine {
         &self,
         req: &CandidateRequest<'_>,
     ) -> Result<(Candidates, Option<Vec<f64>>)> {
-        let (nq, d, w) = (req.queries.rows(), req.base.dim(), req.width);
-        if w == 0 || w > req.available() {
-            return Err(KnnError::Option(format!(
-                "candidate width {w} outside 1..={}",
-                req.available()
-            )));
-        }
-        if nq == 0 {
+        Self::check_width(req)?;
+        if req.queries.rows() == 0 {
             let empty = Candidates {
-                width: w,
+                width: req.width,
                 ids: vec![],
                 keys: vec![],
                 floor: vec![],
             };
             return Ok((empty, Some(vec![])));
         }
-        if d > 3 || w > GRID_WIDTH_MAX || req.base.rows() > u32::MAX as usize / 2 {
-            // Wider lists (retries of rare rows, or k > 32) and higher dimensions: the CPU grid.
+        if !Self::on_gpu(req) {
+            // Wider lists (retries of rare rows, or k > 128) and higher dimensions: the CPU grid.
             return self.cpu.candidates_with_exact(req);
         }
-        let mut gpu = self
-            .gpu
-            .lock()
-            .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
-        let (c, exact) = self.run(&mut gpu, req)?;
+        let (c, exact) = self
+            .lock()?
+            .run(req, Output::Candidates)?
+            .expect("candidates asked for");
         Ok((c, Some(exact)))
+    }
+
+    /// Final rows straight from the kernel: it computes the exact keys of its k candidates,
+    /// applies the pipeline's check against its own floor and writes ids, distances and flags
+    /// into the pipeline's output.
+    fn finish_rows(
+        &self,
+        req: &CandidateRequest<'_>,
+        metric: &Metric,
+        k: usize,
+        out: FinishedRows<'_>,
+    ) -> Result<bool> {
+        let nq = req.queries.rows();
+        let Some(mode) = finish_mode(metric) else {
+            return Ok(false);
+        };
+        if metric.kernel() != req.kernel
+            || req.width != k
+            || !Self::on_gpu(req)
+            || out.ids.len() != nq * k
+            || out.distances.len() != nq * k
+            || out.proven.len() != nq
+        {
+            return Ok(false);
+        }
+        Self::check_width(req)?;
+        if nq == 0 {
+            return Ok(true);
+        }
+        self.lock()?.run(req, Output::Finish { mode, rows: out })?;
+        Ok(true)
     }
 }
 
@@ -555,5 +1042,27 @@ mod tests {
         // Huge counts stay under the cell cap.
         let g = geometry(&[0.0; 3], &[1.0, 1e6, 1.0], 1 << 31, 0.5);
         assert!(g.g.iter().map(|&x| x as usize).product::<usize>() <= MAX_CELLS);
+    }
+
+    #[test]
+    fn bounding_box_folds_rows() {
+        let rows: Vec<f32> = vec![1.0, -2.0, 3.0, -4.0, 5.0, 0.5];
+        let b = bytes_of(&rows);
+        let (lo, hi) = bbox_fold(3)(bbox_empty(), b);
+        assert_eq!((lo, hi), ([-4.0, -2.0, 0.5], [1.0, 5.0, 3.0]));
+        let (lo, hi) = bbox_merge(
+            bbox_fold(2)(bbox_empty(), &b[..8]),
+            bbox_fold(2)(bbox_empty(), &b[8..]),
+        );
+        assert_eq!(
+            (lo[..2].to_vec(), hi[..2].to_vec()),
+            (vec![1.0, -4.0], vec![5.0, 0.5])
+        );
+        // Chunks and pieces hold whole rows for d = 1, 2, 3.
+        for d in 1..=3 {
+            assert_eq!(STAGE_CHUNK % (4 * d), 0);
+            assert_eq!(PIECE % (4 * d), 0);
+            assert_eq!(STAGE_CHUNK % PIECE, 0);
+        }
     }
 }

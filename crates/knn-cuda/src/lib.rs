@@ -21,8 +21,9 @@
 //! program in place of the L1 operation: one NVRTC module per program (`kernels/expr.cu`,
 //! `src/expr.rs`), cached on disk like the others.
 //!
-//! [`CudaGridEngine`] is the exact grid for d ≤ 3 (counting sort into cells on the device, one
-//! thread per query searching rings of cells; see `src/grid.rs`).
+//! [`CudaGridEngine`] is the exact grid for d ≤ 3 (counting sort into cells on the device,
+//! sub-grids for crowded cells, one thread per query searching rings of cells and writing final
+//! rows itself; see `src/grid.rs`).
 //!
 //! Every method returns, per query, the W smallest computed keys and a floor that is a proven
 //! lower bound on the exact key of every point left out (see [`floor`](crate::floor)).
