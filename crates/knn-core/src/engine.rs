@@ -3,6 +3,7 @@
 use crate::error::Result;
 use crate::matrix::MatrixRef;
 use crate::metric::Kernel;
+use rayon::prelude::*;
 
 /// One candidate computation: for every query, the `width` base points with the smallest
 /// kernel keys.
@@ -43,6 +44,21 @@ pub struct Candidates {
     pub keys: Vec<f32>,
     /// One per row.
     pub floor: Vec<f32>,
+}
+
+/// One row of candidates as an engine hands it to the visitor of [`Engine::candidate_rows`]:
+/// the row of [`Candidates`] (`ids` and `keys` sorted by (key, id), `width` each, and the
+/// floor) with, optionally, the exact keys of [`Engine::candidates_with_exact`].
+#[derive(Clone, Copy, Debug)]
+pub struct CandidateRow<'a> {
+    /// Base ids.
+    pub ids: &'a [u32],
+    /// Approximate kernel keys of `ids`.
+    pub keys: &'a [f32],
+    /// Lower bound on the exact key of every available point not in `ids`.
+    pub floor: f32,
+    /// `exact[i] == req.kernel.exact(query, base row ids[i])`, bit for bit, when given.
+    pub exact: Option<&'a [f64]>,
 }
 
 /// A kNN engine: computes candidate lists; the shared pipeline ([`crate::search`]) re-ranks
@@ -86,5 +102,46 @@ pub trait Engine: Sync {
     /// the queries of a call for locality (the grid) gains from large ones. Default 4096.
     fn min_round_queries(&self) -> usize {
         4096
+    }
+
+    /// The rows of [`Engine::candidates`] (`want_exact`: of [`Engine::candidates_with_exact`],
+    /// under the same condition) handed one by one to `visit(j, row)`, `j` being the row's
+    /// index in `req.queries`, each `j` exactly once, in any order and from any thread of the
+    /// current rayon pool.
+    ///
+    /// An engine that orders queries for itself (the grid) hands each row over as soon as it is
+    /// done, while it is in cache, and never builds the whole candidate lists nor writes them back
+    /// in the caller's order. Default: [`Engine::candidates`] (or `candidates_with_exact`), then
+    /// the rows in parallel.
+    fn candidate_rows(
+        &self,
+        req: &CandidateRequest<'_>,
+        want_exact: bool,
+        visit: &(dyn Fn(usize, CandidateRow<'_>) + Sync),
+    ) -> Result<()> {
+        let (cand, exact) = if want_exact {
+            self.candidates_with_exact(req)?
+        } else {
+            (self.candidates(req)?, None)
+        };
+        let w = cand.width;
+        debug_assert_eq!(cand.ids.len(), req.queries.rows() * w);
+        debug_assert!(exact.as_ref().is_none_or(|e| e.len() == cand.ids.len()));
+        let exact = exact.filter(|e| e.len() == cand.ids.len());
+        (0..cand.floor.len())
+            .into_par_iter()
+            .with_min_len(256)
+            .for_each(|j| {
+                visit(
+                    j,
+                    CandidateRow {
+                        ids: &cand.ids[j * w..(j + 1) * w],
+                        keys: &cand.keys[j * w..(j + 1) * w],
+                        floor: cand.floor[j],
+                        exact: exact.as_ref().map(|e| &e[j * w..(j + 1) * w]),
+                    },
+                )
+            });
+        Ok(())
     }
 }

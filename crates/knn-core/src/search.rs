@@ -1,13 +1,15 @@
 //! The shared search pipeline: validate, prepare, ask an engine for candidates, re-rank them
 //! exactly in f64, and widen the rows whose engine floor does not prove them complete.
 
-use crate::engine::{CandidateRequest, Engine};
+use crate::engine::{CandidateRequest, CandidateRow, Engine};
 use crate::error::{KnnError, Result};
 use crate::matrix::{Matrix, MatrixRef};
 use crate::metric::Metric;
 use crate::neighbors::Neighbors;
 use crate::prepare::prepare;
 use rayon::prelude::*;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 
 /// Queries handled per round of the pipeline, so that candidate lists stay a small fraction of
 /// memory next to the output.
@@ -160,20 +162,44 @@ pub fn graph_rows(
 /// keep every engine's tiles full.
 const MIN_ROUND: usize = 4096;
 
-/// One row's candidates as the engine returned them.
-struct RowCandidates<'c> {
-    ids: &'c [u32],
-    keys: &'c [f32],
-    floor: f32,
-    /// The engine's exact keys of `ids`, when it gave them (see
-    /// [`Engine::candidates_with_exact`]).
-    exact: Option<&'c [f64]>,
+/// Per-thread buffers of the re-rank, so that no row allocates.
+#[derive(Default)]
+struct RowScratch {
+    pairs: Vec<(f64, u32)>,
+    ids: Vec<u32>,
+    dists: Vec<f32>,
+}
+
+thread_local! {
+    static ROW_SCRATCH: RefCell<RowScratch> = RefCell::default();
+}
+
+// Atomics of 32 bits are laid out as their integers (same size and bit validity) on every
+// target this builds for; the views below rely on the alignment being the same too.
+const _: () = assert!(std::mem::align_of::<AtomicU32>() == std::mem::align_of::<u32>());
+const _: () = assert!(std::mem::align_of::<AtomicU32>() == std::mem::align_of::<f32>());
+
+/// `v` as atomics, so that the rows the engine hands over on its threads are written in place
+/// (relaxed stores: plain stores on common hardware).
+fn as_atomic(v: &mut [u32]) -> &[AtomicU32] {
+    // SAFETY: `AtomicU32` has the size and bit validity of `u32` and (asserted above) its
+    // alignment; the exclusive borrow of `v` means nothing else reads or writes it meanwhile.
+    unsafe { &*(v as *mut [u32] as *const [AtomicU32]) }
+}
+
+/// `v` as atomics holding the bits of each `f32` (see [`as_atomic`]).
+fn as_atomic_f32(v: &mut [f32]) -> &[AtomicU32] {
+    // SAFETY: as in `as_atomic`; `f32` has the size and alignment of `u32`, every bit pattern
+    // is a valid `f32`, and the stores write `f32::to_bits` values.
+    unsafe { &*(v as *mut [f32] as *const [AtomicU32]) }
 }
 
 /// What stays fixed across the rows of one pipeline run.
 struct Rerank<'m, 'x> {
     metric: &'m Metric,
     xb: MatrixRef<'x>,
+    /// Queries of the exact space (read only when the engine gives no exact keys).
+    xq: MatrixRef<'x>,
     k: usize,
     key_scale: f64,
     /// `true` when the candidate lists hold every available point.
@@ -181,13 +207,13 @@ struct Rerank<'m, 'x> {
 }
 
 impl Rerank<'_, '_> {
-    /// Re-ranks one row exactly into `ids_out` / `dists_out` (`k` each) and returns `true`
+    /// Re-ranks the row of query `qi` exactly into `ids_out` / `dists_out` (`k` each) and returns `true`
     /// when its floor proves it complete; `false` leaves the outputs unspecified (the row is
     /// asked again). `scratch` is reused across rows, so no row allocates.
     fn row(
         &self,
-        q: &[f32],
-        c: &RowCandidates<'_>,
+        qi: usize,
+        c: &CandidateRow<'_>,
         scratch: &mut Vec<(f64, u32)>,
         ids_out: &mut [u32],
         dists_out: &mut [f32],
@@ -197,6 +223,7 @@ impl Rerank<'_, '_> {
         if let Some(exact) = c.exact {
             scratch.extend(exact.iter().copied().zip(c.ids.iter().copied()));
         } else {
+            let q = self.xq.row(qi);
             // The engine's rounding bound, recovered from its floor; candidates whose key less
             // that bound exceeds an exact k-th key cannot enter the top k.
             let floor = c.floor as f64;
@@ -310,69 +337,55 @@ fn run(
                 exclude,
                 precise: !contiguous,
             };
-            let (cand, exact) = if same_space {
-                engine.candidates_with_exact(&req)?
-            } else {
-                (engine.candidates(&req)?, None)
-            };
-            lap("engine", &mut since);
-            debug_assert_eq!(cand.ids.len(), pending.len() * width);
-            debug_assert!(exact.as_ref().is_none_or(|e| e.len() == cand.ids.len()));
-            let exact = exact.filter(|e| e.len() == cand.ids.len());
             let rerank = Rerank {
                 metric,
                 xb,
+                xq,
                 k,
                 key_scale: prep.key_scale,
                 complete: width >= available,
             };
-            let row_of = |j: usize| RowCandidates {
-                ids: &cand.ids[j * width..(j + 1) * width],
-                keys: &cand.keys[j * width..(j + 1) * width],
-                floor: cand.floor[j],
-                exact: exact.as_ref().map(|e| &e[j * width..(j + 1) * width]),
-            };
-            // Re-rank each row exactly; keep rows whose floor proves them complete. On the
-            // first try the rows are written in place; retries go through a buffer.
-            let mut proven = vec![false; pending.len()];
-            if contiguous {
-                out.ids[(start - first) * k..(end - first) * k]
-                    .par_chunks_mut(k)
-                    .zip(out.distances[(start - first) * k..(end - first) * k].par_chunks_mut(k))
-                    .zip(proven.par_iter_mut())
-                    .enumerate()
-                    .with_min_len(256)
-                    .for_each_init(Vec::new, |scratch, (j, ((ids, dists), ok))| {
-                        let q = xq.row(start + j);
-                        *ok = rerank.row(q, &row_of(j), scratch, ids, dists);
-                    });
-            } else {
-                let mut ids_buf = vec![0u32; pending.len() * k];
-                let mut dists_buf = vec![0f32; pending.len() * k];
-                ids_buf
-                    .par_chunks_mut(k)
-                    .zip(dists_buf.par_chunks_mut(k))
-                    .zip(proven.par_iter_mut())
-                    .enumerate()
-                    .with_min_len(64)
-                    .for_each_init(Vec::new, |scratch, (j, ((ids, dists), ok))| {
-                        let q = xq.row(pending[j] as usize);
-                        *ok = rerank.row(q, &row_of(j), scratch, ids, dists);
-                    });
-                for (j, &qi) in pending.iter().enumerate() {
-                    if proven[j] {
-                        let qi = qi as usize - first;
-                        out.ids[qi * k..(qi + 1) * k].copy_from_slice(&ids_buf[j * k..(j + 1) * k]);
-                        out.distances[qi * k..(qi + 1) * k]
-                            .copy_from_slice(&dists_buf[j * k..(j + 1) * k]);
-                    }
+            // Re-rank each row exactly as the engine hands it over (in the engine's order, on
+            // its threads) and write the rows whose floor proves them complete straight into
+            // the output; the others stay unproven and are asked again.
+            let proven: Vec<AtomicBool> = pending.iter().map(|_| AtomicBool::new(false)).collect();
+            let out_ids = as_atomic(&mut out.ids);
+            let out_dists = as_atomic_f32(&mut out.distances);
+            let visit = |j: usize, c: CandidateRow<'_>| {
+                let Some(ok) = proven.get(j) else {
+                    return; // not a row of this request
+                };
+                let qi = if contiguous {
+                    start + j
+                } else {
+                    pending[j] as usize
+                };
+                if c.ids.len() != width
+                    || c.keys.len() != width
+                    || c.exact.is_some_and(|e| e.len() != width)
+                {
+                    return; // not a row of this request: asked again
                 }
-            }
-            lap("re-rank", &mut since);
+                ROW_SCRATCH.with_borrow_mut(|s| {
+                    let RowScratch { pairs, ids, dists } = s;
+                    ids.resize(k, 0);
+                    dists.resize(k, 0.0);
+                    if rerank.row(qi, &c, pairs, ids, dists) {
+                        let at = (qi - first) * k;
+                        for (t, (&id, &dist)) in ids.iter().zip(dists.iter()).enumerate() {
+                            out_ids[at + t].store(id, Relaxed);
+                            out_dists[at + t].store(dist.to_bits(), Relaxed);
+                        }
+                        ok.store(true, Relaxed);
+                    }
+                });
+            };
+            engine.candidate_rows(&req, same_space, &visit)?;
+            lap("candidates and re-rank", &mut since);
             pending = pending
                 .iter()
                 .zip(&proven)
-                .filter(|(_, &ok)| !ok)
+                .filter(|(_, ok)| !ok.load(Relaxed))
                 .map(|(&qi, _)| qi)
                 .collect();
             if pending.is_empty() {

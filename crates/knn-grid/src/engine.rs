@@ -3,7 +3,7 @@
 use crate::best::Best;
 use crate::build::{counting_sort, GridIndex, MAX_AXES};
 use crate::search::{search_level, KeyKind, Linf, SqL2, L1};
-use knn_core::{CandidateRequest, Candidates, Engine, Kernel, KnnError, Result};
+use knn_core::{CandidateRequest, CandidateRow, Candidates, Engine, Kernel, KnnError, Result};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -131,7 +131,7 @@ impl Engine for GridEngine {
     }
 
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
-        Ok(self.search(req, false)?.0)
+        Ok(self.gather(req, false)?.0)
     }
 
     /// The exact keys come from the index's own copy of the points (the same f32 values as
@@ -140,7 +140,18 @@ impl Engine for GridEngine {
         &self,
         req: &CandidateRequest<'_>,
     ) -> Result<(Candidates, Option<Vec<f64>>)> {
-        self.search(req, true)
+        self.gather(req, true)
+    }
+
+    /// Rows in the grid's own order (queries sorted by cell), each handed over right after its
+    /// search, with the exact keys computed from the index's copy of the points.
+    fn candidate_rows(
+        &self,
+        req: &CandidateRequest<'_>,
+        want_exact: bool,
+        visit: &(dyn Fn(usize, CandidateRow<'_>) + Sync),
+    ) -> Result<()> {
+        self.search(req, want_exact, visit)
     }
 
     /// All queries of a round in one call: the queries are sorted by cell, and the more of
@@ -151,12 +162,63 @@ impl Engine for GridEngine {
 }
 
 impl GridEngine {
-    /// Candidates of `req`, with their exact keys when `exact` is set.
-    fn search(
+    /// Candidates of `req` in the caller's row order, with their exact keys when `exact` is
+    /// set.
+    fn gather(
         &self,
         req: &CandidateRequest<'_>,
         exact: bool,
     ) -> Result<(Candidates, Option<Vec<f64>>)> {
+        let (nq, width) = (req.queries.rows(), req.width);
+        let mut ids = vec![0u32; nq * width];
+        let mut keys = vec![0f32; nq * width];
+        let mut exact_keys = vec![0f64; if exact { nq * width } else { 0 }];
+        let mut floor = vec![f32::INFINITY; nq];
+        let out = RowWriter {
+            ids: SyncPtr(ids.as_mut_ptr()),
+            keys: SyncPtr(keys.as_mut_ptr()),
+            exact: SyncPtr(exact_keys.as_mut_ptr()),
+            floor: SyncPtr(floor.as_mut_ptr()),
+        };
+        let write = |qi: usize, row: CandidateRow<'_>| {
+            let out = &out;
+            assert!(qi < nq && row.ids.len() == width && row.keys.len() == width);
+            assert!(row.exact.is_none_or(|e| e.len() == width) && (row.exact.is_some() == exact));
+            // SAFETY: `search` hands over each row `qi < nq` once (its queries are a
+            // permutation of `0..nq`), so no two writes alias, and the lengths asserted above
+            // keep every write inside the vectors, which outlive the search and are not
+            // otherwise accessed during it.
+            unsafe {
+                *out.floor.0.add(qi) = row.floor;
+                let at = qi * width;
+                std::ptr::copy_nonoverlapping(row.ids.as_ptr(), out.ids.0.add(at), width);
+                std::ptr::copy_nonoverlapping(row.keys.as_ptr(), out.keys.0.add(at), width);
+                if let Some(e) = row.exact {
+                    std::ptr::copy_nonoverlapping(e.as_ptr(), out.exact.0.add(at), width);
+                }
+            }
+        };
+        self.search(req, exact, &write)?;
+        let exact_keys = exact.then_some(exact_keys);
+        Ok((
+            Candidates {
+                width,
+                ids,
+                keys,
+                floor,
+            },
+            exact_keys,
+        ))
+    }
+
+    /// Searches every query of `req`, handing each row to `visit` (with exact keys when
+    /// `exact` is set).
+    fn search(
+        &self,
+        req: &CandidateRequest<'_>,
+        exact: bool,
+        visit: &(dyn Fn(usize, CandidateRow<'_>) + Sync),
+    ) -> Result<()> {
         if req.kernel == Kernel::NegDot {
             return Err(KnnError::Option(
                 "the grid method supports l2, sqeuclidean, hellinger, mahalanobis, l1 and linf; \
@@ -183,21 +245,22 @@ impl GridEngine {
         self.install(|| {
             let cached = self.index(req.base.as_slice(), req.base.dim());
             let ix = &cached.index;
-            Ok(match (req.kernel, ix.d) {
-                (Kernel::SqL2, 1) => run::<SqL2, 1>(ix, req, exact),
-                (Kernel::SqL2, 2) => run::<SqL2, 2>(ix, req, exact),
-                (Kernel::SqL2, 3) => run::<SqL2, 3>(ix, req, exact),
-                (Kernel::SqL2, _) => run::<SqL2, 0>(ix, req, exact),
-                (Kernel::L1, 1) => run::<L1, 1>(ix, req, exact),
-                (Kernel::L1, 2) => run::<L1, 2>(ix, req, exact),
-                (Kernel::L1, 3) => run::<L1, 3>(ix, req, exact),
-                (Kernel::L1, _) => run::<L1, 0>(ix, req, exact),
-                (Kernel::Linf, 1) => run::<Linf, 1>(ix, req, exact),
-                (Kernel::Linf, 2) => run::<Linf, 2>(ix, req, exact),
-                (Kernel::Linf, 3) => run::<Linf, 3>(ix, req, exact),
-                (Kernel::Linf, _) => run::<Linf, 0>(ix, req, exact),
+            match (req.kernel, ix.d) {
+                (Kernel::SqL2, 1) => run::<SqL2, 1>(ix, req, exact, visit),
+                (Kernel::SqL2, 2) => run::<SqL2, 2>(ix, req, exact, visit),
+                (Kernel::SqL2, 3) => run::<SqL2, 3>(ix, req, exact, visit),
+                (Kernel::SqL2, _) => run::<SqL2, 0>(ix, req, exact, visit),
+                (Kernel::L1, 1) => run::<L1, 1>(ix, req, exact, visit),
+                (Kernel::L1, 2) => run::<L1, 2>(ix, req, exact, visit),
+                (Kernel::L1, 3) => run::<L1, 3>(ix, req, exact, visit),
+                (Kernel::L1, _) => run::<L1, 0>(ix, req, exact, visit),
+                (Kernel::Linf, 1) => run::<Linf, 1>(ix, req, exact, visit),
+                (Kernel::Linf, 2) => run::<Linf, 2>(ix, req, exact, visit),
+                (Kernel::Linf, 3) => run::<Linf, 3>(ix, req, exact, visit),
+                (Kernel::Linf, _) => run::<Linf, 0>(ix, req, exact, visit),
                 (Kernel::NegDot, _) => unreachable!("refused above"),
-            })
+            }
+            Ok(())
         })
     }
 }
@@ -220,14 +283,15 @@ fn round_down(x: f64) -> f32 {
     }
 }
 
-/// Runs every query of `req` through the grid: queries in root-cell order, in parallel chunks.
-/// With `want_exact`, also the exact key (`req.kernel.exact`) of every candidate, computed from
-/// the index's copy of its coordinates.
+/// Runs every query of `req` through the grid: queries in root-cell order, in parallel chunks,
+/// each row handed to `visit` as soon as it is done. With `want_exact`, also the exact key
+/// (`req.kernel.exact`) of every candidate, computed from the index's copy of its coordinates.
 fn run<K: KeyKind, const D: usize>(
     ix: &GridIndex,
     req: &CandidateRequest<'_>,
     want_exact: bool,
-) -> (Candidates, Option<Vec<f64>>) {
+    visit: &(dyn Fn(usize, CandidateRow<'_>) + Sync),
+) {
     debug_assert_eq!(K::KERNEL, req.kernel);
     let nq = req.queries.rows();
     let width = req.width;
@@ -267,24 +331,13 @@ fn run<K: KeyKind, const D: usize>(
     );
     drop(cell_of);
 
-    // Results go straight to the caller's row order (one scattered row per query, instead of
-    // a second pass that gathers them back).
-    let mut ids = vec![0u32; nq * width];
-    let mut keys = vec![0f32; nq * width];
-    let mut exact = vec![0f64; if want_exact { nq * width } else { 0 }];
-    let mut floor = vec![f32::INFINITY; nq];
-    let out = RowWriter {
-        ids: SyncPtr(ids.as_mut_ptr()),
-        keys: SyncPtr(keys.as_mut_ptr()),
-        exact: SyncPtr(exact.as_mut_ptr()),
-        floor: SyncPtr(floor.as_mut_ptr()),
-    };
     order
         .par_chunks(QUERY_CHUNK)
         .zip(sorted_q.par_chunks(QUERY_CHUNK * d))
         .for_each(|(ord, qs)| {
-            let out = &out;
             let mut best = Best::new(width, &ix.ids);
+            let (mut ids, mut keys) = (vec![0u32; width], vec![0f32; width]);
+            let mut exact = vec![0f64; if want_exact { width } else { 0 }];
             for (&qi, q) in ord.iter().zip(qs.chunks_exact(d)) {
                 let qi = qi as usize;
                 best.reset(req.exclude.map(|e| e[qi]));
@@ -299,53 +352,46 @@ fn run<K: KeyKind, const D: usize>(
                 } else {
                     f64::INFINITY
                 };
-                let fl = if width < available {
+                let floor = if width < available {
                     round_down(examined.min(best.skipped as f64))
                 } else {
                     f32::INFINITY
                 };
                 let items = best.selected();
                 debug_assert_eq!(items.len(), width);
-                // SAFETY: `order` is a permutation of `0..nq`, so row `qi` is written by this
-                // iteration only, and `qi < nq` keeps every write inside the vectors, which
-                // outlive the loop and are not otherwise accessed during it.
-                unsafe {
-                    *out.floor.0.add(qi) = fl;
-                    for (t, &(k, pos)) in items.iter().enumerate() {
-                        *out.keys.0.add(qi * width + t) = k;
-                        *out.ids.0.add(qi * width + t) = ix.ids[pos as usize];
-                        if want_exact {
-                            let p = &ix.points[pos as usize * d..(pos as usize + 1) * d];
-                            *out.exact.0.add(qi * width + t) = if D > 0 {
-                                K::exact(q, p)
-                            } else {
-                                req.kernel.exact(q, p)
-                            };
-                        }
+                for (t, &(k, pos)) in items.iter().enumerate() {
+                    keys[t] = k;
+                    ids[t] = ix.ids[pos as usize];
+                    if want_exact {
+                        let p = &ix.points[pos as usize * d..(pos as usize + 1) * d];
+                        exact[t] = if D > 0 {
+                            K::exact(q, p)
+                        } else {
+                            req.kernel.exact(q, p)
+                        };
                     }
                 }
+                visit(
+                    qi,
+                    CandidateRow {
+                        ids: &ids,
+                        keys: &keys,
+                        floor,
+                        exact: want_exact.then_some(&exact[..]),
+                    },
+                );
             }
         });
-    let exact = want_exact.then_some(exact);
-    (
-        Candidates {
-            width,
-            ids,
-            keys,
-            floor,
-        },
-        exact,
-    )
 }
 
 /// A raw pointer that may cross threads: the query loop writes disjoint rows through it.
 #[derive(Clone, Copy)]
 struct SyncPtr<T>(*mut T);
-// SAFETY: only used by `run`, where every row is written by exactly one query.
+// SAFETY: only used by `GridEngine::gather`, where every row is written by exactly one query.
 unsafe impl<T> Send for SyncPtr<T> {}
 unsafe impl<T> Sync for SyncPtr<T> {}
 
-/// Where `run` writes its rows (caller order).
+/// Where `GridEngine::gather` writes its rows (caller order).
 struct RowWriter {
     ids: SyncPtr<u32>,
     keys: SyncPtr<f32>,
