@@ -29,8 +29,9 @@ pub(crate) struct Best<'a> {
     pub(crate) limit: f32,
     /// Smallest computed key of the examined points left out (rejected or evicted).
     pub(crate) runner_up: f32,
-    /// Smallest proven lower bound (exact key) of the regions skipped without examining them.
-    pub(crate) skipped: f32,
+    /// Smallest proven lower bound (exact key, computed in f64 and not yet rounded down: see
+    /// `search::f32_below`) of the regions skipped without examining them.
+    pub(crate) skipped: f64,
     /// The id this query must never return (self-joins).
     exclude: Option<u32>,
 }
@@ -45,7 +46,7 @@ impl<'a> Best<'a> {
             full: false,
             limit: f32::INFINITY,
             runner_up: f32::INFINITY,
-            skipped: f32::INFINITY,
+            skipped: f64::INFINITY,
             exclude: None,
         }
     }
@@ -56,7 +57,7 @@ impl<'a> Best<'a> {
         self.full = false;
         self.limit = f32::INFINITY;
         self.runner_up = f32::INFINITY;
-        self.skipped = f32::INFINITY;
+        self.skipped = f64::INFINITY;
         self.exclude = exclude;
     }
 
@@ -83,10 +84,45 @@ impl<'a> Best<'a> {
         a.0 < b.0 || (a.0 == b.0 && self.ids[a.1 as usize] < self.ids[b.1 as usize])
     }
 
-    /// Records a region left out whose points all have exact keys of at least `bound`.
+    /// Records a region left out whose points all have exact keys of at least `bound` (up to
+    /// the f64 rounding of its computation).
     #[inline]
-    pub(crate) fn skip(&mut self, bound: f32) {
+    pub(crate) fn skip(&mut self, bound: f64) {
         self.skipped = self.skipped.min(bound);
+    }
+
+    /// `true` for a selection of one pair that excludes nothing: [`Best::single`] and
+    /// [`Best::set_single`] may then replace [`Best::offer`].
+    #[inline]
+    pub(crate) fn is_single(&self) -> bool {
+        self.cap == 1 && self.exclude.is_none()
+    }
+
+    /// The selected pair of a single selection, `(+∞, u32::MAX)` while empty.
+    #[inline]
+    pub(crate) fn single(&self) -> (f32, u32) {
+        self.items
+            .first()
+            .copied()
+            .unwrap_or((f32::INFINITY, u32::MAX))
+    }
+
+    /// Sets a single selection to the pair `(key, pos)` (finite key) with the runner-up
+    /// `runner_up`, as if every point examined had been offered.
+    #[inline]
+    pub(crate) fn set_single(&mut self, key: f32, pos: u32, runner_up: f32) {
+        debug_assert!(self.is_single() && key.is_finite());
+        self.items.clear();
+        self.items.push((key, pos));
+        self.full = true;
+        self.limit = key;
+        self.runner_up = runner_up;
+    }
+
+    /// The id of the point at position `pos`.
+    #[inline]
+    pub(crate) fn id(&self, pos: u32) -> u32 {
+        self.ids[pos as usize]
     }
 
     #[inline]

@@ -17,6 +17,8 @@ pub(crate) const MAX_CELLS: usize = 1 << 22;
 pub(crate) const CROWDED: usize = 48;
 /// Levels of sub-grids at most (the root is level 0).
 pub(crate) const MAX_DEPTH: usize = 8;
+/// Points per step of the key loop (one 256-bit register of f32).
+pub(crate) const LANES: usize = 8;
 /// Most axes a grid uses; beyond d = 3 the three widest axes are gridded and the others only
 /// enter the keys.
 pub(crate) const MAX_AXES: usize = 3;
@@ -81,6 +83,10 @@ pub(crate) struct GridIndex {
     pub axes: [usize; MAX_AXES],
     /// `n·d` coordinates in cell order.
     pub points: Vec<f32>,
+    /// The same coordinates column by column (`cols[j][pos]`, each `n + LANES − 1` long, the
+    /// tail padded with zeros so a key loop may read whole groups of lanes past a run's end);
+    /// empty when `d > MAX_AXES` (such points are scanned row by row).
+    pub cols: Vec<Vec<f32>>,
     /// Original id of each point in cell order.
     pub ids: Vec<u32>,
     pub root: Level,
@@ -441,11 +447,25 @@ impl GridIndex {
         let mut points = vec![0f32; n * d];
         let mut ids = vec![0u32; n];
         let root = build_level(base, None, &mut points, &mut ids, 0, d, g, axes, 0);
+        let cols = if d <= MAX_AXES {
+            (0..d)
+                .into_par_iter()
+                .map(|j| {
+                    let mut c = Vec::with_capacity(n + LANES - 1);
+                    c.extend(points.iter().skip(j).step_by(d));
+                    c.resize(n + LANES - 1, 0.0);
+                    c
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         GridIndex {
             d,
             g,
             axes,
             points,
+            cols,
             ids,
             root,
         }

@@ -2,7 +2,7 @@
 
 use crate::best::Best;
 use crate::build::{counting_sort, GridIndex, MAX_AXES};
-use crate::search::{search_level, KeyKind, Linf, SqL2, L1};
+use crate::search::{f32_below, search_level, KeyKind, Linf, SqL2, L1};
 use knn_core::{CandidateRequest, CandidateRow, Candidates, Engine, Kernel, KnnError, Result};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
@@ -353,7 +353,7 @@ fn run<K: KeyKind, const D: usize>(
                     f64::INFINITY
                 };
                 let floor = if width < available {
-                    round_down(examined.min(best.skipped as f64))
+                    round_down(examined).min(f32_below(best.skipped))
                 } else {
                     f32::INFINITY
                 };
