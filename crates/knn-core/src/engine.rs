@@ -1,6 +1,6 @@
 //! The one trait every engine (CPU, CUDA, grid) implements.
 
-use crate::error::Result;
+use crate::error::{KnnError, Result};
 use crate::matrix::MatrixRef;
 use crate::metric::Kernel;
 use rayon::prelude::*;
@@ -46,19 +46,35 @@ pub struct Candidates {
     pub floor: Vec<f32>,
 }
 
-/// One row of candidates as an engine hands it to the visitor of [`Engine::candidate_rows`]:
-/// the row of [`Candidates`] (`ids` and `keys` sorted by (key, id), `width` each, and the
-/// floor) with, optionally, the exact keys of [`Engine::candidates_with_exact`].
+/// Candidate rows as an engine hands them to the visitor of [`Engine::candidate_rows`]: the
+/// rows of [`Candidates`] of the request rows `rows` (indices into `req.queries`, in the
+/// engine's order), and optionally their exact keys (see [`Engine::candidates_with_exact`]).
 #[derive(Clone, Copy, Debug)]
-pub struct CandidateRow<'a> {
-    /// Base ids.
+pub struct CandidateRows<'a> {
+    /// Request row of each row here.
+    pub rows: &'a [u32],
+    /// Candidates per row.
+    pub width: usize,
+    /// `rows.len()·width` base ids, each row sorted by (key, id).
     pub ids: &'a [u32],
-    /// Approximate kernel keys of `ids`.
+    /// `rows.len()·width` approximate kernel keys.
     pub keys: &'a [f32],
-    /// Lower bound on the exact key of every available point not in `ids`.
-    pub floor: f32,
-    /// `exact[i] == req.kernel.exact(query, base row ids[i])`, bit for bit, when given.
+    /// One per row: a lower bound on the exact key of every available point not in the row.
+    pub floor: &'a [f32],
+    /// `rows.len()·width` exact keys, when given: `exact[i] == req.kernel.exact(query,
+    /// base row ids[i])`, bit for bit.
     pub exact: Option<&'a [f64]>,
+}
+
+impl CandidateRows<'_> {
+    /// `true` when the slices have the lengths `rows` and `width` call for.
+    pub fn is_consistent(&self) -> bool {
+        let n = self.rows.len() * self.width;
+        self.ids.len() == n
+            && self.keys.len() == n
+            && self.floor.len() == self.rows.len()
+            && self.exact.is_none_or(|e| e.len() == n)
+    }
 }
 
 /// A kNN engine: computes candidate lists; the shared pipeline ([`crate::search`]) re-ranks
@@ -105,43 +121,48 @@ pub trait Engine: Sync {
     }
 
     /// The rows of [`Engine::candidates`] (`want_exact`: of [`Engine::candidates_with_exact`],
-    /// under the same condition) handed one by one to `visit(j, row)`, `j` being the row's
-    /// index in `req.queries`, each `j` exactly once, in any order and from any thread of the
-    /// current rayon pool.
+    /// under the same condition) handed to `visit` in batches, each request row exactly once,
+    /// in any order and from any thread of the current rayon pool.
     ///
-    /// An engine that orders queries for itself (the grid) hands each row over as soon as it is
-    /// done, while it is in cache, and never builds the whole candidate lists nor writes them back
-    /// in the caller's order. Default: [`Engine::candidates`] (or `candidates_with_exact`), then
-    /// the rows in parallel.
+    /// An engine that orders queries for itself (the grid) hands over each batch as soon as it
+    /// is done, while it is in cache, and never builds the whole candidate lists nor writes
+    /// them back in the caller's order. Default: [`Engine::candidates`] (or
+    /// `candidates_with_exact`), then batches of consecutive rows in parallel.
     fn candidate_rows(
         &self,
         req: &CandidateRequest<'_>,
         want_exact: bool,
-        visit: &(dyn Fn(usize, CandidateRow<'_>) + Sync),
+        visit: &(dyn Fn(CandidateRows<'_>) + Sync),
     ) -> Result<()> {
+        /// Rows per batch of the default.
+        const BATCH: usize = 256;
         let (cand, exact) = if want_exact {
             self.candidates_with_exact(req)?
         } else {
             (self.candidates(req)?, None)
         };
-        let w = cand.width;
-        debug_assert_eq!(cand.ids.len(), req.queries.rows() * w);
-        debug_assert!(exact.as_ref().is_none_or(|e| e.len() == cand.ids.len()));
+        let (n, w) = (req.queries.rows(), cand.width);
+        if cand.floor.len() != n || cand.ids.len() != n * w || cand.keys.len() != n * w {
+            return Err(KnnError::Device(format!(
+                "engine {} returned {} floors and {} ids of width {w} for {n} queries",
+                self.name(),
+                cand.floor.len(),
+                cand.ids.len()
+            )));
+        }
         let exact = exact.filter(|e| e.len() == cand.ids.len());
-        (0..cand.floor.len())
-            .into_par_iter()
-            .with_min_len(256)
-            .for_each(|j| {
-                visit(
-                    j,
-                    CandidateRow {
-                        ids: &cand.ids[j * w..(j + 1) * w],
-                        keys: &cand.keys[j * w..(j + 1) * w],
-                        floor: cand.floor[j],
-                        exact: exact.as_ref().map(|e| &e[j * w..(j + 1) * w]),
-                    },
-                )
-            });
+        let rows: Vec<u32> = (0..n as u32).collect();
+        rows.par_chunks(BATCH).enumerate().for_each(|(i, r)| {
+            let (a, b) = (i * BATCH, i * BATCH + r.len());
+            visit(CandidateRows {
+                rows: r,
+                width: w,
+                ids: &cand.ids[a * w..b * w],
+                keys: &cand.keys[a * w..b * w],
+                floor: &cand.floor[a..b],
+                exact: exact.as_ref().map(|e| &e[a * w..b * w]),
+            })
+        });
         Ok(())
     }
 }

@@ -1,7 +1,7 @@
 //! The shared search pipeline: validate, prepare, ask an engine for candidates, re-rank them
 //! exactly in f64, and widen the rows whose engine floor does not prove them complete.
 
-use crate::engine::{CandidateRequest, CandidateRow, Engine};
+use crate::engine::{CandidateRequest, CandidateRows, Engine};
 use crate::error::{KnnError, Result};
 use crate::matrix::{Matrix, MatrixRef};
 use crate::metric::Metric;
@@ -9,7 +9,8 @@ use crate::neighbors::Neighbors;
 use crate::prepare::prepare;
 use rayon::prelude::*;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
 
 /// Queries handled per round of the pipeline, so that candidate lists stay a small fraction of
 /// memory next to the output.
@@ -162,6 +163,30 @@ pub fn graph_rows(
 /// keep every engine's tiles full.
 const MIN_ROUND: usize = 4096;
 
+/// One row of candidates as the engine handed it over.
+struct RowCandidates<'c> {
+    ids: &'c [u32],
+    keys: &'c [f32],
+    floor: f32,
+    /// The engine's exact keys of `ids`, when it gave them (see
+    /// [`Engine::candidates_with_exact`]).
+    exact: Option<&'c [f64]>,
+}
+
+/// Asks for the cache line of `x` ahead of its use (a hint; nothing elsewhere).
+#[inline(always)]
+fn prefetch<T>(x: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint to the cache: it never faults and changes no memory, and
+    // SSE (which has it) is part of every x86_64 target.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>((x as *const T).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
 /// Per-thread buffers of the re-rank, so that no row allocates.
 #[derive(Default)]
 struct RowScratch {
@@ -213,7 +238,7 @@ impl Rerank<'_, '_> {
     fn row(
         &self,
         qi: usize,
-        c: &CandidateRow<'_>,
+        c: &RowCandidates<'_>,
         scratch: &mut Vec<(f64, u32)>,
         ids_out: &mut [u32],
         dists_out: &mut [f32],
@@ -347,46 +372,85 @@ fn run(
             };
             // Re-rank each row exactly as the engine hands it over (in the engine's order, on
             // its threads) and write the rows whose floor proves them complete straight into
-            // the output; the others stay unproven and are asked again.
-            let proven: Vec<AtomicBool> = pending.iter().map(|_| AtomicBool::new(false)).collect();
-            let out_ids = as_atomic(&mut out.ids);
-            let out_dists = as_atomic_f32(&mut out.distances);
-            let visit = |j: usize, c: CandidateRow<'_>| {
-                let Some(ok) = proven.get(j) else {
-                    return; // not a row of this request
-                };
-                let qi = if contiguous {
+            // the output; the others are asked again.
+            let query_of = |j: usize| {
+                if contiguous {
                     start + j
                 } else {
                     pending[j] as usize
-                };
-                if c.ids.len() != width
-                    || c.keys.len() != width
-                    || c.exact.is_some_and(|e| e.len() != width)
-                {
-                    return; // not a row of this request: asked again
                 }
+            };
+            let out_ids = as_atomic(&mut out.ids);
+            let out_dists = as_atomic_f32(&mut out.distances);
+            let failed = Mutex::new(Vec::new());
+            let handed = AtomicUsize::new(0);
+            let malformed = AtomicBool::new(false);
+            let visit = |b: CandidateRows<'_>| {
+                if !b.is_consistent()
+                    || b.width != width
+                    || b.rows.iter().any(|&j| j as usize >= pending.len())
+                {
+                    malformed.store(true, Relaxed);
+                    return;
+                }
+                // The rows land at scattered places of the output: ask for all their cache
+                // lines first, so that the misses overlap instead of stalling one by one.
+                for &j in b.rows {
+                    let at = (query_of(j as usize) - first) * k;
+                    for a in [&out_ids[at], &out_ids[at + k - 1]] {
+                        prefetch(a);
+                    }
+                    for a in [&out_dists[at], &out_dists[at + k - 1]] {
+                        prefetch(a);
+                    }
+                }
+                let mut lost = Vec::new();
                 ROW_SCRATCH.with_borrow_mut(|s| {
                     let RowScratch { pairs, ids, dists } = s;
                     ids.resize(k, 0);
                     dists.resize(k, 0.0);
-                    if rerank.row(qi, &c, pairs, ids, dists) {
-                        let at = (qi - first) * k;
-                        for (t, (&id, &dist)) in ids.iter().zip(dists.iter()).enumerate() {
-                            out_ids[at + t].store(id, Relaxed);
-                            out_dists[at + t].store(dist.to_bits(), Relaxed);
+                    for (i, &j) in b.rows.iter().enumerate() {
+                        let c = RowCandidates {
+                            ids: &b.ids[i * width..(i + 1) * width],
+                            keys: &b.keys[i * width..(i + 1) * width],
+                            floor: b.floor[i],
+                            exact: b.exact.map(|e| &e[i * width..(i + 1) * width]),
+                        };
+                        let qi = query_of(j as usize);
+                        if rerank.row(qi, &c, pairs, ids, dists) {
+                            let at = (qi - first) * k;
+                            for (t, (&id, &dist)) in ids.iter().zip(dists.iter()).enumerate() {
+                                out_ids[at + t].store(id, Relaxed);
+                                out_dists[at + t].store(dist.to_bits(), Relaxed);
+                            }
+                        } else {
+                            lost.push(j);
                         }
-                        ok.store(true, Relaxed);
                     }
                 });
+                if !lost.is_empty() {
+                    failed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(lost);
+                }
+                handed.fetch_add(b.rows.len(), Relaxed);
             };
             engine.candidate_rows(&req, same_space, &visit)?;
+            let handed = handed.into_inner();
+            if malformed.into_inner() || handed != pending.len() {
+                return Err(KnnError::Device(format!(
+                    "engine {} handed over {handed} candidate rows of {} (or rows of the wrong shape)",
+                    engine.name(),
+                    pending.len()
+                )));
+            }
+            let mut failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());
+            failed.sort_unstable();
             lap("candidates and re-rank", &mut since);
-            pending = pending
+            pending = failed
                 .iter()
-                .zip(&proven)
-                .filter(|(_, ok)| !ok.load(Relaxed))
-                .map(|(&qi, _)| qi)
+                .map(|&j| query_of(j as usize) as u32)
                 .collect();
             if pending.is_empty() {
                 break;
@@ -415,7 +479,19 @@ fn run(
         progress(end - first, rows.len());
     }
     lap("rounds done", &mut since);
-    if let Some(i) = out.distances.par_iter().position_first(|d| !d.is_finite()) {
+    // In blocks (a per-element parallel search costs more than the whole re-rank at k = 16):
+    // a branch-free test per block, then the first bad value of the first bad block.
+    const BLOCK: usize = 1 << 14;
+    let bad_block = out
+        .distances
+        .par_chunks(BLOCK)
+        .position_first(|c| !c.iter().fold(true, |ok, d| ok & d.is_finite()));
+    if let Some(b) = bad_block {
+        let i = b * BLOCK
+            + out.distances[b * BLOCK..]
+                .iter()
+                .position(|d| !d.is_finite())
+                .expect("the block has a non-finite value");
         return Err(KnnError::Overflow {
             metric: metric.name(),
             row: first + i / k,

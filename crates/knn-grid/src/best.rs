@@ -210,7 +210,7 @@ impl Best<'_> {
 /// (key, id) order of two `(key, position)` pairs.
 fn order(ids: &[u32], a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
     a.0.total_cmp(&b.0)
-        .then(ids[a.1 as usize].cmp(&ids[b.1 as usize]))
+        .then_with(|| ids[a.1 as usize].cmp(&ids[b.1 as usize]))
 }
 
 #[cfg(test)]

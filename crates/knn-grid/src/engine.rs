@@ -3,7 +3,7 @@
 use crate::best::Best;
 use crate::build::{counting_sort, GridIndex, MAX_AXES};
 use crate::search::{f32_below, search_level, KeyKind, Linf, SqL2, L1};
-use knn_core::{CandidateRequest, CandidateRow, Candidates, Engine, Kernel, KnnError, Result};
+use knn_core::{CandidateRequest, CandidateRows, Candidates, Engine, Kernel, KnnError, Result};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -143,13 +143,14 @@ impl Engine for GridEngine {
         self.gather(req, true)
     }
 
-    /// Rows in the grid's own order (queries sorted by cell), each handed over right after its
-    /// search, with the exact keys computed from the index's copy of the points.
+    /// Rows in the grid's own order (queries sorted by cell), handed over in batches of
+    /// `QUERY_CHUNK` right after their search, with the exact keys computed from the index's copy
+    /// of the points.
     fn candidate_rows(
         &self,
         req: &CandidateRequest<'_>,
         want_exact: bool,
-        visit: &(dyn Fn(usize, CandidateRow<'_>) + Sync),
+        visit: &(dyn Fn(CandidateRows<'_>) + Sync),
     ) -> Result<()> {
         self.search(req, want_exact, visit)
     }
@@ -180,21 +181,27 @@ impl GridEngine {
             exact: SyncPtr(exact_keys.as_mut_ptr()),
             floor: SyncPtr(floor.as_mut_ptr()),
         };
-        let write = |qi: usize, row: CandidateRow<'_>| {
+        let write = |b: CandidateRows<'_>| {
             let out = &out;
-            assert!(qi < nq && row.ids.len() == width && row.keys.len() == width);
-            assert!(row.exact.is_none_or(|e| e.len() == width) && (row.exact.is_some() == exact));
-            // SAFETY: `search` hands over each row `qi < nq` once (its queries are a
-            // permutation of `0..nq`), so no two writes alias, and the lengths asserted above
-            // keep every write inside the vectors, which outlive the search and are not
-            // otherwise accessed during it.
-            unsafe {
-                *out.floor.0.add(qi) = row.floor;
+            assert!(b.is_consistent() && b.width == width && b.exact.is_some() == exact);
+            for (i, &qi) in b.rows.iter().enumerate() {
+                let qi = qi as usize;
+                assert!(qi < nq);
                 let at = qi * width;
-                std::ptr::copy_nonoverlapping(row.ids.as_ptr(), out.ids.0.add(at), width);
-                std::ptr::copy_nonoverlapping(row.keys.as_ptr(), out.keys.0.add(at), width);
-                if let Some(e) = row.exact {
-                    std::ptr::copy_nonoverlapping(e.as_ptr(), out.exact.0.add(at), width);
+                let from = i * width..(i + 1) * width;
+                // SAFETY: `search` hands over each row `qi < nq` once (its queries are a
+                // permutation of `0..nq`), so no two writes alias, and the lengths asserted
+                // above keep every write inside the vectors, which outlive the search and are
+                // not otherwise accessed during it.
+                unsafe {
+                    *out.floor.0.add(qi) = b.floor[i];
+                    let (ids, keys) = (&b.ids[from.clone()], &b.keys[from.clone()]);
+                    std::ptr::copy_nonoverlapping(ids.as_ptr(), out.ids.0.add(at), width);
+                    std::ptr::copy_nonoverlapping(keys.as_ptr(), out.keys.0.add(at), width);
+                    if let Some(e) = b.exact {
+                        let e = &e[from];
+                        std::ptr::copy_nonoverlapping(e.as_ptr(), out.exact.0.add(at), width);
+                    }
                 }
             }
         };
@@ -211,13 +218,13 @@ impl GridEngine {
         ))
     }
 
-    /// Searches every query of `req`, handing each row to `visit` (with exact keys when
+    /// Searches every query of `req`, handing the rows to `visit` (with exact keys when
     /// `exact` is set).
     fn search(
         &self,
         req: &CandidateRequest<'_>,
         exact: bool,
-        visit: &(dyn Fn(usize, CandidateRow<'_>) + Sync),
+        visit: &(dyn Fn(CandidateRows<'_>) + Sync),
     ) -> Result<()> {
         if req.kernel == Kernel::NegDot {
             return Err(KnnError::Option(
@@ -284,13 +291,13 @@ fn round_down(x: f64) -> f32 {
 }
 
 /// Runs every query of `req` through the grid: queries in root-cell order, in parallel chunks,
-/// each row handed to `visit` as soon as it is done. With `want_exact`, also the exact key
+/// each chunk's rows handed to `visit` as soon as they are done. With `want_exact`, also the exact key
 /// (`req.kernel.exact`) of every candidate, computed from the index's copy of its coordinates.
 fn run<K: KeyKind, const D: usize>(
     ix: &GridIndex,
     req: &CandidateRequest<'_>,
     want_exact: bool,
-    visit: &(dyn Fn(usize, CandidateRow<'_>) + Sync),
+    visit: &(dyn Fn(CandidateRows<'_>) + Sync),
 ) {
     debug_assert_eq!(K::KERNEL, req.kernel);
     let nq = req.queries.rows();
@@ -336,9 +343,11 @@ fn run<K: KeyKind, const D: usize>(
         .zip(sorted_q.par_chunks(QUERY_CHUNK * d))
         .for_each(|(ord, qs)| {
             let mut best = Best::new(width, &ix.ids);
-            let (mut ids, mut keys) = (vec![0u32; width], vec![0f32; width]);
-            let mut exact = vec![0f64; if want_exact { width } else { 0 }];
-            for (&qi, q) in ord.iter().zip(qs.chunks_exact(d)) {
+            let m = ord.len();
+            let (mut ids, mut keys) = (vec![0u32; m * width], vec![0f32; m * width]);
+            let mut exact = vec![0f64; if want_exact { m * width } else { 0 }];
+            let mut floors = vec![0f32; m];
+            for (i, (&qi, q)) in ord.iter().zip(qs.chunks_exact(d)).enumerate() {
                 let qi = qi as usize;
                 best.reset(req.exclude.map(|e| e[qi]));
                 search_level::<K, D>(ix, root, q, &axes_of(q), &mut best);
@@ -352,7 +361,7 @@ fn run<K: KeyKind, const D: usize>(
                 } else {
                     f64::INFINITY
                 };
-                let floor = if width < available {
+                floors[i] = if width < available {
                     round_down(examined).min(f32_below(best.skipped))
                 } else {
                     f32::INFINITY
@@ -360,27 +369,27 @@ fn run<K: KeyKind, const D: usize>(
                 let items = best.selected();
                 debug_assert_eq!(items.len(), width);
                 for (t, &(k, pos)) in items.iter().enumerate() {
-                    keys[t] = k;
-                    ids[t] = ix.ids[pos as usize];
+                    let at = i * width + t;
+                    keys[at] = k;
+                    ids[at] = ix.ids[pos as usize];
                     if want_exact {
                         let p = &ix.points[pos as usize * d..(pos as usize + 1) * d];
-                        exact[t] = if D > 0 {
+                        exact[at] = if D > 0 {
                             K::exact(q, p)
                         } else {
                             req.kernel.exact(q, p)
                         };
                     }
                 }
-                visit(
-                    qi,
-                    CandidateRow {
-                        ids: &ids,
-                        keys: &keys,
-                        floor,
-                        exact: want_exact.then_some(&exact[..]),
-                    },
-                );
             }
+            visit(CandidateRows {
+                rows: ord,
+                width,
+                ids: &ids,
+                keys: &keys,
+                floor: &floors,
+                exact: want_exact.then_some(&exact[..]),
+            });
         });
 }
 
