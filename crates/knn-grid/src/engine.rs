@@ -368,7 +368,7 @@ fn run<K: KeyKind, const D: usize>(
                 };
                 let items = best.selected();
                 debug_assert_eq!(items.len(), width);
-                for (t, &(k, pos)) in items.iter().enumerate() {
+                for (t, (k, pos)) in items.enumerate() {
                     let at = i * width + t;
                     keys[at] = k;
                     ids[at] = ix.ids[pos as usize];
