@@ -77,6 +77,18 @@ impl CandidateRows<'_> {
     }
 }
 
+/// Receives the candidate rows of [`Engine::candidate_rows`], on the engine's threads.
+pub trait RowSink: Sync {
+    /// A hint: the request rows `rows` will be handed over soon, from this thread (a sink that
+    /// writes rows at scattered places may fetch those places into cache meanwhile). Default:
+    /// nothing.
+    fn upcoming(&self, rows: &[u32]) {
+        let _ = rows;
+    }
+    /// Takes a batch of rows.
+    fn take(&self, rows: CandidateRows<'_>);
+}
+
 /// A kNN engine: computes candidate lists; the shared pipeline ([`crate::search`]) re-ranks
 /// them exactly and asks again, wider, for the rows whose floor does not prove them complete.
 ///
@@ -121,18 +133,19 @@ pub trait Engine: Sync {
     }
 
     /// The rows of [`Engine::candidates`] (`want_exact`: of [`Engine::candidates_with_exact`],
-    /// under the same condition) handed to `visit` in batches, each request row exactly once,
+    /// under the same condition) handed to `sink` in batches, each request row exactly once,
     /// in any order and from any thread of the current rayon pool.
     ///
     /// An engine that orders queries for itself (the grid) hands over each batch as soon as it
     /// is done, while it is in cache, and never builds the whole candidate lists nor writes
-    /// them back in the caller's order. Default: [`Engine::candidates`] (or
+    /// them back in the caller's order; it announces each batch's rows
+    /// ([`RowSink::upcoming`]) before computing them. Default: [`Engine::candidates`] (or
     /// `candidates_with_exact`), then batches of consecutive rows in parallel.
     fn candidate_rows(
         &self,
         req: &CandidateRequest<'_>,
         want_exact: bool,
-        visit: &(dyn Fn(CandidateRows<'_>) + Sync),
+        sink: &dyn RowSink,
     ) -> Result<()> {
         /// Rows per batch of the default.
         const BATCH: usize = 256;
@@ -154,7 +167,7 @@ pub trait Engine: Sync {
         let rows: Vec<u32> = (0..n as u32).collect();
         rows.par_chunks(BATCH).enumerate().for_each(|(i, r)| {
             let (a, b) = (i * BATCH, i * BATCH + r.len());
-            visit(CandidateRows {
+            sink.take(CandidateRows {
                 rows: r,
                 width: w,
                 ids: &cand.ids[a * w..b * w],

@@ -23,7 +23,7 @@ mod search;
 pub mod synth;
 mod topk;
 
-pub use engine::{CandidateRequest, CandidateRows, Candidates, Engine};
+pub use engine::{CandidateRequest, CandidateRows, Candidates, Engine, RowSink};
 pub use error::{KnnError, Result};
 pub use matrix::{Matrix, MatrixRef};
 pub use metric::{Covariance, Kernel, Metric};

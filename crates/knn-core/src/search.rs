@@ -1,7 +1,7 @@
 //! The shared search pipeline: validate, prepare, ask an engine for candidates, re-rank them
 //! exactly in f64, and widen the rows whose engine floor does not prove them complete.
 
-use crate::engine::{CandidateRequest, CandidateRows, Engine};
+use crate::engine::{CandidateRequest, CandidateRows, Engine, RowSink};
 use crate::error::{KnnError, Result};
 use crate::matrix::{Matrix, MatrixRef};
 use crate::metric::Metric;
@@ -173,20 +173,6 @@ struct RowCandidates<'c> {
     exact: Option<&'c [f64]>,
 }
 
-/// Asks for the cache line of `x` ahead of its use (a hint; nothing elsewhere).
-#[inline(always)]
-fn prefetch<T>(x: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint to the cache: it never faults and changes no memory, and
-    // SSE (which has it) is part of every x86_64 target.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>((x as *const T).cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = x;
-}
-
 /// Per-thread buffers of the re-rank, so that no row allocates.
 #[derive(Default)]
 struct RowScratch {
@@ -287,6 +273,101 @@ impl Rerank<'_, '_> {
     }
 }
 
+/// Where the pipeline takes the rows of one engine call (see [`RowSink`]): each row re-ranked
+/// as it comes and written in place when proven, the others collected to be asked again.
+struct Collector<'a> {
+    rerank: &'a Rerank<'a, 'a>,
+    /// Request row `j` is query `start + j`, or `pending[j]` when the queries were gathered.
+    start: usize,
+    pending: Option<&'a [u32]>,
+    /// Rows in the request.
+    requested: usize,
+    /// Output row `i` is query `first + i`.
+    first: usize,
+    width: usize,
+    out_ids: &'a [AtomicU32],
+    out_dists: &'a [AtomicU32],
+    /// Request rows whose floor did not prove them.
+    failed: Mutex<Vec<u32>>,
+    handed: AtomicUsize,
+    malformed: AtomicBool,
+}
+
+impl Collector<'_> {
+    /// Query of request row `j`.
+    fn query_of(&self, j: usize) -> usize {
+        self.pending.map_or(self.start + j, |p| p[j] as usize)
+    }
+    /// Where the output row of request row `j` starts.
+    fn out_at(&self, j: usize) -> usize {
+        (self.query_of(j) - self.first) * self.rerank.k
+    }
+}
+
+impl RowSink for Collector<'_> {
+    /// The rows land at scattered places of the output: reads of their first and last values
+    /// bring those lines (and their pages' translations) into cache while the engine computes
+    /// the rows, so the writes later hit. Plain reads, not prefetch instructions: a prefetch
+    /// that misses the TLB may be dropped, and these lines are spread over far more pages than
+    /// the TLB holds (measured on the grid at k = 1: writing a row cost 3x less after reads
+    /// than after prefetches).
+    fn upcoming(&self, rows: &[u32]) {
+        let (k, mut acc) = (self.rerank.k, 0u32);
+        for &j in rows {
+            if (j as usize) < self.requested {
+                let at = self.out_at(j as usize);
+                acc ^= self.out_ids[at].load(Relaxed) ^ self.out_ids[at + k - 1].load(Relaxed);
+                acc ^= self.out_dists[at].load(Relaxed) ^ self.out_dists[at + k - 1].load(Relaxed);
+            }
+        }
+        std::hint::black_box(acc);
+    }
+
+    fn take(&self, b: CandidateRows<'_>) {
+        let width = self.width;
+        if !b.is_consistent()
+            || b.width != width
+            || b.rows.iter().any(|&j| j as usize >= self.requested)
+        {
+            self.malformed.store(true, Relaxed);
+            return;
+        }
+        let mut lost = Vec::new();
+        ROW_SCRATCH.with_borrow_mut(|s| {
+            let RowScratch { pairs, ids, dists } = s;
+            ids.resize(self.rerank.k, 0);
+            dists.resize(self.rerank.k, 0.0);
+            for (i, &j) in b.rows.iter().enumerate() {
+                let c = RowCandidates {
+                    ids: &b.ids[i * width..(i + 1) * width],
+                    keys: &b.keys[i * width..(i + 1) * width],
+                    floor: b.floor[i],
+                    exact: b.exact.map(|e| &e[i * width..(i + 1) * width]),
+                };
+                if self
+                    .rerank
+                    .row(self.query_of(j as usize), &c, pairs, ids, dists)
+                {
+                    let at = self.out_at(j as usize);
+                    for (t, (&id, &dist)) in ids.iter().zip(dists.iter()).enumerate() {
+                        self.out_ids[at + t].store(id, Relaxed);
+                        self.out_dists[at + t].store(dist.to_bits(), Relaxed);
+                    }
+                } else {
+                    lost.push(j);
+                }
+            }
+        });
+        if !lost.is_empty() {
+            self.failed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(lost);
+        }
+        self.handed.fetch_add(b.rows.len(), Relaxed);
+    }
+}
+
 /// The pipeline for the query rows `rows` (all of them, or a piece of a graph); the result's row
 /// `i` is query `rows.start + i`.
 #[allow(clippy::too_many_arguments)]
@@ -373,6 +454,30 @@ fn run(
             // Re-rank each row exactly as the engine hands it over (in the engine's order, on
             // its threads) and write the rows whose floor proves them complete straight into
             // the output; the others are asked again.
+            let sink = Collector {
+                rerank: &rerank,
+                start,
+                pending: (!contiguous).then_some(&pending[..]),
+                requested: pending.len(),
+                first,
+                width,
+                out_ids: as_atomic(&mut out.ids),
+                out_dists: as_atomic_f32(&mut out.distances),
+                failed: Mutex::new(Vec::new()),
+                handed: AtomicUsize::new(0),
+                malformed: AtomicBool::new(false),
+            };
+            engine.candidate_rows(&req, same_space, &sink)?;
+            let handed = sink.handed.into_inner();
+            if sink.malformed.into_inner() || handed != pending.len() {
+                return Err(KnnError::Device(format!(
+                    "engine {} handed over {handed} candidate rows of {} (or rows of the wrong shape)",
+                    engine.name(),
+                    pending.len()
+                )));
+            }
+            let mut failed = sink.failed.into_inner().unwrap_or_else(|e| e.into_inner());
+            failed.sort_unstable();
             let query_of = |j: usize| {
                 if contiguous {
                     start + j
@@ -380,73 +485,6 @@ fn run(
                     pending[j] as usize
                 }
             };
-            let out_ids = as_atomic(&mut out.ids);
-            let out_dists = as_atomic_f32(&mut out.distances);
-            let failed = Mutex::new(Vec::new());
-            let handed = AtomicUsize::new(0);
-            let malformed = AtomicBool::new(false);
-            let visit = |b: CandidateRows<'_>| {
-                if !b.is_consistent()
-                    || b.width != width
-                    || b.rows.iter().any(|&j| j as usize >= pending.len())
-                {
-                    malformed.store(true, Relaxed);
-                    return;
-                }
-                // The rows land at scattered places of the output: ask for all their cache
-                // lines first, so that the misses overlap instead of stalling one by one.
-                for &j in b.rows {
-                    let at = (query_of(j as usize) - first) * k;
-                    for a in [&out_ids[at], &out_ids[at + k - 1]] {
-                        prefetch(a);
-                    }
-                    for a in [&out_dists[at], &out_dists[at + k - 1]] {
-                        prefetch(a);
-                    }
-                }
-                let mut lost = Vec::new();
-                ROW_SCRATCH.with_borrow_mut(|s| {
-                    let RowScratch { pairs, ids, dists } = s;
-                    ids.resize(k, 0);
-                    dists.resize(k, 0.0);
-                    for (i, &j) in b.rows.iter().enumerate() {
-                        let c = RowCandidates {
-                            ids: &b.ids[i * width..(i + 1) * width],
-                            keys: &b.keys[i * width..(i + 1) * width],
-                            floor: b.floor[i],
-                            exact: b.exact.map(|e| &e[i * width..(i + 1) * width]),
-                        };
-                        let qi = query_of(j as usize);
-                        if rerank.row(qi, &c, pairs, ids, dists) {
-                            let at = (qi - first) * k;
-                            for (t, (&id, &dist)) in ids.iter().zip(dists.iter()).enumerate() {
-                                out_ids[at + t].store(id, Relaxed);
-                                out_dists[at + t].store(dist.to_bits(), Relaxed);
-                            }
-                        } else {
-                            lost.push(j);
-                        }
-                    }
-                });
-                if !lost.is_empty() {
-                    failed
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .extend(lost);
-                }
-                handed.fetch_add(b.rows.len(), Relaxed);
-            };
-            engine.candidate_rows(&req, same_space, &visit)?;
-            let handed = handed.into_inner();
-            if malformed.into_inner() || handed != pending.len() {
-                return Err(KnnError::Device(format!(
-                    "engine {} handed over {handed} candidate rows of {} (or rows of the wrong shape)",
-                    engine.name(),
-                    pending.len()
-                )));
-            }
-            let mut failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());
-            failed.sort_unstable();
             lap("candidates and re-rank", &mut since);
             pending = failed
                 .iter()

@@ -3,7 +3,9 @@
 use crate::best::Best;
 use crate::build::{counting_sort, GridIndex, MAX_AXES};
 use crate::search::{f32_below, search_level, KeyKind, Linf, SqL2, L1};
-use knn_core::{CandidateRequest, CandidateRows, Candidates, Engine, Kernel, KnnError, Result};
+use knn_core::{
+    CandidateRequest, CandidateRows, Candidates, Engine, Kernel, KnnError, Result, RowSink,
+};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -150,9 +152,9 @@ impl Engine for GridEngine {
         &self,
         req: &CandidateRequest<'_>,
         want_exact: bool,
-        visit: &(dyn Fn(CandidateRows<'_>) + Sync),
+        sink: &dyn RowSink,
     ) -> Result<()> {
-        self.search(req, want_exact, visit)
+        self.search(req, want_exact, sink)
     }
 
     /// All queries of a round in one call: the queries are sorted by cell, and the more of
@@ -175,35 +177,16 @@ impl GridEngine {
         let mut keys = vec![0f32; nq * width];
         let mut exact_keys = vec![0f64; if exact { nq * width } else { 0 }];
         let mut floor = vec![f32::INFINITY; nq];
-        let out = RowWriter {
-            ids: SyncPtr(ids.as_mut_ptr()),
-            keys: SyncPtr(keys.as_mut_ptr()),
-            exact: SyncPtr(exact_keys.as_mut_ptr()),
-            floor: SyncPtr(floor.as_mut_ptr()),
-        };
-        let write = |b: CandidateRows<'_>| {
-            let out = &out;
-            assert!(b.is_consistent() && b.width == width && b.exact.is_some() == exact);
-            for (i, &qi) in b.rows.iter().enumerate() {
-                let qi = qi as usize;
-                assert!(qi < nq);
-                let at = qi * width;
-                let from = i * width..(i + 1) * width;
-                // SAFETY: `search` hands over each row `qi < nq` once (its queries are a
-                // permutation of `0..nq`), so no two writes alias, and the lengths asserted
-                // above keep every write inside the vectors, which outlive the search and are
-                // not otherwise accessed during it.
-                unsafe {
-                    *out.floor.0.add(qi) = b.floor[i];
-                    let (ids, keys) = (&b.ids[from.clone()], &b.keys[from.clone()]);
-                    std::ptr::copy_nonoverlapping(ids.as_ptr(), out.ids.0.add(at), width);
-                    std::ptr::copy_nonoverlapping(keys.as_ptr(), out.keys.0.add(at), width);
-                    if let Some(e) = b.exact {
-                        let e = &e[from];
-                        std::ptr::copy_nonoverlapping(e.as_ptr(), out.exact.0.add(at), width);
-                    }
-                }
-            }
+        let write = Scatter {
+            nq,
+            width,
+            exact,
+            out: RowWriter {
+                ids: SyncPtr(ids.as_mut_ptr()),
+                keys: SyncPtr(keys.as_mut_ptr()),
+                exact: SyncPtr(exact_keys.as_mut_ptr()),
+                floor: SyncPtr(floor.as_mut_ptr()),
+            },
         };
         self.search(req, exact, &write)?;
         let exact_keys = exact.then_some(exact_keys);
@@ -218,14 +201,9 @@ impl GridEngine {
         ))
     }
 
-    /// Searches every query of `req`, handing the rows to `visit` (with exact keys when
+    /// Searches every query of `req`, handing the rows to `sink` (with exact keys when
     /// `exact` is set).
-    fn search(
-        &self,
-        req: &CandidateRequest<'_>,
-        exact: bool,
-        visit: &(dyn Fn(CandidateRows<'_>) + Sync),
-    ) -> Result<()> {
+    fn search(&self, req: &CandidateRequest<'_>, exact: bool, sink: &dyn RowSink) -> Result<()> {
         if req.kernel == Kernel::NegDot {
             return Err(KnnError::Option(
                 "the grid method supports l2, sqeuclidean, hellinger, mahalanobis, l1 and linf; \
@@ -253,18 +231,18 @@ impl GridEngine {
             let cached = self.index(req.base.as_slice(), req.base.dim());
             let ix = &cached.index;
             match (req.kernel, ix.d) {
-                (Kernel::SqL2, 1) => run::<SqL2, 1>(ix, req, exact, visit),
-                (Kernel::SqL2, 2) => run::<SqL2, 2>(ix, req, exact, visit),
-                (Kernel::SqL2, 3) => run::<SqL2, 3>(ix, req, exact, visit),
-                (Kernel::SqL2, _) => run::<SqL2, 0>(ix, req, exact, visit),
-                (Kernel::L1, 1) => run::<L1, 1>(ix, req, exact, visit),
-                (Kernel::L1, 2) => run::<L1, 2>(ix, req, exact, visit),
-                (Kernel::L1, 3) => run::<L1, 3>(ix, req, exact, visit),
-                (Kernel::L1, _) => run::<L1, 0>(ix, req, exact, visit),
-                (Kernel::Linf, 1) => run::<Linf, 1>(ix, req, exact, visit),
-                (Kernel::Linf, 2) => run::<Linf, 2>(ix, req, exact, visit),
-                (Kernel::Linf, 3) => run::<Linf, 3>(ix, req, exact, visit),
-                (Kernel::Linf, _) => run::<Linf, 0>(ix, req, exact, visit),
+                (Kernel::SqL2, 1) => run::<SqL2, 1>(ix, req, exact, sink),
+                (Kernel::SqL2, 2) => run::<SqL2, 2>(ix, req, exact, sink),
+                (Kernel::SqL2, 3) => run::<SqL2, 3>(ix, req, exact, sink),
+                (Kernel::SqL2, _) => run::<SqL2, 0>(ix, req, exact, sink),
+                (Kernel::L1, 1) => run::<L1, 1>(ix, req, exact, sink),
+                (Kernel::L1, 2) => run::<L1, 2>(ix, req, exact, sink),
+                (Kernel::L1, 3) => run::<L1, 3>(ix, req, exact, sink),
+                (Kernel::L1, _) => run::<L1, 0>(ix, req, exact, sink),
+                (Kernel::Linf, 1) => run::<Linf, 1>(ix, req, exact, sink),
+                (Kernel::Linf, 2) => run::<Linf, 2>(ix, req, exact, sink),
+                (Kernel::Linf, 3) => run::<Linf, 3>(ix, req, exact, sink),
+                (Kernel::Linf, _) => run::<Linf, 0>(ix, req, exact, sink),
                 (Kernel::NegDot, _) => unreachable!("refused above"),
             }
             Ok(())
@@ -291,13 +269,13 @@ fn round_down(x: f64) -> f32 {
 }
 
 /// Runs every query of `req` through the grid: queries in root-cell order, in parallel chunks,
-/// each chunk's rows handed to `visit` as soon as they are done. With `want_exact`, also the exact key
+/// each chunk's rows announced to `sink` before its search and handed over right after. With `want_exact`, also the exact key
 /// (`req.kernel.exact`) of every candidate, computed from the index's copy of its coordinates.
 fn run<K: KeyKind, const D: usize>(
     ix: &GridIndex,
     req: &CandidateRequest<'_>,
     want_exact: bool,
-    visit: &(dyn Fn(CandidateRows<'_>) + Sync),
+    sink: &dyn RowSink,
 ) {
     debug_assert_eq!(K::KERNEL, req.kernel);
     let nq = req.queries.rows();
@@ -342,6 +320,7 @@ fn run<K: KeyKind, const D: usize>(
         .par_chunks(QUERY_CHUNK)
         .zip(sorted_q.par_chunks(QUERY_CHUNK * d))
         .for_each(|(ord, qs)| {
+            sink.upcoming(ord);
             let mut best = Best::new(width, &ix.ids);
             let m = ord.len();
             let (mut ids, mut keys) = (vec![0u32; m * width], vec![0f32; m * width]);
@@ -382,7 +361,7 @@ fn run<K: KeyKind, const D: usize>(
                     }
                 }
             }
-            visit(CandidateRows {
+            sink.take(CandidateRows {
                 rows: ord,
                 width,
                 ids: &ids,
@@ -396,11 +375,46 @@ fn run<K: KeyKind, const D: usize>(
 /// A raw pointer that may cross threads: the query loop writes disjoint rows through it.
 #[derive(Clone, Copy)]
 struct SyncPtr<T>(*mut T);
-// SAFETY: only used by `GridEngine::gather`, where every row is written by exactly one query.
+// SAFETY: only used by `Scatter`, where every row is written by exactly one query.
 unsafe impl<T> Send for SyncPtr<T> {}
 unsafe impl<T> Sync for SyncPtr<T> {}
 
 /// Where `GridEngine::gather` writes its rows (caller order).
+struct Scatter {
+    nq: usize,
+    width: usize,
+    exact: bool,
+    out: RowWriter,
+}
+
+impl RowSink for Scatter {
+    fn take(&self, b: CandidateRows<'_>) {
+        let (out, width) = (&self.out, self.width);
+        assert!(b.is_consistent() && b.width == width && b.exact.is_some() == self.exact);
+        for (i, &qi) in b.rows.iter().enumerate() {
+            let qi = qi as usize;
+            assert!(qi < self.nq);
+            let at = qi * width;
+            let from = i * width..(i + 1) * width;
+            // SAFETY: `GridEngine::search` hands over each row `qi < nq` once (its queries
+            // are a permutation of `0..nq`), so no two writes alias, and the lengths asserted
+            // above keep every write inside the vectors, which outlive the search and are not
+            // otherwise accessed during it.
+            unsafe {
+                *out.floor.0.add(qi) = b.floor[i];
+                let (ids, keys) = (&b.ids[from.clone()], &b.keys[from.clone()]);
+                std::ptr::copy_nonoverlapping(ids.as_ptr(), out.ids.0.add(at), width);
+                std::ptr::copy_nonoverlapping(keys.as_ptr(), out.keys.0.add(at), width);
+                if let Some(e) = b.exact {
+                    let e = &e[from];
+                    std::ptr::copy_nonoverlapping(e.as_ptr(), out.exact.0.add(at), width);
+                }
+            }
+        }
+    }
+}
+
+/// The vectors of [`Scatter`].
 struct RowWriter {
     ids: SyncPtr<u32>,
     keys: SyncPtr<f32>,
