@@ -5,6 +5,7 @@
 //! is computed from the *actual* coordinates that ended up in each slab of cells (their min and
 //! max per axis), so the f32 arithmetic of the assignment may round any way it likes.
 
+use crate::lanes::WIDTH;
 use rayon::prelude::*;
 
 /// Points per cell the grid aims for: a ring of 3^g cells then holds a few dozen points.
@@ -17,8 +18,6 @@ pub(crate) const MAX_CELLS: usize = 1 << 22;
 pub(crate) const CROWDED: usize = 48;
 /// Levels of sub-grids at most (the root is level 0).
 pub(crate) const MAX_DEPTH: usize = 8;
-/// Points per step of the key loop (one 256-bit register of f32).
-pub(crate) const LANES: usize = 8;
 /// Most axes a grid uses; beyond d = 3 the three widest axes are gridded and the others only
 /// enter the keys.
 pub(crate) const MAX_AXES: usize = 3;
@@ -83,7 +82,7 @@ pub(crate) struct GridIndex {
     pub axes: [usize; MAX_AXES],
     /// `n·d` coordinates in cell order.
     pub points: Vec<f32>,
-    /// The same coordinates column by column (`cols[j][pos]`, each `n + LANES − 1` long, the
+    /// The same coordinates column by column (`cols[j][pos]`, each `n + WIDTH − 1` long, the
     /// tail padded with zeros so a key loop may read whole groups of lanes past a run's end);
     /// empty when `d > MAX_AXES` (such points are scanned row by row).
     pub cols: Vec<Vec<f32>>,
@@ -451,9 +450,9 @@ impl GridIndex {
             (0..d)
                 .into_par_iter()
                 .map(|j| {
-                    let mut c = Vec::with_capacity(n + LANES - 1);
+                    let mut c = Vec::with_capacity(n + WIDTH - 1);
                     c.extend(points.iter().skip(j).step_by(d));
-                    c.resize(n + LANES - 1, 0.0);
+                    c.resize(n + WIDTH - 1, 0.0);
                     c
                 })
                 .collect()

@@ -32,6 +32,7 @@
 mod best;
 mod build;
 mod engine;
+mod lanes;
 mod search;
 
 pub use engine::GridEngine;

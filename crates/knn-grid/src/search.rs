@@ -8,7 +8,8 @@
 //! from f32 coordinates and rounded *down* to f32, so they bound the exact key.
 
 use crate::best::Best;
-use crate::build::{GridIndex, Level, CROWDED, LANES, MAX_AXES};
+use crate::build::{GridIndex, Level, CROWDED, MAX_AXES};
+use crate::lanes::{self, SingleLanes};
 use knn_core::Kernel;
 
 /// What differs between kernels: the f32 key of two points and how per-axis gaps combine
@@ -16,6 +17,9 @@ use knn_core::Kernel;
 pub(crate) trait KeyKind: Copy + Send + Sync + 'static {
     /// One coordinate's difference `t` folded into a partial key `a` (keys start from 0).
     fn fold(a: f32, t: f32) -> f32;
+    /// [`KeyKind::fold`] on four lanes, the same operations lane by lane.
+    #[cfg(target_arch = "x86_64")]
+    fn fold_x4(a: X4, t: X4) -> X4;
     /// The key computed directly in f32 (relative error below `(d + 2)·u`, see
     /// [`crate::engine`]).
     #[inline(always)]
@@ -34,6 +38,19 @@ pub(crate) trait KeyKind: Copy + Send + Sync + 'static {
     const KERNEL: Kernel;
 }
 
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::{
+    __m128 as X4, _mm_add_ps, _mm_andnot_ps, _mm_max_ps, _mm_mul_ps, _mm_set1_ps,
+};
+
+/// `|t|` on four lanes (the sign bit cleared).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn abs_x4(t: X4) -> X4 {
+    // SAFETY: SSE is part of every x86_64 target.
+    unsafe { _mm_andnot_ps(_mm_set1_ps(-0.0), t) }
+}
+
 /// Squared Euclidean: `Σ (qᵢ − pᵢ)²`.
 #[derive(Clone, Copy)]
 pub(crate) struct SqL2;
@@ -48,6 +65,12 @@ impl KeyKind for SqL2 {
     #[inline(always)]
     fn fold(a: f32, t: f32) -> f32 {
         a + t * t
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn fold_x4(a: X4, t: X4) -> X4 {
+        // SAFETY: SSE is part of every x86_64 target.
+        unsafe { _mm_add_ps(a, _mm_mul_ps(t, t)) }
     }
     #[inline(always)]
     fn term(g: f64) -> f64 {
@@ -74,6 +97,12 @@ impl KeyKind for L1 {
     fn fold(a: f32, t: f32) -> f32 {
         a + t.abs()
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn fold_x4(a: X4, t: X4) -> X4 {
+        // SAFETY: SSE is part of every x86_64 target.
+        unsafe { _mm_add_ps(a, abs_x4(t)) }
+    }
     #[inline(always)]
     fn term(g: f64) -> f64 {
         g
@@ -97,6 +126,12 @@ impl KeyKind for Linf {
     #[inline(always)]
     fn fold(a: f32, t: f32) -> f32 {
         a.max(t.abs())
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn fold_x4(a: X4, t: X4) -> X4 {
+        // SAFETY: SSE is part of every x86_64 target.
+        unsafe { _mm_max_ps(a, abs_x4(t)) }
     }
     #[inline(always)]
     fn term(g: f64) -> f64 {
@@ -206,7 +241,7 @@ fn scan_single<K: KeyKind, const D: usize>(
     best.set_single(key_best, pos_best, runner_up);
 }
 
-/// [`scan`], `LANES` points at a time: the keys of a group first (vectorised), then, only when
+/// [`scan`], four points at a time: the keys of a group first (vectorised), then, only when
 /// one of them can enter, one by one.
 #[inline(always)]
 fn scan_lanes<K: KeyKind, const D: usize>(
@@ -218,30 +253,56 @@ fn scan_lanes<K: KeyKind, const D: usize>(
 ) {
     let mut i = s;
     while i < e {
-        let mut key = [0f32; LANES];
-        for j in 0..D {
-            let col: &[f32; LANES] = cols[j][i..i + LANES].try_into().expect("padded column");
-            for l in 0..LANES {
-                key[l] = K::fold(key[l], q[j] - col[l]);
-            }
-        }
-        let n = e - i;
-        let limit = best.limit;
-        let (mut enter, mut least) = (false, f32::INFINITY);
-        for (l, k) in key.iter_mut().enumerate() {
-            *k = if l < n { *k } else { f32::INFINITY };
-            enter |= *k <= limit;
-            least = min_key(least, *k);
-        }
+        let (key, enter) = lanes::group::<K, D>(&cols, q, i, e, best.limit);
         if enter {
-            for (l, &k) in key.iter().enumerate().take(n) {
+            for (l, &k) in key.iter().enumerate().take(e - i) {
                 best.offer(k, (i + l) as u32);
             }
         } else {
+            let least = key.iter().fold(f32::INFINITY, |a, &k| min_key(a, k));
             best.runner_up = min_key(best.runner_up, least);
         }
-        i += LANES;
+        i += lanes::WIDTH;
     }
+}
+
+/// The 3×3×3 block of cells around cell `c` of a level without sub-grids, for a single
+/// selection ([`Best::is_single`]): every point examined, four at a time, each lane keeping
+/// its smallest key, that key's position and its second smallest key, without a branch.
+/// Returns `false`, leaving `best` as it was, when two points (or one and the pair already
+/// selected) share the smallest key: the caller then searches the block one point at a time,
+/// breaking the tie by id.
+#[inline(always)]
+fn block_single<K: KeyKind, const D: usize>(
+    ix: &GridIndex,
+    level: &Level,
+    q: &[f32],
+    c: &[usize; MAX_AXES],
+    best: &mut Best,
+) -> bool {
+    let q: &[f32; D] = q[..D].try_into().expect("query has D coordinates");
+    let cols: [&[f32]; D] = std::array::from_fn(|j| &ix.cols[j][..]);
+    let res = level.res;
+    let (held_key, held_pos) = best.single();
+    let mut state = SingleLanes::new(held_key, held_pos, best.runner_up);
+    let span = |j: usize| c[j].saturating_sub(1)..(c[j] + 2).min(res[j]);
+    let (lo0, hi0) = (c[0].saturating_sub(1), (c[0] + 1).min(res[0] - 1));
+    for i2 in span(2) {
+        for i1 in span(1) {
+            let row = (i2 * res[1] + i1) * res[0];
+            let (s, e) = (
+                level.start[row + lo0] as usize,
+                level.start[row + hi0 + 1] as usize,
+            );
+            lanes::single::<K, D>(&cols, q, s, e, &mut state);
+        }
+    }
+    // A tie for the smallest key needs the ids: not decided here.
+    let Some((key, pos, runner_up)) = state.merge() else {
+        return false;
+    };
+    best.set_single(key, pos, runner_up);
+    true
 }
 
 /// Searches one query through `level` and its sub-grids, folding keys into `best`. `qa` are the
@@ -401,50 +462,57 @@ pub(crate) fn search_level<K: KeyKind, const D: usize>(
         (f1, f2),
     ];
     let (n0, f0) = (near(0), 2 - near(0));
-    for (o1, o2) in rows {
-        let rt = K::join(t[1][o1], t[2][o2]);
-        if rt == f64::INFINITY {
-            continue; // no such row, or no points in its slabs
-        }
-        if best.is_full() && rt > best.limit as f64 {
-            best.skip(rt);
-            continue;
-        }
-        let row = ((c[2] + o2 - 1) * res[1] + (c[1] + o1 - 1)) * res[0];
-        let x = |o: usize| c[0] + o - 1;
-        if (o1, o2) == (1, 1) {
-            // The query's own cell, then its neighbours along axis 0, nearest first.
-            visit_run(row, c[0], c[0], rt, true, best);
-            for o in [n0, f0] {
-                if t[0][o] < f64::INFINITY {
-                    visit_run(row, x(o), x(o), rt, true, best);
-                }
+    let fast = !has_children
+        && best.is_single()
+        && D > 0
+        && !ix.cols.is_empty()
+        && block_single::<K, D>(ix, level, q, &c, best);
+    if !fast {
+        for (o1, o2) in rows {
+            let rt = K::join(t[1][o1], t[2][o2]);
+            if rt == f64::INFINITY {
+                continue; // no such row, or no points in its slabs
             }
-            continue;
-        }
-        // Another row: the cells along axis 0 that can still hold a better point.
-        let mut pass = [false; 3];
-        for (o, p) in pass.iter_mut().enumerate() {
-            if t[0][o] == f64::INFINITY {
+            if best.is_full() && rt > best.limit as f64 {
+                best.skip(rt);
                 continue;
             }
-            let lb = K::join(rt, t[0][o]);
-            if best.is_full() && lb > best.limit as f64 {
-                best.skip(lb);
-            } else {
-                *p = true;
+            let row = ((c[2] + o2 - 1) * res[1] + (c[1] + o1 - 1)) * res[0];
+            let x = |o: usize| c[0] + o - 1;
+            if (o1, o2) == (1, 1) {
+                // The query's own cell, then its neighbours along axis 0, nearest first.
+                visit_run(row, c[0], c[0], rt, true, best);
+                for o in [n0, f0] {
+                    if t[0][o] < f64::INFINITY {
+                        visit_run(row, x(o), x(o), rt, true, best);
+                    }
+                }
+                continue;
             }
-        }
-        match pass {
-            [false, false, false] => {}
-            [true, false, true] => {
-                visit_run(row, x(0), x(0), rt, false, best);
-                visit_run(row, x(2), x(2), rt, false, best);
+            // Another row: the cells along axis 0 that can still hold a better point.
+            let mut pass = [false; 3];
+            for (o, p) in pass.iter_mut().enumerate() {
+                if t[0][o] == f64::INFINITY {
+                    continue;
+                }
+                let lb = K::join(rt, t[0][o]);
+                if best.is_full() && lb > best.limit as f64 {
+                    best.skip(lb);
+                } else {
+                    *p = true;
+                }
             }
-            _ => {
-                let a = pass.iter().position(|&p| p).unwrap_or(1);
-                let b = pass.iter().rposition(|&p| p).unwrap_or(1);
-                visit_run(row, x(a), x(b), rt, false, best);
+            match pass {
+                [false, false, false] => {}
+                [true, false, true] => {
+                    visit_run(row, x(0), x(0), rt, false, best);
+                    visit_run(row, x(2), x(2), rt, false, best);
+                }
+                _ => {
+                    let a = pass.iter().position(|&p| p).unwrap_or(1);
+                    let b = pass.iter().rposition(|&p| p).unwrap_or(1);
+                    visit_run(row, x(a), x(b), rt, false, best);
+                }
             }
         }
     }
