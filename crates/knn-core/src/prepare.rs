@@ -78,37 +78,36 @@ fn centre_if_far(
 ) -> Option<(Matrix, Option<Matrix>)> {
     let d = base.dim();
     let n = base.rows() as f64;
-    let sums = base
+    // One pass: sums of the coordinates and of their squares, both taken from the first point
+    // (so that data far from the origin loses no digits to the subtraction below).
+    let x0: Vec<f64> = base.row(0).iter().map(|&v| v as f64).collect();
+    let (s1, s2) = base
         .as_slice()
-        .par_chunks(d * 256)
+        .par_chunks(d * 1024)
         .map(|c| {
-            let mut s = vec![0.0f64; d];
+            let (mut s1, mut s2) = (vec![0.0f64; d], vec![0.0f64; d]);
             for r in c.chunks(d) {
-                for (a, &v) in s.iter_mut().zip(r) {
-                    *a += v as f64;
+                for j in 0..d {
+                    let t = r[j] as f64 - x0[j];
+                    s1[j] += t;
+                    s2[j] += t * t;
                 }
             }
-            s
+            (s1, s2)
         })
         .reduce(
-            || vec![0.0f64; d],
-            |mut a, b| {
-                a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
-                a
+            || (vec![0.0f64; d], vec![0.0f64; d]),
+            |(mut a1, mut a2), (b1, b2)| {
+                a1.iter_mut().zip(b1).for_each(|(x, y)| *x += y);
+                a2.iter_mut().zip(b2).for_each(|(x, y)| *x += y);
+                (a1, a2)
             },
         );
-    let mean: Vec<f64> = sums.iter().map(|s| s / n).collect();
-    let spread: f64 = base
-        .as_slice()
-        .par_chunks(d)
-        .map(|r| {
-            r.iter()
-                .zip(&mean)
-                .map(|(&v, m)| (v as f64 - m).powi(2))
-                .sum::<f64>()
-        })
-        .sum::<f64>()
-        / n;
+    let mean: Vec<f64> = (0..d).map(|j| x0[j] + s1[j] / n).collect();
+    // Mean squared distance to the mean: E[(x − x0)²] − (E[x − x0])².
+    let spread: f64 = (0..d)
+        .map(|j| (s2[j] / n - (s1[j] / n).powi(2)).max(0.0))
+        .sum();
     let mean_sq: f64 = mean.iter().map(|m| m * m).sum();
     if mean_sq <= 16.0 * spread {
         return None;
@@ -288,11 +287,22 @@ pub fn prepare<'a>(
         Some((b, q)) => (b.view(), q.as_ref().map(|q| q.view())),
         None => (exact_base.view(), exact_queries.as_ref().map(|q| q.view())),
     };
+    // Largest magnitude, compared as bits (those of non-negative floats order like them; NaN
+    // ignored), block by block: this vectorises, where a per-element parallel fold costs more
+    // than the rest of the preparation.
     let max_abs = |m: MatrixRef<'_>| {
-        m.as_slice()
-            .par_iter()
-            .fold(|| 0.0f32, |a, &v| a.max(v.abs()))
-            .reduce(|| 0.0, f32::max)
+        let bits = m
+            .as_slice()
+            .par_chunks(1 << 16)
+            .map(|c| {
+                c.iter().fold(0u32, |a, v| {
+                    let b = v.to_bits() & 0x7fff_ffff;
+                    a.max(if b > 0x7f80_0000 { 0 } else { b })
+                })
+            })
+            .max()
+            .unwrap_or(0);
+        f32::from_bits(bits)
     };
     let top = max_abs(eb).max(eq.map_or(0.0, max_abs));
     let mut key_scale = 1.0;
