@@ -4,6 +4,7 @@ use crate::error::{KnnError, Result};
 use crate::expr::ExprPlan;
 use crate::matrix::MatrixRef;
 use crate::metric::{Kernel, Metric};
+use rayon::prelude::*;
 use std::fmt;
 use std::str::FromStr;
 
@@ -89,6 +90,49 @@ pub struct FinishedRows<'a> {
     pub distances: &'a mut [f32],
     /// One per row: `true` when the row is final.
     pub proven: &'a mut [bool],
+}
+
+/// Candidate rows as an engine hands them to the visitor of [`Engine::candidate_rows`]: the
+/// rows of [`Candidates`] of the request rows `rows` (indices into `req.queries`, in the
+/// engine's order), and optionally their exact keys (see [`Engine::candidates_with_exact`]).
+#[derive(Clone, Copy, Debug)]
+pub struct CandidateRows<'a> {
+    /// Request row of each row here.
+    pub rows: &'a [u32],
+    /// Candidates per row.
+    pub width: usize,
+    /// `rows.len()·width` base ids, each row sorted by (key, id).
+    pub ids: &'a [u32],
+    /// `rows.len()·width` approximate kernel keys.
+    pub keys: &'a [f32],
+    /// One per row: a lower bound on the exact key of every available point not in the row.
+    pub floor: &'a [f32],
+    /// `rows.len()·width` exact keys, when given: `exact[i] == req.kernel.exact(query,
+    /// base row ids[i])`, bit for bit.
+    pub exact: Option<&'a [f64]>,
+}
+
+impl CandidateRows<'_> {
+    /// `true` when the slices have the lengths `rows` and `width` call for.
+    pub fn is_consistent(&self) -> bool {
+        let n = self.rows.len() * self.width;
+        self.ids.len() == n
+            && self.keys.len() == n
+            && self.floor.len() == self.rows.len()
+            && self.exact.is_none_or(|e| e.len() == n)
+    }
+}
+
+/// Receives the candidate rows of [`Engine::candidate_rows`], on the engine's threads.
+pub trait RowSink: Sync {
+    /// A hint: the request rows `rows` will be handed over soon, from this thread (a sink that
+    /// writes rows at scattered places may fetch those places into cache meanwhile). Default:
+    /// nothing.
+    fn upcoming(&self, rows: &[u32]) {
+        let _ = rows;
+    }
+    /// Takes a batch of rows.
+    fn take(&self, rows: CandidateRows<'_>);
 }
 
 /// A kNN engine: computes candidate lists; the shared pipeline ([`crate::search`]) re-ranks
@@ -200,6 +244,53 @@ pub trait Engine: Sync {
     /// re-rank of one round overlaps the device's work on the next. Default 1.
     fn concurrent_rounds(&self) -> usize {
         1
+    }
+
+    /// The rows of [`Engine::candidates`] (`want_exact`: of [`Engine::candidates_with_exact`],
+    /// under the same condition) handed to `sink` in batches, each request row exactly once,
+    /// in any order and from any thread of the current rayon pool.
+    ///
+    /// An engine that orders queries for itself (the grid) hands over each batch as soon as it
+    /// is done, while it is in cache, and never builds the whole candidate lists nor writes
+    /// them back in the caller's order; it announces each batch's rows
+    /// ([`RowSink::upcoming`]) before computing them. Default: [`Engine::candidates`] (or
+    /// `candidates_with_exact`), then batches of consecutive rows in parallel.
+    fn candidate_rows(
+        &self,
+        req: &CandidateRequest<'_>,
+        want_exact: bool,
+        sink: &dyn RowSink,
+    ) -> Result<()> {
+        /// Rows per batch of the default.
+        const BATCH: usize = 256;
+        let (cand, exact) = if want_exact {
+            self.candidates_with_exact(req)?
+        } else {
+            (self.candidates(req)?, None)
+        };
+        let (n, w) = (req.queries.rows(), cand.width);
+        if cand.floor.len() != n || cand.ids.len() != n * w || cand.keys.len() != n * w {
+            return Err(KnnError::Device(format!(
+                "engine {} returned {} floors and {} ids of width {w} for {n} queries",
+                self.name(),
+                cand.floor.len(),
+                cand.ids.len()
+            )));
+        }
+        let exact = exact.filter(|e| e.len() == cand.ids.len());
+        let rows: Vec<u32> = (0..n as u32).collect();
+        rows.par_chunks(BATCH).enumerate().for_each(|(i, r)| {
+            let (a, b) = (i * BATCH, i * BATCH + r.len());
+            sink.take(CandidateRows {
+                rows: r,
+                width: w,
+                ids: &cand.ids[a * w..b * w],
+                keys: &cand.keys[a * w..b * w],
+                floor: &cand.floor[a..b],
+                exact: exact.as_ref().map(|e| &e[a * w..b * w]),
+            })
+        });
+        Ok(())
     }
 }
 

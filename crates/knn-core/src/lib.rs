@@ -24,7 +24,9 @@ mod search;
 pub mod synth;
 mod topk;
 
-pub use engine::{base_key, CandidateRequest, Candidates, Engine, FinishedRows, Symmetry};
+pub use engine::{
+    base_key, CandidateRequest, CandidateRows, Candidates, Engine, FinishedRows, RowSink, Symmetry,
+};
 pub use error::{KnnError, Result};
 pub use expr::{EngineProgram, ExprError, ExprPlan, MetricExpr};
 pub use matrix::{Matrix, MatrixRef};

@@ -83,7 +83,7 @@ fn far_centre(base: MatrixRef<'_>) -> (Option<Vec<f64>>, f32) {
     let n = base.rows() as f64;
     let (sums, squares, top) = base
         .as_slice()
-        .par_chunks(d * 256)
+        .par_chunks(d * 1024)
         .map(|c| {
             let (mut s, mut q, mut top) = (vec![0.0f64; d], vec![0.0f64; d], 0.0f32);
             for r in c.chunks(d) {
@@ -314,11 +314,22 @@ pub fn prepare<'a>(
         Some((b, q)) => (b.view(), q.as_ref().map(|q| q.view())),
         None => (exact_base.view(), exact_queries.as_ref().map(|q| q.view())),
     };
+    // Largest magnitude, compared as bits (those of non-negative floats order like them; NaN
+    // ignored), block by block: this vectorises, where a per-element parallel fold costs more
+    // than the rest of the preparation.
     let max_abs = |m: MatrixRef<'_>| {
-        m.as_slice()
-            .par_iter()
-            .fold(|| 0.0f32, |a, &v| a.max(v.abs()))
-            .reduce(|| 0.0, f32::max)
+        let bits = m
+            .as_slice()
+            .par_chunks(1 << 16)
+            .map(|c| {
+                c.iter().fold(0u32, |a, v| {
+                    let b = v.to_bits() & 0x7fff_ffff;
+                    a.max(if b > 0x7f80_0000 { 0 } else { b })
+                })
+            })
+            .max()
+            .unwrap_or(0);
+        f32::from_bits(bits)
     };
     let top = base_top
         .unwrap_or_else(|| max_abs(eb))

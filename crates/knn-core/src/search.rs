@@ -1,13 +1,16 @@
 //! The shared search pipeline: validate, prepare, ask an engine for candidates, re-rank them
 //! exactly in f64, and widen the rows whose engine floor does not prove them complete.
 
-use crate::engine::{CandidateRequest, Candidates, Engine, FinishedRows};
+use crate::engine::{CandidateRequest, CandidateRows, Candidates, Engine, FinishedRows, RowSink};
 use crate::error::{KnnError, Result};
 use crate::matrix::{Matrix, MatrixRef};
 use crate::metric::Metric;
 use crate::neighbors::Neighbors;
 use crate::prepare::prepare;
 use rayon::prelude::*;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
 
 /// Queries handled per round of the pipeline, so that candidate lists stay a small fraction of
 /// memory next to the output.
@@ -170,10 +173,44 @@ struct RowCandidates<'c> {
     exact: Option<&'c [f64]>,
 }
 
+/// Per-thread buffers of the re-rank, so that no row allocates.
+#[derive(Default)]
+struct RowScratch {
+    pairs: Vec<(f64, u32)>,
+    ids: Vec<u32>,
+    dists: Vec<f32>,
+}
+
+thread_local! {
+    static ROW_SCRATCH: RefCell<RowScratch> = RefCell::default();
+}
+
+// Atomics of 32 bits are laid out as their integers (same size and bit validity) on every
+// target this builds for; the views below rely on the alignment being the same too.
+const _: () = assert!(std::mem::align_of::<AtomicU32>() == std::mem::align_of::<u32>());
+const _: () = assert!(std::mem::align_of::<AtomicU32>() == std::mem::align_of::<f32>());
+
+/// `v` as atomics, so that the rows the engine hands over on its threads are written in place
+/// (relaxed stores: plain stores on common hardware).
+fn as_atomic(v: &mut [u32]) -> &[AtomicU32] {
+    // SAFETY: `AtomicU32` has the size and bit validity of `u32` and (asserted above) its
+    // alignment; the exclusive borrow of `v` means nothing else reads or writes it meanwhile.
+    unsafe { &*(v as *mut [u32] as *const [AtomicU32]) }
+}
+
+/// `v` as atomics holding the bits of each `f32` (see [`as_atomic`]).
+fn as_atomic_f32(v: &mut [f32]) -> &[AtomicU32] {
+    // SAFETY: as in `as_atomic`; `f32` has the size and alignment of `u32`, every bit pattern
+    // is a valid `f32`, and the stores write `f32::to_bits` values.
+    unsafe { &*(v as *mut [f32] as *const [AtomicU32]) }
+}
+
 /// What stays fixed across the rows of one pipeline run.
 struct Rerank<'m, 'x> {
     metric: &'m Metric,
     xb: MatrixRef<'x>,
+    /// Queries of the exact space (read only when the engine gives no exact keys).
+    xq: MatrixRef<'x>,
     k: usize,
     key_scale: f64,
     /// `true` when the candidate lists hold every available point.
@@ -181,12 +218,12 @@ struct Rerank<'m, 'x> {
 }
 
 impl Rerank<'_, '_> {
-    /// Re-ranks one row exactly into `ids_out` / `dists_out` (`k` each) and returns `true`
+    /// Re-ranks the row of query `qi` exactly into `ids_out` / `dists_out` (`k` each) and returns `true`
     /// when its floor proves it complete; `false` leaves the outputs unspecified (the row is
     /// asked again). `scratch` is reused across rows, so no row allocates.
     fn row(
         &self,
-        q: &[f32],
+        qi: usize,
         c: &RowCandidates<'_>,
         scratch: &mut Vec<(f64, u32)>,
         ids_out: &mut [u32],
@@ -197,6 +234,7 @@ impl Rerank<'_, '_> {
         if let Some(exact) = c.exact {
             scratch.extend(exact.iter().copied().zip(c.ids.iter().copied()));
         } else {
+            let q = self.xq.row(qi);
             // The engine's rounding bound, recovered from its floor; candidates whose key less
             // that bound exceeds an exact k-th key cannot enter the top k.
             let floor = c.floor as f64;
@@ -233,6 +271,119 @@ impl Rerank<'_, '_> {
         finish_row(self.metric, scratch, ids_out, dists_out);
         true
     }
+}
+
+/// Where the pipeline takes the rows of one engine call (see [`RowSink`]): each row re-ranked
+/// as it comes and written in place when proven, the others collected to be asked again.
+struct Collector<'a> {
+    rerank: &'a Rerank<'a, 'a>,
+    /// Request row `j` is query `start + j`, or `pending[j]` when the queries were gathered.
+    start: usize,
+    pending: Option<&'a [u32]>,
+    /// Rows in the request.
+    requested: usize,
+    /// Output row `i` is query `first + i`.
+    first: usize,
+    width: usize,
+    out_ids: &'a [AtomicU32],
+    out_dists: &'a [AtomicU32],
+    /// Request rows whose floor did not prove them.
+    failed: Mutex<Vec<u32>>,
+    handed: AtomicUsize,
+    malformed: AtomicBool,
+}
+
+impl Collector<'_> {
+    /// Query of request row `j`.
+    fn query_of(&self, j: usize) -> usize {
+        self.pending.map_or(self.start + j, |p| p[j] as usize)
+    }
+    /// Where the output row of request row `j` starts.
+    fn out_at(&self, j: usize) -> usize {
+        (self.query_of(j) - self.first) * self.rerank.k
+    }
+}
+
+impl RowSink for Collector<'_> {
+    /// The rows land at scattered places of the output: reads of their first and last values
+    /// bring those lines (and their pages' translations) into cache while the engine computes
+    /// the rows, so the writes later hit. Plain reads, not prefetch instructions: a prefetch
+    /// that misses the TLB may be dropped, and these lines are spread over far more pages than
+    /// the TLB holds (measured on the grid at k = 1: writing a row cost 3x less after reads
+    /// than after prefetches).
+    fn upcoming(&self, rows: &[u32]) {
+        let (k, mut acc) = (self.rerank.k, 0u32);
+        for &j in rows {
+            if (j as usize) < self.requested {
+                let at = self.out_at(j as usize);
+                acc ^= self.out_ids[at].load(Relaxed) ^ self.out_ids[at + k - 1].load(Relaxed);
+                acc ^= self.out_dists[at].load(Relaxed) ^ self.out_dists[at + k - 1].load(Relaxed);
+            }
+        }
+        std::hint::black_box(acc);
+    }
+
+    fn take(&self, b: CandidateRows<'_>) {
+        let width = self.width;
+        if !b.is_consistent()
+            || b.width != width
+            || b.rows.iter().any(|&j| j as usize >= self.requested)
+        {
+            self.malformed.store(true, Relaxed);
+            return;
+        }
+        let mut lost = Vec::new();
+        ROW_SCRATCH.with_borrow_mut(|s| {
+            let RowScratch { pairs, ids, dists } = s;
+            ids.resize(self.rerank.k, 0);
+            dists.resize(self.rerank.k, 0.0);
+            for (i, &j) in b.rows.iter().enumerate() {
+                let c = RowCandidates {
+                    ids: &b.ids[i * width..(i + 1) * width],
+                    keys: &b.keys[i * width..(i + 1) * width],
+                    floor: b.floor[i],
+                    exact: b.exact.map(|e| &e[i * width..(i + 1) * width]),
+                };
+                if self
+                    .rerank
+                    .row(self.query_of(j as usize), &c, pairs, ids, dists)
+                {
+                    let at = self.out_at(j as usize);
+                    for (t, (&id, &dist)) in ids.iter().zip(dists.iter()).enumerate() {
+                        self.out_ids[at + t].store(id, Relaxed);
+                        self.out_dists[at + t].store(dist.to_bits(), Relaxed);
+                    }
+                } else {
+                    lost.push(j);
+                }
+            }
+        });
+        if !lost.is_empty() {
+            self.failed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(lost);
+        }
+        self.handed.fetch_add(b.rows.len(), Relaxed);
+    }
+}
+
+/// Candidate lists already computed, handed to `sink` in batches of consecutive rows.
+fn hand_over(cand: &Candidates, exact: Option<&[f64]>, sink: &dyn RowSink) {
+    const BATCH: usize = 256;
+    let (n, w) = (cand.floor.len(), cand.width);
+    let rows: Vec<u32> = (0..n as u32).collect();
+    rows.par_chunks(BATCH).enumerate().for_each(|(i, r)| {
+        let (a, b) = (i * BATCH, i * BATCH + r.len());
+        sink.take(CandidateRows {
+            rows: r,
+            width: w,
+            ids: &cand.ids[a * w..b * w],
+            keys: &cand.keys[a * w..b * w],
+            floor: &cand.floor[a..b],
+            exact: exact.map(|e| &e[a * w..b * w]),
+        })
+    });
 }
 
 /// What every round of one pipeline run shares.
@@ -330,83 +481,64 @@ impl Run<'_> {
                         proven: &mut proven,
                     },
                 )?;
-            let (cand, exact) = if finished {
-                let none = Candidates {
-                    width,
-                    ids: vec![],
-                    keys: vec![],
-                    floor: vec![],
-                };
-                (none, None)
-            } else if let Some(all) = first_try {
-                (all.rows(start, end), None)
-            } else if let Some(plan) = self.expr {
-                (engine.candidates_expr(&req, plan)?, None)
-            } else if self.same_space {
-                engine.candidates_with_exact(&req)?
-            } else {
-                (engine.candidates(&req)?, None)
-            };
-            self.lap("engine", &mut since);
-            debug_assert!(finished || cand.ids.len() == pending.len() * width);
-            debug_assert!(exact.as_ref().is_none_or(|e| e.len() == cand.ids.len()));
-            let exact = exact.filter(|e| e.len() == cand.ids.len());
             let rerank = Rerank {
                 metric: self.metric,
                 xb: self.xb,
+                xq: self.xq,
                 k,
                 key_scale: self.key_scale,
                 complete: width >= available,
             };
-            let row_of = |j: usize| RowCandidates {
-                ids: &cand.ids[j * width..(j + 1) * width],
-                keys: &cand.keys[j * width..(j + 1) * width],
-                floor: cand.floor[j],
-                exact: exact.as_ref().map(|e| &e[j * width..(j + 1) * width]),
+            // Re-rank each row exactly as the engine hands it over (in the engine's order, on
+            // its threads) and write the rows whose floor proves them complete straight into
+            // the output; the others are asked again.
+            let requested = pending.len();
+            let sink = Collector {
+                rerank: &rerank,
+                start,
+                pending: (!contiguous).then_some(&pending[..]),
+                requested,
+                first: start,
+                width,
+                out_ids: as_atomic(ids_out),
+                out_dists: as_atomic_f32(dists_out),
+                failed: Mutex::new(Vec::new()),
+                handed: AtomicUsize::new(0),
+                malformed: AtomicBool::new(false),
             };
-            // Re-rank each row exactly; keep rows whose floor proves them complete. On the
-            // first try the rows are written in place; retries go through a buffer.
             if finished {
-                // Rows and flags written by the engine.
-            } else if contiguous {
-                ids_out
-                    .par_chunks_mut(k)
-                    .zip(dists_out.par_chunks_mut(k))
-                    .zip(proven.par_iter_mut())
-                    .enumerate()
-                    .with_min_len(256)
-                    .for_each_init(Vec::new, |scratch, (j, ((ids, dists), ok))| {
-                        let q = self.xq.row(start + j);
-                        *ok = rerank.row(q, &row_of(j), scratch, ids, dists);
-                    });
+                // Rows written by the engine; the unproven ones are asked again.
+                sink.failed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend((0..requested as u32).filter(|&j| !proven[j as usize]));
+                sink.handed.store(requested, Relaxed);
+            } else if let Some(all) = first_try {
+                hand_over(&all.rows(start, end), None, &sink);
+            } else if let Some(plan) = self.expr {
+                hand_over(&engine.candidates_expr(&req, plan)?, None, &sink);
             } else {
-                let mut ids_buf = vec![0u32; pending.len() * k];
-                let mut dists_buf = vec![0f32; pending.len() * k];
-                ids_buf
-                    .par_chunks_mut(k)
-                    .zip(dists_buf.par_chunks_mut(k))
-                    .zip(proven.par_iter_mut())
-                    .enumerate()
-                    .with_min_len(64)
-                    .for_each_init(Vec::new, |scratch, (j, ((ids, dists), ok))| {
-                        let q = self.xq.row(pending[j] as usize);
-                        *ok = rerank.row(q, &row_of(j), scratch, ids, dists);
-                    });
-                for (j, &qi) in pending.iter().enumerate() {
-                    if proven[j] {
-                        let qi = qi as usize - start;
-                        ids_out[qi * k..(qi + 1) * k].copy_from_slice(&ids_buf[j * k..(j + 1) * k]);
-                        dists_out[qi * k..(qi + 1) * k]
-                            .copy_from_slice(&dists_buf[j * k..(j + 1) * k]);
-                    }
-                }
+                engine.candidate_rows(&req, self.same_space, &sink)?;
             }
-            self.lap("re-rank", &mut since);
-            pending = pending
+            let handed = sink.handed.into_inner();
+            if sink.malformed.into_inner() || handed != requested {
+                return Err(KnnError::Device(format!(
+                    "engine {} handed over {handed} candidate rows of {requested} (or rows of the wrong shape)",
+                    engine.name(),
+                )));
+            }
+            let mut failed = sink.failed.into_inner().unwrap_or_else(|e| e.into_inner());
+            failed.sort_unstable();
+            self.lap("candidates and re-rank", &mut since);
+            pending = failed
                 .iter()
-                .zip(&proven)
-                .filter(|(_, &ok)| !ok)
-                .map(|(&qi, _)| qi)
+                .map(|&j| {
+                    if contiguous {
+                        (start + j as usize) as u32
+                    } else {
+                        pending[j as usize]
+                    }
+                })
                 .collect();
             if pending.is_empty() {
                 break;
@@ -562,7 +694,19 @@ fn run(
         }
     }
     ctx.lap("rounds done", &mut since);
-    if let Some(i) = out.distances.par_iter().position_first(|d| !d.is_finite()) {
+    // In blocks (a per-element parallel search costs more than the whole re-rank at k = 16):
+    // a branch-free test per block, then the first bad value of the first bad block.
+    const BLOCK: usize = 1 << 14;
+    let bad_block = out
+        .distances
+        .par_chunks(BLOCK)
+        .position_first(|c| !c.iter().fold(true, |ok, d| ok & d.is_finite()));
+    if let Some(b) = bad_block {
+        let i = b * BLOCK
+            + out.distances[b * BLOCK..]
+                .iter()
+                .position(|d| !d.is_finite())
+                .expect("the block has a non-finite value");
         return Err(KnnError::Overflow {
             metric: metric.name(),
             row: first + i / k,

@@ -6,42 +6,80 @@
 //! Ours is timed twice, each time from a fresh engine (grid build included):
 //! - `search`: the whole exact pipeline, `knn_core::search(.., Metric::SqL2)` (candidates,
 //!   f64 re-rank, retries);
-//! - `raw`: one `Engine::candidates` call for every query (width k), no re-rank.
+//! - `raw`: the engine alone: one `Engine::candidate_rows` call for every query (width k,
+//!   with exact keys, as the pipeline asks), the rows discarded as they come, no re-rank.
 //!
 //! Every figure is the median of `runs` runs after one warm-up run; kiddo, search, raw and
 //! build take turns run by run, so a burst of load from other processes hits all of them
-//! alike. Results are cross-checked:
+//! alike. Wall-clock medians first, then (on Linux) the CPU time of all threads for kiddo and
+//! the search, which moves less when other processes compete for the cores. Results are cross-checked:
 //! the k-th distance of every query must agree with kiddo's within f32 rounding.
 
 use knn_core::synth::{generate, Distribution};
-use knn_core::{search, CandidateRequest, Engine, Kernel, MatrixRef, Metric};
+use knn_core::{
+    search, CandidateRequest, CandidateRows, Engine, Kernel, MatrixRef, Metric, RowSink,
+};
 use knn_grid::GridEngine;
 use std::num::NonZeroUsize;
 use std::time::Instant;
 
 type Tree = kiddo::ImmutableKdTree<f32, 3>;
 
-/// Medians (ms) of `runs` timed calls of each closure, after one warm-up call of each. The
-/// closures take turns run by run, so load from other processes on a shared machine falls on
-/// all of them alike instead of on whichever happened to run during it.
-fn interleaved_medians_ms(runs: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
+/// A sink that drops the rows (the `raw` figure: the engine alone).
+struct Discard;
+
+impl RowSink for Discard {
+    fn take(&self, rows: CandidateRows<'_>) {
+        std::hint::black_box(rows.ids);
+    }
+}
+
+/// CPU time (ns) this process's threads have run so far, from Linux's per-thread
+/// `schedstat`; `None` elsewhere. On a shared machine it moves less with other processes' load
+/// than the wall clock (time waiting for a core is not counted).
+fn cpu_ns() -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// Medians (ms) of `runs` timed calls of each closure, after one warm-up call of each: wall
+/// clock, and CPU time of all threads when known. The closures take turns run by run, so load
+/// from other processes on a shared machine falls on all of them alike instead of on
+/// whichever happened to run during it.
+fn interleaved_medians_ms(
+    runs: usize,
+    fs: &mut [&mut dyn FnMut()],
+) -> (Vec<f64>, Option<Vec<f64>>) {
     for f in fs.iter_mut() {
         f(); // warm-up
     }
-    let mut t = vec![Vec::with_capacity(runs); fs.len()];
+    let mut wall = vec![Vec::with_capacity(runs); fs.len()];
+    let mut cpu = vec![Vec::with_capacity(runs); fs.len()];
+    let mut cpu_known = true;
     for _ in 0..runs {
-        for (f, t) in fs.iter_mut().zip(&mut t) {
-            let s = Instant::now();
+        for ((f, w), c) in fs.iter_mut().zip(&mut wall).zip(&mut cpu) {
+            let (s, c0) = (Instant::now(), cpu_ns());
             f();
-            t.push(s.elapsed().as_secs_f64() * 1e3);
+            w.push(s.elapsed().as_secs_f64() * 1e3);
+            match (c0, cpu_ns()) {
+                (Some(a), Some(b)) => c.push((b - a) as f64 / 1e6),
+                _ => cpu_known = false,
+            }
         }
     }
-    t.into_iter()
-        .map(|mut t| {
-            t.sort_by(f64::total_cmp);
-            t[t.len() / 2]
-        })
-        .collect()
+    let medians = |t: Vec<Vec<f64>>| -> Vec<f64> {
+        t.into_iter()
+            .map(|mut t| {
+                t.sort_by(f64::total_cmp);
+                t[t.len() / 2]
+            })
+            .collect()
+    };
+    (medians(wall), cpu_known.then(|| medians(cpu)))
 }
 
 /// kiddo's k-th squared distance per query (build included in the timed closure).
@@ -79,9 +117,9 @@ fn main() {
 
     println!("n = {n} points, {n} queries, d = 3, {threads} threads, median of {runs} runs (ms)");
     println!(
-        "| data | k | kiddo (build+query) | grid search | ratio | grid raw candidates | ratio | grid build | levels, largest leaf |"
+        "| data | k | kiddo (build+query) | grid search | ratio | grid raw (engine alone) | ratio | grid build | levels, largest leaf | CPU kiddo | CPU grid search | ratio |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (name, dist) in [
         (
             "uniform [0,1]^3",
@@ -105,7 +143,7 @@ fn main() {
         for k in [1usize, 16] {
             pool.install(|| {
                 let mut shape = (0, 0);
-                let t = interleaved_medians_ms(
+                let (t, cpu) = interleaved_medians_ms(
                     runs,
                     &mut [
                         &mut || {
@@ -130,7 +168,7 @@ fn main() {
                                 base_key: None,
                                 exact_data: false,
                             };
-                            std::hint::black_box(e.candidates(&req).unwrap());
+                            e.candidate_rows(&req, true, &Discard).unwrap();
                         },
                         &mut || {
                             shape = GridEngine::new(None).unwrap().index_shape(base);
@@ -149,8 +187,11 @@ fn main() {
                     })
                     .count();
                 assert_eq!(bad, 0, "{name} k={k}: {bad} queries disagree with kiddo");
+                let cpu = cpu.map_or("- | - | -".to_string(), |c| {
+                    format!("{:.0} | {:.0} | {:.2}x", c[0], c[1], c[0] / c[1])
+                });
                 println!(
-                    "| {name} | {k} | {t_kiddo:.0} | {t_search:.0} | {:.2}x | {t_raw:.0} | {:.2}x | {t_build:.0} | {}, {} |",
+                    "| {name} | {k} | {t_kiddo:.0} | {t_search:.0} | {:.2}x | {t_raw:.0} | {:.2}x | {t_build:.0} | {}, {} | {cpu} |",
                     t_kiddo / t_search,
                     t_kiddo / t_raw,
                     shape.0,

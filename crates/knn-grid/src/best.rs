@@ -1,7 +1,8 @@
 //! The running selection of one query: the `cap` smallest `(key, id)` pairs seen so far, and
 //! what is known about every point left out. Points are held by their position in the index's
-//! cell-ordered arrays (so the engine can read their coordinates back from cache); the id that
-//! orders ties and is excluded is looked up only when needed.
+//! cell-ordered arrays (so the engine can read their coordinates back from cache), next to an
+//! order key that packs the key and the id into one integer (keys are never negative, so their
+//! bits order like their values): comparing two pairs is one integer comparison.
 //!
 //! Two modes, by width. Up to [`SMALL_CAP`] pairs are kept sorted by insertion. Wider
 //! selections are a reservoir, like [`knn_core::TopK`]: accepted pairs are appended and a
@@ -13,15 +14,28 @@
 /// Widths up to this are kept sorted by insertion; wider ones in a reservoir.
 pub(crate) const SMALL_CAP: usize = 4;
 
+/// The order key of a pair: the key's bits above the id, so that integer order is (key, id)
+/// order for keys `≥ +0.0` (every kernel's keys: sums and maxima of squares and magnitudes).
+#[inline(always)]
+fn pack(key: f32, id: u32) -> u64 {
+    ((key.to_bits() as u64) << 32) | id as u64
+}
+
+/// The key of an order key.
+#[inline(always)]
+pub(crate) fn key_of(packed: u64) -> f32 {
+    f32::from_bits((packed >> 32) as u32)
+}
+
 /// Selection of the `cap` smallest `(key, id)` pairs, ties by smaller id, never holding the
 /// excluded id; plus the two facts the floor is made of.
 pub(crate) struct Best<'a> {
     cap: usize,
     /// Id of each position (the index's `ids`).
     ids: &'a [u32],
-    /// `(key, position)`. Small widths: sorted by (key, id), at most `cap` long. Reservoir:
-    /// unsorted, below `4·cap`; its `cap` smallest are the selection.
-    items: Vec<(f32, u32)>,
+    /// `(order key, position)`. Small widths: sorted, at most `cap` long. Reservoir: unsorted,
+    /// below `4·cap`; its `cap` smallest are the selection.
+    items: Vec<(u64, u32)>,
     /// `true` once `cap` pairs were selected: from then on `limit` is the `cap`-th key of the
     /// last settled state (an upper bound of the current one; exact after [`Best::settle`]).
     full: bool,
@@ -29,8 +43,9 @@ pub(crate) struct Best<'a> {
     pub(crate) limit: f32,
     /// Smallest computed key of the examined points left out (rejected or evicted).
     pub(crate) runner_up: f32,
-    /// Smallest proven lower bound (exact key) of the regions skipped without examining them.
-    pub(crate) skipped: f32,
+    /// Smallest proven lower bound (exact key, computed in f64 and not yet rounded down: see
+    /// `search::f32_below`) of the regions skipped without examining them.
+    pub(crate) skipped: f64,
     /// The id this query must never return (self-joins).
     exclude: Option<u32>,
 }
@@ -45,7 +60,7 @@ impl<'a> Best<'a> {
             full: false,
             limit: f32::INFINITY,
             runner_up: f32::INFINITY,
-            skipped: f32::INFINITY,
+            skipped: f64::INFINITY,
             exclude: None,
         }
     }
@@ -56,7 +71,7 @@ impl<'a> Best<'a> {
         self.full = false;
         self.limit = f32::INFINITY;
         self.runner_up = f32::INFINITY;
-        self.skipped = f32::INFINITY;
+        self.skipped = f64::INFINITY;
         self.exclude = exclude;
     }
 
@@ -77,25 +92,55 @@ impl<'a> Best<'a> {
         }
     }
 
-    /// `a` before `b` in (key, id) order (the id is read only on equal keys).
+    /// Records a region left out whose points all have exact keys of at least `bound` (up to
+    /// the f64 rounding of its computation).
     #[inline]
-    fn less(&self, a: (f32, u32), b: (f32, u32)) -> bool {
-        a.0 < b.0 || (a.0 == b.0 && self.ids[a.1 as usize] < self.ids[b.1 as usize])
+    pub(crate) fn skip(&mut self, bound: f64) {
+        self.skipped = self.skipped.min(bound);
     }
 
-    /// Records a region left out whose points all have exact keys of at least `bound`.
+    /// `true` for a selection of one pair that excludes nothing: [`Best::single`] and
+    /// [`Best::set_single`] may then replace [`Best::offer`].
     #[inline]
-    pub(crate) fn skip(&mut self, bound: f32) {
-        self.skipped = self.skipped.min(bound);
+    pub(crate) fn is_single(&self) -> bool {
+        self.cap == 1 && self.exclude.is_none()
+    }
+
+    /// The selected `(key, position)` of a single selection, `(+∞, u32::MAX)` while empty.
+    #[inline]
+    pub(crate) fn single(&self) -> (f32, u32) {
+        self.items
+            .first()
+            .map_or((f32::INFINITY, u32::MAX), |&(p, pos)| (key_of(p), pos))
+    }
+
+    /// Sets a single selection to the pair `(key, pos)` (finite key) with the runner-up
+    /// `runner_up`, as if every point examined had been offered.
+    #[inline]
+    pub(crate) fn set_single(&mut self, key: f32, pos: u32, runner_up: f32) {
+        debug_assert!(self.is_single() && key.is_finite());
+        self.items.clear();
+        self.items.push((pack(key, self.id(pos)), pos));
+        self.full = true;
+        self.limit = key;
+        self.runner_up = runner_up;
+    }
+
+    /// The id of the point at position `pos`.
+    #[inline]
+    pub(crate) fn id(&self, pos: u32) -> u32 {
+        self.ids[pos as usize]
     }
 
     #[inline]
     fn insert(&mut self, key: f32, pos: u32) {
-        if self.exclude.is_some_and(|x| self.ids[pos as usize] == x) {
+        let id = self.id(pos);
+        if self.exclude == Some(id) {
             return;
         }
+        let item = (pack(key, id), pos);
         if self.cap > SMALL_CAP {
-            self.items.push((key, pos));
+            self.items.push(item);
             if self.items.len() == 4 * self.cap {
                 self.compact();
             }
@@ -103,24 +148,24 @@ impl<'a> Best<'a> {
         }
         if self.full {
             let last = self.items[self.cap - 1];
-            if !self.less((key, pos), last) {
+            if item.0 >= last.0 {
                 self.runner_up = self.runner_up.min(key);
                 return;
             }
-            self.runner_up = self.runner_up.min(last.0);
+            self.runner_up = self.runner_up.min(key_of(last.0));
             self.items.pop();
         }
         // Shift in place (a `Vec::insert` would call memmove for a handful of elements).
         let mut p = self.items.len();
-        self.items.push((key, pos));
-        while p > 0 && self.less((key, pos), self.items[p - 1]) {
+        self.items.push(item);
+        while p > 0 && item.0 < self.items[p - 1].0 {
             self.items[p] = self.items[p - 1];
             p -= 1;
         }
-        self.items[p] = (key, pos);
+        self.items[p] = item;
         if self.items.len() == self.cap {
             self.full = true;
-            self.limit = self.items[self.cap - 1].0;
+            self.limit = key_of(self.items[self.cap - 1].0);
         }
     }
 
@@ -132,17 +177,15 @@ impl<'a> Best<'a> {
             return;
         }
         if self.items.len() > self.cap {
-            let ids = self.ids;
-            self.items
-                .select_nth_unstable_by(self.cap - 1, |a, b| order(ids, a, b));
+            self.items.select_nth_unstable_by_key(self.cap - 1, |e| e.0);
             let dropped = self.items[self.cap..]
                 .iter()
-                .fold(f32::INFINITY, |m, e| m.min(e.0));
-            self.runner_up = self.runner_up.min(dropped);
+                .fold(u64::MAX, |m, e| m.min(e.0));
+            self.runner_up = self.runner_up.min(key_of(dropped));
             self.items.truncate(self.cap);
         }
         self.full = true;
-        self.limit = self.items.iter().fold(f32::NEG_INFINITY, |m, e| m.max(e.0));
+        self.limit = key_of(self.items.iter().fold(0, |m, e| m.max(e.0)));
     }
 
     /// Makes `limit` exact (the `cap`-th key of everything offered so far).
@@ -153,28 +196,18 @@ impl<'a> Best<'a> {
         }
     }
 
-    /// The selected `(key, position)` pairs, sorted by (key, id).
-    pub(crate) fn finish(&mut self) -> &[(f32, u32)] {
+    /// Sorts the selection by (key, id); [`Best::selected`] then reads it.
+    pub(crate) fn finish(&mut self) {
         if self.cap > SMALL_CAP {
             self.compact();
-            let ids = self.ids;
-            self.items.sort_unstable_by(|a, b| order(ids, a, b));
+            self.items.sort_unstable_by_key(|e| e.0);
         }
-        &self.items
     }
-}
 
-impl Best<'_> {
-    /// The selection as [`Best::finish`] left it.
-    pub(crate) fn selected(&self) -> &[(f32, u32)] {
-        &self.items
+    /// The selection as [`Best::finish`] left it: `(key, position)` pairs, sorted by (key, id).
+    pub(crate) fn selected(&self) -> impl ExactSizeIterator<Item = (f32, u32)> + '_ {
+        self.items.iter().map(|&(p, pos)| (key_of(p), pos))
     }
-}
-
-/// (key, id) order of two `(key, position)` pairs.
-fn order(ids: &[u32], a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
-    a.0.total_cmp(&b.0)
-        .then(ids[a.1 as usize].cmp(&ids[b.1 as usize]))
 }
 
 #[cfg(test)]
@@ -206,14 +239,25 @@ mod tests {
                 expect.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
                 let runner = expect.get(cap).map_or(f32::INFINITY, |e| e.0);
                 expect.truncate(cap);
-                let got: Vec<(f32, u32)> = b
-                    .finish()
-                    .iter()
-                    .map(|&(k, p)| (k, ids[p as usize]))
-                    .collect();
+                b.finish();
+                let got: Vec<(f32, u32)> =
+                    b.selected().map(|(k, p)| (k, ids[p as usize])).collect();
                 assert_eq!(got, expect, "cap {cap} rev {rev}");
                 assert_eq!(b.limit, expect[cap - 1].0);
                 assert_eq!(b.runner_up, runner, "cap {cap} rev {rev}");
+            }
+        }
+    }
+
+    #[test]
+    fn packed_order_is_key_then_id() {
+        let keys = [0.0f32, 1e-45, 1e-30, 0.5, 1.0, 1.5, 3e38, f32::INFINITY];
+        for (i, &a) in keys.iter().enumerate() {
+            for &b in &keys[i..] {
+                for (x, y) in [(0u32, 1u32), (5, 5), (9, 2)] {
+                    let want = a.total_cmp(&b).then(x.cmp(&y));
+                    assert_eq!(pack(a, x).cmp(&pack(b, y)), want, "{a} {x} / {b} {y}");
+                }
             }
         }
     }

@@ -5,6 +5,7 @@
 //! is computed from the *actual* coordinates that ended up in each slab of cells (their min and
 //! max per axis), so the f32 arithmetic of the assignment may round any way it likes.
 
+use crate::lanes::WIDTH;
 use rayon::prelude::*;
 
 /// Points per cell the grid aims for: a ring of 3^g cells then holds a few dozen points.
@@ -81,6 +82,10 @@ pub(crate) struct GridIndex {
     pub axes: [usize; MAX_AXES],
     /// `n·d` coordinates in cell order.
     pub points: Vec<f32>,
+    /// The same coordinates column by column (`cols[j][pos]`, each `n + WIDTH − 1` long, the
+    /// tail padded with zeros so a key loop may read whole groups of lanes past a run's end);
+    /// empty when `d > MAX_AXES` (such points are scanned row by row).
+    pub cols: Vec<Vec<f32>>,
     /// Original id of each point in cell order.
     pub ids: Vec<u32>,
     pub root: Level,
@@ -441,11 +446,25 @@ impl GridIndex {
         let mut points = vec![0f32; n * d];
         let mut ids = vec![0u32; n];
         let root = build_level(base, None, &mut points, &mut ids, 0, d, g, axes, 0);
+        let cols = if d <= MAX_AXES {
+            (0..d)
+                .into_par_iter()
+                .map(|j| {
+                    let mut c = Vec::with_capacity(n + WIDTH - 1);
+                    c.extend(points.iter().skip(j).step_by(d));
+                    c.resize(n + WIDTH - 1, 0.0);
+                    c
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         GridIndex {
             d,
             g,
             axes,
             points,
+            cols,
             ids,
             root,
         }

@@ -2,8 +2,10 @@
 
 use crate::best::Best;
 use crate::build::{counting_sort, GridIndex, MAX_AXES};
-use crate::search::{search_level, KeyKind, Linf, SqL2, L1};
-use knn_core::{CandidateRequest, Candidates, Engine, Kernel, KnnError, Result};
+use crate::search::{f32_below, search_level, KeyKind, Linf, SqL2, L1};
+use knn_core::{
+    CandidateRequest, CandidateRows, Candidates, Engine, Kernel, KnnError, Result, RowSink,
+};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -131,7 +133,7 @@ impl Engine for GridEngine {
     }
 
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
-        Ok(self.search(req, false)?.0)
+        Ok(self.gather(req, false)?.0)
     }
 
     /// The exact keys come from the index's own copy of the points (the same f32 values as
@@ -140,7 +142,19 @@ impl Engine for GridEngine {
         &self,
         req: &CandidateRequest<'_>,
     ) -> Result<(Candidates, Option<Vec<f64>>)> {
-        self.search(req, true)
+        self.gather(req, true)
+    }
+
+    /// Rows in the grid's own order (queries sorted by cell), handed over in batches of
+    /// `QUERY_CHUNK` right after their search, with the exact keys computed from the index's copy
+    /// of the points.
+    fn candidate_rows(
+        &self,
+        req: &CandidateRequest<'_>,
+        want_exact: bool,
+        sink: &dyn RowSink,
+    ) -> Result<()> {
+        self.search(req, want_exact, sink)
     }
 
     /// All queries of a round in one call: the queries are sorted by cell, and the more of
@@ -151,12 +165,45 @@ impl Engine for GridEngine {
 }
 
 impl GridEngine {
-    /// Candidates of `req`, with their exact keys when `exact` is set.
-    fn search(
+    /// Candidates of `req` in the caller's row order, with their exact keys when `exact` is
+    /// set.
+    fn gather(
         &self,
         req: &CandidateRequest<'_>,
         exact: bool,
     ) -> Result<(Candidates, Option<Vec<f64>>)> {
+        let (nq, width) = (req.queries.rows(), req.width);
+        let mut ids = vec![0u32; nq * width];
+        let mut keys = vec![0f32; nq * width];
+        let mut exact_keys = vec![0f64; if exact { nq * width } else { 0 }];
+        let mut floor = vec![f32::INFINITY; nq];
+        let write = Scatter {
+            nq,
+            width,
+            exact,
+            out: RowWriter {
+                ids: SyncPtr(ids.as_mut_ptr()),
+                keys: SyncPtr(keys.as_mut_ptr()),
+                exact: SyncPtr(exact_keys.as_mut_ptr()),
+                floor: SyncPtr(floor.as_mut_ptr()),
+            },
+        };
+        self.search(req, exact, &write)?;
+        let exact_keys = exact.then_some(exact_keys);
+        Ok((
+            Candidates {
+                width,
+                ids,
+                keys,
+                floor,
+            },
+            exact_keys,
+        ))
+    }
+
+    /// Searches every query of `req`, handing the rows to `sink` (with exact keys when
+    /// `exact` is set).
+    fn search(&self, req: &CandidateRequest<'_>, exact: bool, sink: &dyn RowSink) -> Result<()> {
         if req.kernel == Kernel::NegDot {
             return Err(KnnError::Option(
                 "the grid method supports l2, sqeuclidean, hellinger, mahalanobis, l1 and linf; \
@@ -183,21 +230,22 @@ impl GridEngine {
         self.install(|| {
             let cached = self.index(req.base.as_slice(), req.base.dim());
             let ix = &cached.index;
-            Ok(match (req.kernel, ix.d) {
-                (Kernel::SqL2, 1) => run::<SqL2, 1>(ix, req, exact),
-                (Kernel::SqL2, 2) => run::<SqL2, 2>(ix, req, exact),
-                (Kernel::SqL2, 3) => run::<SqL2, 3>(ix, req, exact),
-                (Kernel::SqL2, _) => run::<SqL2, 0>(ix, req, exact),
-                (Kernel::L1, 1) => run::<L1, 1>(ix, req, exact),
-                (Kernel::L1, 2) => run::<L1, 2>(ix, req, exact),
-                (Kernel::L1, 3) => run::<L1, 3>(ix, req, exact),
-                (Kernel::L1, _) => run::<L1, 0>(ix, req, exact),
-                (Kernel::Linf, 1) => run::<Linf, 1>(ix, req, exact),
-                (Kernel::Linf, 2) => run::<Linf, 2>(ix, req, exact),
-                (Kernel::Linf, 3) => run::<Linf, 3>(ix, req, exact),
-                (Kernel::Linf, _) => run::<Linf, 0>(ix, req, exact),
+            match (req.kernel, ix.d) {
+                (Kernel::SqL2, 1) => run::<SqL2, 1>(ix, req, exact, sink),
+                (Kernel::SqL2, 2) => run::<SqL2, 2>(ix, req, exact, sink),
+                (Kernel::SqL2, 3) => run::<SqL2, 3>(ix, req, exact, sink),
+                (Kernel::SqL2, _) => run::<SqL2, 0>(ix, req, exact, sink),
+                (Kernel::L1, 1) => run::<L1, 1>(ix, req, exact, sink),
+                (Kernel::L1, 2) => run::<L1, 2>(ix, req, exact, sink),
+                (Kernel::L1, 3) => run::<L1, 3>(ix, req, exact, sink),
+                (Kernel::L1, _) => run::<L1, 0>(ix, req, exact, sink),
+                (Kernel::Linf, 1) => run::<Linf, 1>(ix, req, exact, sink),
+                (Kernel::Linf, 2) => run::<Linf, 2>(ix, req, exact, sink),
+                (Kernel::Linf, 3) => run::<Linf, 3>(ix, req, exact, sink),
+                (Kernel::Linf, _) => run::<Linf, 0>(ix, req, exact, sink),
                 (Kernel::NegDot, _) => unreachable!("refused above"),
-            })
+            }
+            Ok(())
         })
     }
 }
@@ -220,14 +268,15 @@ fn round_down(x: f64) -> f32 {
     }
 }
 
-/// Runs every query of `req` through the grid: queries in root-cell order, in parallel chunks.
-/// With `want_exact`, also the exact key (`req.kernel.exact`) of every candidate, computed from
-/// the index's copy of its coordinates.
+/// Runs every query of `req` through the grid: queries in root-cell order, in parallel chunks,
+/// each chunk's rows announced to `sink` before its search and handed over right after. With `want_exact`, also the exact key
+/// (`req.kernel.exact`) of every candidate, computed from the index's copy of its coordinates.
 fn run<K: KeyKind, const D: usize>(
     ix: &GridIndex,
     req: &CandidateRequest<'_>,
     want_exact: bool,
-) -> (Candidates, Option<Vec<f64>>) {
+    sink: &dyn RowSink,
+) {
     debug_assert_eq!(K::KERNEL, req.kernel);
     let nq = req.queries.rows();
     let width = req.width;
@@ -267,25 +316,17 @@ fn run<K: KeyKind, const D: usize>(
     );
     drop(cell_of);
 
-    // Results go straight to the caller's row order (one scattered row per query, instead of
-    // a second pass that gathers them back).
-    let mut ids = vec![0u32; nq * width];
-    let mut keys = vec![0f32; nq * width];
-    let mut exact = vec![0f64; if want_exact { nq * width } else { 0 }];
-    let mut floor = vec![f32::INFINITY; nq];
-    let out = RowWriter {
-        ids: SyncPtr(ids.as_mut_ptr()),
-        keys: SyncPtr(keys.as_mut_ptr()),
-        exact: SyncPtr(exact.as_mut_ptr()),
-        floor: SyncPtr(floor.as_mut_ptr()),
-    };
     order
         .par_chunks(QUERY_CHUNK)
         .zip(sorted_q.par_chunks(QUERY_CHUNK * d))
         .for_each(|(ord, qs)| {
-            let out = &out;
+            sink.upcoming(ord);
             let mut best = Best::new(width, &ix.ids);
-            for (&qi, q) in ord.iter().zip(qs.chunks_exact(d)) {
+            let m = ord.len();
+            let (mut ids, mut keys) = (vec![0u32; m * width], vec![0f32; m * width]);
+            let mut exact = vec![0f64; if want_exact { m * width } else { 0 }];
+            let mut floors = vec![0f32; m];
+            for (i, (&qi, q)) in ord.iter().zip(qs.chunks_exact(d)).enumerate() {
                 let qi = qi as usize;
                 best.reset(req.exclude.map(|e| e[qi]));
                 search_level::<K, D>(ix, root, q, &axes_of(q), &mut best);
@@ -299,53 +340,81 @@ fn run<K: KeyKind, const D: usize>(
                 } else {
                     f64::INFINITY
                 };
-                let fl = if width < available {
-                    round_down(examined.min(best.skipped as f64))
+                floors[i] = if width < available {
+                    round_down(examined).min(f32_below(best.skipped))
                 } else {
                     f32::INFINITY
                 };
                 let items = best.selected();
                 debug_assert_eq!(items.len(), width);
-                // SAFETY: `order` is a permutation of `0..nq`, so row `qi` is written by this
-                // iteration only, and `qi < nq` keeps every write inside the vectors, which
-                // outlive the loop and are not otherwise accessed during it.
-                unsafe {
-                    *out.floor.0.add(qi) = fl;
-                    for (t, &(k, pos)) in items.iter().enumerate() {
-                        *out.keys.0.add(qi * width + t) = k;
-                        *out.ids.0.add(qi * width + t) = ix.ids[pos as usize];
-                        if want_exact {
-                            let p = &ix.points[pos as usize * d..(pos as usize + 1) * d];
-                            *out.exact.0.add(qi * width + t) = if D > 0 {
-                                K::exact(q, p)
-                            } else {
-                                req.kernel.exact(q, p)
-                            };
-                        }
+                for (t, (k, pos)) in items.enumerate() {
+                    let at = i * width + t;
+                    keys[at] = k;
+                    ids[at] = ix.ids[pos as usize];
+                    if want_exact {
+                        let p = &ix.points[pos as usize * d..(pos as usize + 1) * d];
+                        exact[at] = if D > 0 {
+                            K::exact(q, p)
+                        } else {
+                            req.kernel.exact(q, p)
+                        };
                     }
                 }
             }
+            sink.take(CandidateRows {
+                rows: ord,
+                width,
+                ids: &ids,
+                keys: &keys,
+                floor: &floors,
+                exact: want_exact.then_some(&exact[..]),
+            });
         });
-    let exact = want_exact.then_some(exact);
-    (
-        Candidates {
-            width,
-            ids,
-            keys,
-            floor,
-        },
-        exact,
-    )
 }
 
 /// A raw pointer that may cross threads: the query loop writes disjoint rows through it.
 #[derive(Clone, Copy)]
 struct SyncPtr<T>(*mut T);
-// SAFETY: only used by `run`, where every row is written by exactly one query.
+// SAFETY: only used by `Scatter`, where every row is written by exactly one query.
 unsafe impl<T> Send for SyncPtr<T> {}
 unsafe impl<T> Sync for SyncPtr<T> {}
 
-/// Where `run` writes its rows (caller order).
+/// Where `GridEngine::gather` writes its rows (caller order).
+struct Scatter {
+    nq: usize,
+    width: usize,
+    exact: bool,
+    out: RowWriter,
+}
+
+impl RowSink for Scatter {
+    fn take(&self, b: CandidateRows<'_>) {
+        let (out, width) = (&self.out, self.width);
+        assert!(b.is_consistent() && b.width == width && b.exact.is_some() == self.exact);
+        for (i, &qi) in b.rows.iter().enumerate() {
+            let qi = qi as usize;
+            assert!(qi < self.nq);
+            let at = qi * width;
+            let from = i * width..(i + 1) * width;
+            // SAFETY: `GridEngine::search` hands over each row `qi < nq` once (its queries
+            // are a permutation of `0..nq`), so no two writes alias, and the lengths asserted
+            // above keep every write inside the vectors, which outlive the search and are not
+            // otherwise accessed during it.
+            unsafe {
+                *out.floor.0.add(qi) = b.floor[i];
+                let (ids, keys) = (&b.ids[from.clone()], &b.keys[from.clone()]);
+                std::ptr::copy_nonoverlapping(ids.as_ptr(), out.ids.0.add(at), width);
+                std::ptr::copy_nonoverlapping(keys.as_ptr(), out.keys.0.add(at), width);
+                if let Some(e) = b.exact {
+                    let e = &e[from];
+                    std::ptr::copy_nonoverlapping(e.as_ptr(), out.exact.0.add(at), width);
+                }
+            }
+        }
+    }
+}
+
+/// The vectors of [`Scatter`].
 struct RowWriter {
     ids: SyncPtr<u32>,
     keys: SyncPtr<f32>,
