@@ -33,7 +33,7 @@
 //! `log` of a value ≤ 0, a divisor interval holding 0), values beyond the f32 range, and final
 //! steps not shown non-decreasing over the keys' range are refused with a clear error.
 
-use super::{ExprError, Func, MetricExpr, Op, Program, Span, MAX_NODES};
+use super::{apply_slices, ExprError, Func, MetricExpr, Op, Program, Span, MAX_NODES};
 use crate::error::{KnnError, Result};
 use crate::matrix::{Matrix, MatrixRef};
 use rayon::prelude::*;
@@ -647,28 +647,6 @@ fn pure_ids(p: &Program, intern: &mut HashMap<(u8, u64, u32, u32), u32>) -> Vec<
 struct Channels {
     data: Option<Matrix>,
     st: Vec<St>,
-}
-
-/// `out[l] = f(a[l], b[l])` in f64, the function chosen once for the whole slice.
-fn apply_slices(f: Func, a: &[f64], b: &[f64], out: &mut [f64]) {
-    fn each(a: &[f64], b: &[f64], out: &mut [f64], g: impl Fn(f64, f64) -> f64) {
-        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-            *o = g(x, y);
-        }
-    }
-    match f {
-        Func::Neg => each(a, b, out, |x, y| Func::Neg.f64(x, y)),
-        Func::Abs => each(a, b, out, |x, y| Func::Abs.f64(x, y)),
-        Func::Sqrt => each(a, b, out, |x, y| Func::Sqrt.f64(x, y)),
-        Func::Exp => each(a, b, out, |x, y| Func::Exp.f64(x, y)),
-        Func::Log => each(a, b, out, |x, y| Func::Log.f64(x, y)),
-        Func::Add => each(a, b, out, |x, y| Func::Add.f64(x, y)),
-        Func::Sub => each(a, b, out, |x, y| Func::Sub.f64(x, y)),
-        Func::Mul => each(a, b, out, |x, y| Func::Mul.f64(x, y)),
-        Func::Div => each(a, b, out, |x, y| Func::Div.f64(x, y)),
-        Func::Min => each(a, b, out, |x, y| Func::Min.f64(x, y)),
-        Func::Max => each(a, b, out, |x, y| Func::Max.f64(x, y)),
-    }
 }
 
 /// Computes the channels `roots` (pure in `var`: 2 = x, 4 = y) of every value of `m`, laid out
