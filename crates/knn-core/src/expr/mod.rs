@@ -334,8 +334,8 @@ fn fold_block(
         let rows: [&[f64]; PAIRS] = std::array::from_fn(|p| &buf[ts[p]..ts[p] + n]);
         let mut a = *acc;
         for c in 0..n {
-            for p in 0..PAIRS {
-                a[p] = g(a[p], rows[p][c]);
+            for (a, row) in a.iter_mut().zip(&rows) {
+                *a = g(*a, row[c]);
             }
         }
         *acc = a;
