@@ -3,7 +3,8 @@
 //! The shared vocabulary of the `knn` engine: row-major f32 matrices ([`MatrixRef`],
 //! [`Matrix`]), distances ([`Metric`], reduced to four engine [`Kernel`]s, or user-defined:
 //! [`MetricExpr`], module [`expr`]), results ([`Neighbors`]), running top-k selection
-//! ([`TopK`]), the [`Engine`] trait, the exact pipeline ([`search()`], [`graph()`]) and the f64 [`oracle()`] with its tie-aware [`check()`].
+//! ([`TopK`]), the [`Engine`] trait, the exact pipeline ([`search()`], [`graph()`]) and the f64
+//! [`oracle()`] with its tie-aware [`check()`].
 //!
 //! ## Exactness
 //! Engines return candidate lists computed in fast, rounded arithmetic together with a proven

@@ -233,6 +233,10 @@ impl Rerank<'_, '_> {
         scratch.clear();
         if let Some(exact) = c.exact {
             scratch.extend(exact.iter().copied().zip(c.ids.iter().copied()));
+        } else if let Metric::Expr(e) = self.metric {
+            // Expression keys are chains of dependent f64 operations: every candidate at once,
+            // several chains interleaved, beats stopping early one key at a time.
+            e.keys(q, self.xb, c.ids, scratch);
         } else {
             let q = self.xq.row(qi);
             // The engine's rounding bound, recovered from its floor; candidates whose key less
@@ -748,10 +752,20 @@ pub(crate) fn exact_scan(
     k: usize,
     skip: Option<u32>,
 ) -> Vec<(f64, u32)> {
-    let mut all: Vec<(f64, u32)> = (0..base.rows() as u32)
-        .filter(|&b| Some(b) != skip)
-        .map(|b| (metric.exact_key(q, base.row(b as usize)), b))
-        .collect();
+    let mut all: Vec<(f64, u32)> = match metric {
+        Metric::Expr(e) => {
+            let ids: Vec<u32> = (0..base.rows() as u32)
+                .filter(|&b| Some(b) != skip)
+                .collect();
+            let mut all = Vec::with_capacity(ids.len());
+            e.keys(q, base, &ids, &mut all);
+            all
+        }
+        _ => (0..base.rows() as u32)
+            .filter(|&b| Some(b) != skip)
+            .map(|b| (metric.exact_key(q, base.row(b as usize)), b))
+            .collect(),
+    };
     let cmp = |a: &(f64, u32), b: &(f64, u32)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
     if k < all.len() {
         all.select_nth_unstable_by(k - 1, cmp);

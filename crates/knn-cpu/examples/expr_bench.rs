@@ -1,6 +1,6 @@
 //! Expression metrics against the built-in metrics they spell, through the whole search
 //! pipeline, side by side on the same data:
-//! `cargo run --release -p knn-cpu --example expr_bench [threads] [repeat] [nb] [nq]`
+//! `cargo run --release -p knn-cpu --example expr_bench [threads] [repeat] [nb] [nq] [metric]`
 //! (default 100 000 base × 1000 queries, d = 128, k = 10, uniform [0, 1)). Prints each median,
 //! the expression / built-in ratio, and whether both found the same neighbours.
 
@@ -37,7 +37,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ),
     ];
     println!("{nb} base × {nq} queries, d = {d}, k = {k}, {threads} thread(s), median of {repeat}");
+    let only = std::env::args().nth(5);
     for (builtin, ex) in pairs {
+        if only.as_ref().is_some_and(|m| *m != builtin.name()) {
+            continue;
+        }
         // Alternate the two in each round so that drift on a shared machine hits both alike.
         let (mut tb, mut te) = (Vec::new(), Vec::new());
         let (mut rb, mut re) = (None, None);

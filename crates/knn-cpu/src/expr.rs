@@ -326,12 +326,36 @@ unsafe fn body<A: Operand, B: Operand>(
                 // SAFETY: forwarded from the caller.
                 unsafe {
                     let (x, y) = (a.chunk(c, p, v), b.chunk(c, p, v));
-                    let r: Chunk = std::array::from_fn(|l| f(x[l], y[l]));
+                    let mut r = [0.0f32; CHUNK];
+                    for l in 0..CHUNK {
+                        r[l] = f(x[l], y[l]);
+                    }
                     let at = dst.add(c * dcs + p * LANES + v * CHUNK);
                     std::ptr::write_unaligned(at as *mut Chunk, r);
                 }
             }
         }
+    }
+}
+
+/// `min(a, b)` without `f32::min`'s NaN handling (one instruction): the plan refuses data on
+/// which a value could be NaN, and on values the two agree (up to the sign of a zero).
+#[inline(always)]
+fn min(a: f32, b: f32) -> f32 {
+    if a < b {
+        a
+    } else {
+        b
+    }
+}
+
+/// `max(a, b)`, as [`min`].
+#[inline(always)]
+fn max(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
     }
 }
 
@@ -360,8 +384,8 @@ unsafe fn kind_body<A: Operand, B: Operand>(
             Kind::F(Func::Sub) => body(dst, dcs, a, b, cb, |x, y| x - y),
             Kind::F(Func::Mul) => body(dst, dcs, a, b, cb, |x, y| x * y),
             Kind::F(Func::Div) => body(dst, dcs, a, b, cb, |x, y| x / y),
-            Kind::F(Func::Min) => body(dst, dcs, a, b, cb, f32::min),
-            Kind::F(Func::Max) => body(dst, dcs, a, b, cb, f32::max),
+            Kind::F(Func::Min) => body(dst, dcs, a, b, cb, min),
+            Kind::F(Func::Max) => body(dst, dcs, a, b, cb, max),
             Kind::AbsDiff => body(dst, dcs, a, b, cb, |x, y| (x - y).abs()),
             Kind::SqDiff => body(dst, dcs, a, b, cb, |x, y| (x - y) * (x - y)),
         }
@@ -386,8 +410,10 @@ unsafe fn exec(kind: Kind, dst: *mut f32, dcs: usize, a: Any, b: Any, cb: usize)
     }
 }
 
-/// `acc = acc ⊕ g(a[c], b[c])` for `c < cb` in order (`⊕` is `f`: `+` or `max`), `acc` held
-/// in registers across the block and `g`'s value never stored.
+/// `acc = acc ⊕ g(a[c], b[c])` for `c < cb` in order (`⊕` is `f`: `+` or `max`), the
+/// `NR × LANES` accumulators held in vector registers across the block (query chunks loaded
+/// once per coordinate for every point, each point's broadcast once for every chunk) and `g`'s
+/// value never stored.
 ///
 /// # Safety
 /// `acc` covers `NR · LANES` values; the operands cover the block.
@@ -400,17 +426,29 @@ unsafe fn fold_acc<A: Operand, B: Operand>(
     g: impl Fn(f32, f32) -> f32,
     f: impl Fn(f32, f32) -> f32,
 ) {
-    for p in 0..NR {
-        for v in 0..LANES / CHUNK {
-            // SAFETY: forwarded from the caller.
-            unsafe {
-                let at = acc.add(p * LANES + v * CHUNK) as *mut Chunk;
-                let mut s = std::ptr::read_unaligned(at);
-                for c in 0..cb {
+    const V: usize = LANES / CHUNK;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        // Plain loops, not `array::from_fn`: it copies large arrays through memcpy.
+        let mut s = [[[0.0f32; CHUNK]; V]; NR];
+        for (p, sp) in s.iter_mut().enumerate() {
+            for (v, sv) in sp.iter_mut().enumerate() {
+                *sv = std::ptr::read_unaligned(acc.add(p * LANES + v * CHUNK) as *const Chunk);
+            }
+        }
+        for c in 0..cb {
+            for (p, sp) in s.iter_mut().enumerate() {
+                for (v, sv) in sp.iter_mut().enumerate() {
                     let (x, y) = (a.chunk(c, p, v), b.chunk(c, p, v));
-                    s = std::array::from_fn(|l| f(s[l], g(x[l], y[l])));
+                    for l in 0..CHUNK {
+                        sv[l] = f(sv[l], g(x[l], y[l]));
+                    }
                 }
-                std::ptr::write_unaligned(at, s);
+            }
+        }
+        for (p, sp) in s.iter().enumerate() {
+            for (v, sv) in sp.iter().enumerate() {
+                std::ptr::write_unaligned(acc.add(p * LANES + v * CHUNK) as *mut Chunk, *sv);
             }
         }
     }
@@ -446,7 +484,7 @@ unsafe fn fold_kind<A: Operand, B: Operand>(
     // SAFETY (every arm): forwarded from the caller.
     unsafe {
         if f == Func::Max {
-            by_kind!(f32::max)
+            by_kind!(max)
         } else {
             by_kind!(|s, t| s + t)
         }
@@ -502,7 +540,12 @@ fn pass(
     let (xp, bp) = (g.packed.as_ptr(), base.as_ptr());
     let mut j0 = 0;
     while j0 < c.dim {
-        let cb = CB.min(c.dim - j0);
+        // Without block values, one block spans the row (fewer dispatches).
+        let cb = if c.pre.is_empty() {
+            c.dim
+        } else {
+            CB.min(c.dim - j0)
+        };
         // Operands of the block at coordinate offset `c0` within it.
         // SAFETY (pointer offsets): registers are below `c.regs`, channels below `stride`,
         // coordinates below `dim` (asserted sizes above).

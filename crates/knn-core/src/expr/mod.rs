@@ -35,6 +35,7 @@ mod plan;
 pub(crate) use plan::prepare_expr;
 pub use plan::{EngineProgram, ExprPlan, Instr, Src};
 
+use crate::matrix::MatrixRef;
 use std::fmt;
 
 /// Most operations (nodes) an expression may have after simplification.
@@ -253,6 +254,131 @@ pub struct MetricExpr {
     text: String,
     acc: Program,
     fin: Option<Program>,
+    fold: Option<Fold>,
+}
+
+/// Coordinates per block of [`MetricExpr::keys`]' fold form.
+const BLOCK: usize = 64;
+/// Pairs whose folds [`MetricExpr::keys`] interleaves.
+const PAIRS: usize = 8;
+
+/// An accumulation `acc ⊕ t` (or `t ⊕ acc`) whose `t` does not depend on `acc`: `t` can be
+/// computed for many coordinates at once, node by node, before the fold.
+#[derive(Clone, Debug)]
+struct Fold {
+    func: Func,
+    acc_first: bool,
+    /// Node of `t`.
+    t: usize,
+    /// The nodes `t` needs that depend on `x` alone or on nothing, in order: the same for
+    /// every base point.
+    shared: Vec<usize>,
+    /// The other nodes `t` needs, in order (every node but these, `acc` and the root).
+    own: Vec<usize>,
+    /// Per node: in `shared`.
+    is_shared: Vec<bool>,
+}
+
+impl Fold {
+    fn of(p: &Program) -> Option<Fold> {
+        let deps = p.deps();
+        let root = p.nodes.len() - 1;
+        let Op::Apply(func, a, b) = p.nodes[root].op else {
+            return None;
+        };
+        let (a, b) = (a as usize, b as usize);
+        let is_acc = |i: usize| p.nodes[i].op == Op::Acc;
+        let (acc_first, t) = match (is_acc(a), is_acc(b)) {
+            (true, false) => (true, b),
+            (false, true) => (false, a),
+            _ => return None,
+        };
+        if func.is_unary() || deps[t] & 1 != 0 {
+            return None;
+        }
+        // Every node but the root and acc is free of acc (so `t` is all that is left).
+        let nodes: Vec<usize> = (0..root).filter(|&i| !is_acc(i)).collect();
+        let (shared, own): (Vec<usize>, Vec<usize>) =
+            nodes.iter().partition(|&&i| deps[i] == 0 || deps[i] == 2);
+        let is_shared = (0..p.nodes.len()).map(|i| shared.contains(&i)).collect();
+        nodes.iter().all(|&i| deps[i] & 1 == 0).then_some(Fold {
+            func,
+            acc_first,
+            t,
+            shared,
+            own,
+            is_shared,
+        })
+    }
+}
+
+/// `acc[p] = acc[p] ⊕ buf[ts[p] + c]` for `c < n` in order, the rows interleaved (`⊕` =
+/// `func`, `acc` on the left when `acc_first`); the function chosen once for the block.
+#[inline(always)]
+fn fold_block(
+    acc: &mut [f64; PAIRS],
+    buf: &[f64],
+    ts: &[usize; PAIRS],
+    n: usize,
+    func: Func,
+    acc_first: bool,
+) {
+    #[inline(always)]
+    fn each(
+        acc: &mut [f64; PAIRS],
+        buf: &[f64],
+        ts: &[usize; PAIRS],
+        n: usize,
+        g: impl Fn(f64, f64) -> f64,
+    ) {
+        let rows: [&[f64]; PAIRS] = std::array::from_fn(|p| &buf[ts[p]..ts[p] + n]);
+        let mut a = *acc;
+        for c in 0..n {
+            for (a, row) in a.iter_mut().zip(&rows) {
+                *a = g(*a, row[c]);
+            }
+        }
+        *acc = a;
+    }
+    match (func, acc_first) {
+        (Func::Add, _) => each(acc, buf, ts, n, |a, t| a + t),
+        (Func::Max, true) => each(acc, buf, ts, n, |a, t| a.max(t)),
+        (Func::Max, false) => each(acc, buf, ts, n, |a, t| t.max(a)),
+        (Func::Min, true) => each(acc, buf, ts, n, |a, t| a.min(t)),
+        (Func::Min, false) => each(acc, buf, ts, n, |a, t| t.min(a)),
+        (Func::Mul, _) => each(acc, buf, ts, n, |a, t| a * t),
+        (Func::Sub, true) => each(acc, buf, ts, n, |a, t| a - t),
+        (Func::Sub, false) => each(acc, buf, ts, n, |a, t| t - a),
+        (Func::Div, true) => each(acc, buf, ts, n, |a, t| a / t),
+        (Func::Div, false) => each(acc, buf, ts, n, |a, t| t / a),
+        (g, true) => each(acc, buf, ts, n, |a, t| g.f64(a, t)),
+        (g, false) => each(acc, buf, ts, n, |a, t| g.f64(t, a)),
+    }
+}
+
+/// `out[l] = f(a[l], b[l])` in f64, the function chosen once for the whole slice (the same
+/// operations as [`Func::f64`], in loops the compiler vectorises).
+#[inline(always)]
+pub(crate) fn apply_slices(f: Func, a: &[f64], b: &[f64], out: &mut [f64]) {
+    #[inline(always)]
+    fn each(a: &[f64], b: &[f64], out: &mut [f64], g: impl Fn(f64, f64) -> f64) {
+        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+            *o = g(x, y);
+        }
+    }
+    match f {
+        Func::Neg => each(a, b, out, |x, y| Func::Neg.f64(x, y)),
+        Func::Abs => each(a, b, out, |x, y| Func::Abs.f64(x, y)),
+        Func::Sqrt => each(a, b, out, |x, y| Func::Sqrt.f64(x, y)),
+        Func::Exp => each(a, b, out, |x, y| Func::Exp.f64(x, y)),
+        Func::Log => each(a, b, out, |x, y| Func::Log.f64(x, y)),
+        Func::Add => each(a, b, out, |x, y| Func::Add.f64(x, y)),
+        Func::Sub => each(a, b, out, |x, y| Func::Sub.f64(x, y)),
+        Func::Mul => each(a, b, out, |x, y| Func::Mul.f64(x, y)),
+        Func::Div => each(a, b, out, |x, y| Func::Div.f64(x, y)),
+        Func::Min => each(a, b, out, |x, y| Func::Min.f64(x, y)),
+        Func::Max => each(a, b, out, |x, y| Func::Max.f64(x, y)),
+    }
 }
 
 impl MetricExpr {
@@ -262,6 +388,7 @@ impl MetricExpr {
         let (acc, fin) = parse::parse(text)?;
         Ok(MetricExpr {
             text: text.to_string(),
+            fold: Fold::of(&acc),
             acc,
             fin,
         })
@@ -275,12 +402,156 @@ impl MetricExpr {
     /// The exact (reference) key of two points: the accumulation over every coordinate in
     /// order, from `acc = 0`, in f64.
     pub fn key(&self, x: &[f32], y: &[f32]) -> f64 {
+        match &self.fold {
+            Some(f) => {
+                let mut buf = Vec::new();
+                let mut out = [0.0];
+                self.fold_keys(f, x, &[y], &mut out, &mut buf);
+                out[0]
+            }
+            None => self.key_plain(x, y),
+        }
+    }
+
+    /// [`MetricExpr::key`] of `x` and every base row `ids`, as `(key, id)` pairs appended to
+    /// `out`, in the order of `ids`. Faster than one key at a time: each key is a chain of
+    /// dependent f64 operations, and this runs several chains at once.
+    pub fn keys(&self, x: &[f32], base: MatrixRef<'_>, ids: &[u32], out: &mut Vec<(f64, u32)>) {
+        let Some(f) = &self.fold else {
+            out.extend(
+                ids.iter()
+                    .map(|&b| (self.key_plain(x, base.row(b as usize)), b)),
+            );
+            return;
+        };
+        let mut buf = Vec::new();
+        for group in ids.chunks(PAIRS) {
+            let rows: [&[f32]; PAIRS] =
+                std::array::from_fn(|p| base.row(group[p.min(group.len() - 1)] as usize));
+            let mut keys = [0.0; PAIRS];
+            self.fold_keys(f, x, &rows[..group.len()], &mut keys, &mut buf);
+            out.extend(keys.iter().zip(group).map(|(&k, &b)| (k, b)));
+        }
+    }
+
+    /// Keys one coordinate at a time, whatever the form.
+    fn key_plain(&self, x: &[f32], y: &[f32]) -> f64 {
         let mut v = [0.0f64; MAX_NODES];
         let mut acc = 0.0f64;
         for (&a, &b) in x.iter().zip(y) {
             acc = self.acc.eval_f64(acc, a as f64, b as f64, &mut v);
         }
         acc
+    }
+
+    /// Keys of `acc ⊕ t` forms for `x` and up to [`PAIRS`] rows `ys` into `out`: per block of
+    /// coordinates, `t` node by node (the nodes of `x` alone once for all rows), then the rows'
+    /// folds interleaved, each in coordinate order. The same operations on the same values as
+    /// [`MetricExpr::key_plain`], so the same bits. `buf` is scratch space.
+    fn fold_keys(&self, f: &Fold, x: &[f32], ys: &[&[f32]], out: &mut [f64], buf: &mut Vec<f64>) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F.
+                return unsafe { self.fold_keys_avx512(f, x, ys, out, buf) };
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2.
+                return unsafe { self.fold_keys_avx2(f, x, ys, out, buf) };
+            }
+        }
+        self.fold_keys_with(f, x, ys, out, buf)
+    }
+
+    /// [`MetricExpr::fold_keys_with`] compiled for AVX-512 (IEEE operations give the same bits
+    /// on every instruction set; the compiler forms no FMAs).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fold_keys_avx512(
+        &self,
+        f: &Fold,
+        x: &[f32],
+        ys: &[&[f32]],
+        out: &mut [f64],
+        buf: &mut Vec<f64>,
+    ) {
+        self.fold_keys_with(f, x, ys, out, buf)
+    }
+
+    /// [`MetricExpr::fold_keys_with`] compiled for AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn fold_keys_avx2(
+        &self,
+        f: &Fold,
+        x: &[f32],
+        ys: &[&[f32]],
+        out: &mut [f64],
+        buf: &mut Vec<f64>,
+    ) {
+        self.fold_keys_with(f, x, ys, out, buf)
+    }
+
+    #[inline(always)]
+    fn fold_keys_with(
+        &self,
+        f: &Fold,
+        x: &[f32],
+        ys: &[&[f32]],
+        out: &mut [f64],
+        buf: &mut Vec<f64>,
+    ) {
+        let nodes = self.acc.nodes.len();
+        let np = ys.len();
+        // Blocks of node values: the shared ones, then one region per row.
+        let region = nodes * BLOCK;
+        buf.resize(region * (1 + np), 0.0);
+        let slot = |i: usize, p: usize| {
+            if f.is_shared[i] {
+                i * BLOCK
+            } else {
+                (1 + p) * region + i * BLOCK
+            }
+        };
+        let slot = &slot;
+        let mut acc = [0.0f64; PAIRS];
+        let mut c0 = 0;
+        while c0 < x.len() {
+            let n = BLOCK.min(x.len() - c0);
+            // A macro, not a closure: closures are compiled without this function's target
+            // features (and not inlined), which makes the loops scalar.
+            macro_rules! eval {
+                ($i:expr, $p:expr, $y:expr) => {{
+                    let (i, p, y): (usize, usize, &[f32]) = ($i, $p, $y);
+                    // Operands come before the node: in the shared region or earlier in its own.
+                    let (lo, hi) = buf.split_at_mut(slot(i, p));
+                    let r = &mut hi[..n];
+                    match self.acc.nodes[i].op {
+                        Op::X => r.iter_mut().zip(&x[c0..c0 + n]).for_each(|(r, &v)| *r = v as f64),
+                        Op::Y => r.iter_mut().zip(&y[c0..c0 + n]).for_each(|(r, &v)| *r = v as f64),
+                        Op::Const(c) => r.fill(c),
+                        Op::Apply(g, a, b) => {
+                            let (sa, sb) = (slot(a as usize, p), slot(b as usize, p));
+                            apply_slices(g, &lo[sa..sa + n], &lo[sb..sb + n], r);
+                        }
+                        Op::Acc => unreachable!("acc is not among the fold's nodes"),
+                    }
+                }};
+            }
+            for &i in &f.shared {
+                eval!(i, 0, &[]);
+            }
+            for (p, y) in ys.iter().enumerate() {
+                for &i in &f.own {
+                    eval!(i, p, y);
+                }
+            }
+            // All PAIRS chains (the unused ones repeat the last row): fixed-size loops.
+            let ts: [usize; PAIRS] = std::array::from_fn(|p| slot(f.t, p.min(np - 1)));
+            fold_block(&mut acc, buf, &ts, n, f.func, f.acc_first);
+            c0 += n;
+        }
+        out[..np].copy_from_slice(&acc[..np]);
     }
 
     /// The distance of a key: the final step in f64 (the key itself without one).

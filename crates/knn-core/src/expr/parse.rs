@@ -605,6 +605,56 @@ mod tests {
     }
 
     #[test]
+    fn fold_form_keys_are_the_plain_keys() {
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for text in [
+            "acc + abs(x - y)",
+            "max(acc, abs(x - y))",
+            "abs(x - y) + acc",
+            "max(-x * y, acc)",
+            "acc + (sqrt(x) - sqrt(y))^2",
+            "acc + exp(-abs(x - y)) * log(x + y + 1) / (min(x, y) + 1)",
+            "acc + ((((x - y)^2 + 1) * (abs(x - y) + 2) + x) * y - 3 * x + 1)^2 * (x + y)",
+        ] {
+            let e = MetricExpr::parse(text).unwrap();
+            assert!(e.fold.is_some(), "{text}");
+            for d in [1usize, 31, 32, 33, 100] {
+                let x: Vec<f32> = (0..d).map(|_| next()).collect();
+                let y: Vec<f32> = (0..d).map(|_| next()).collect();
+                assert_eq!(
+                    e.key(&x, &y).to_bits(),
+                    e.key_plain(&x, &y).to_bits(),
+                    "{text} d={d}"
+                );
+                // Batched, in groups and a partial group, with repeated rows.
+                let rows: Vec<f32> = (0..11 * d).map(|_| next()).collect();
+                let base = crate::MatrixRef::new("b", &rows, d).unwrap();
+                let ids = [3u32, 0, 10, 3, 7, 1, 2, 9, 8, 4, 5, 6];
+                let mut out = Vec::new();
+                e.keys(&x, base, &ids, &mut out);
+                for (&(k, id), &want) in out.iter().zip(&ids) {
+                    assert_eq!(id, want);
+                    let plain = e.key_plain(&x, base.row(id as usize));
+                    assert_eq!(k.to_bits(), plain.to_bits(), "{text} d={d} id={id}");
+                }
+            }
+        }
+        for text in [
+            "0.5 * acc + abs(x - y)",
+            "acc + acc * x * y",
+            "max(acc, x) - y",
+        ] {
+            assert!(MetricExpr::parse(text).unwrap().fold.is_none(), "{text}");
+        }
+    }
+
+    #[test]
     fn sharing_and_folding_keep_programs_small() {
         let p = MetricExpr::parse("acc + (sqrt(x) - sqrt(y))^2").unwrap();
         // acc, x, sqrt x, y, sqrt y, -, *, +

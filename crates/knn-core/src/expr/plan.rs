@@ -33,7 +33,7 @@
 //! `log` of a value ≤ 0, a divisor interval holding 0), values beyond the f32 range, and final
 //! steps not shown non-decreasing over the keys' range are refused with a clear error.
 
-use super::{ExprError, Func, MetricExpr, Op, Program, Span, MAX_NODES};
+use super::{apply_slices, ExprError, Func, MetricExpr, Op, Program, Span, MAX_NODES};
 use crate::error::{KnnError, Result};
 use crate::matrix::{Matrix, MatrixRef};
 use rayon::prelude::*;
@@ -716,30 +716,43 @@ fn channels(
         .enumerate()
         .map(|(ci, (o, x))| {
             let mut ranges = vec![(f64::INFINITY, f64::NEG_INFINITY); nc];
-            let mut v = [0.0f64; MAX_NODES];
-            for (j, &xv) in x.iter().enumerate() {
-                let val = xv as f64;
-                for &i in &order {
-                    let r = match p.nodes[i].op {
-                        Op::X | Op::Y => val,
-                        Op::Const(c) => c,
-                        Op::Apply(f, a, b) => f.f64(v[a as usize], v[b as usize]),
-                        Op::Acc => unreachable!("acc is not pure"),
-                    };
-                    v[i] = r;
-                    if !r.is_finite() || !((r as f32).is_finite()) {
-                        let row = ci * rows_per + j / d;
-                        return (ranges, Some((row, j % d, i, xv, r)));
+            let at = |j: usize| (ci * rows_per + j / d, j % d);
+            // Node by node over the chunk (vectorised loops), in f64: the reference's values.
+            let mut vals: Vec<Vec<f64>> = vec![Vec::new(); p.nodes.len()];
+            for &i in &order {
+                let mut r = vec![0.0f64; x.len()];
+                match p.nodes[i].op {
+                    Op::X | Op::Y => r.iter_mut().zip(x).for_each(|(r, &v)| *r = v as f64),
+                    Op::Const(c) => r.fill(c),
+                    Op::Apply(f, a, b) => {
+                        apply_slices(f, &vals[a as usize], &vals[b as usize], &mut r)
                     }
+                    Op::Acc => unreachable!("acc is not pure"),
                 }
-                for (k, &root) in roots.iter().enumerate() {
-                    let r = v[root as usize];
-                    let r32 = r as f32;
-                    o[j * stride + k] = r32;
-                    let (lo, hi) = &mut ranges[k];
-                    *lo = lo.min(r).min(r32 as f64);
-                    *hi = hi.max(r).max(r32 as f64);
+                if let Some(j) = r.iter().position(|v| !v.is_finite()) {
+                    let (row, col) = at(j);
+                    return (ranges, Some((row, col, i, x[j], r[j])));
                 }
+                vals[i] = r;
+            }
+            for (k, &root) in roots.iter().enumerate() {
+                let r = &vals[root as usize];
+                if let Some(j) = r.iter().position(|&v| !(v as f32).is_finite()) {
+                    let (row, col) = at(j);
+                    return (ranges, Some((row, col, root as usize, x[j], r[j])));
+                }
+                for (o, &v) in o.chunks_exact_mut(stride).zip(r) {
+                    o[k] = v as f32;
+                }
+                // Finite values: plain comparisons (no NaN handling) vectorise.
+                let (mut lo, mut hi) = ranges[k];
+                for &v in r {
+                    let v32 = v as f32 as f64;
+                    let (a, b) = if v < v32 { (v, v32) } else { (v32, v) };
+                    lo = if a < lo { a } else { lo };
+                    hi = if b > hi { b } else { hi };
+                }
+                ranges[k] = (lo, hi);
             }
             (ranges, None)
         })
