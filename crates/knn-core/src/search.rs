@@ -236,7 +236,7 @@ impl Rerank<'_, '_> {
         } else if let Metric::Expr(e) = self.metric {
             // Expression keys are chains of dependent f64 operations: every candidate at once,
             // several chains interleaved, beats stopping early one key at a time.
-            e.keys(q, self.xb, c.ids, scratch);
+            e.keys(self.xq.row(qi), self.xb, c.ids, scratch);
         } else {
             let q = self.xq.row(qi);
             // The engine's rounding bound, recovered from its floor; candidates whose key less
