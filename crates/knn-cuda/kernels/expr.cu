@@ -13,8 +13,8 @@
 // KC: no stage is partial, and the loop is the built-in kernels' loop.
 __device__ __forceinline__ void tile_compute_expr(const float* __restrict__ Q, long long nq,
                                                   long long q0, const float* __restrict__ B,
-                                                  long long nb, long long b0, int d, float* work,
-                                                  float acc[8][8]) {
+                                                  long long nb, long long b0, int d, long long ldb,
+                                                  float* work, float acc[8][8]) {
     float* As = work;
     float* Bs = work + KC * SPAD;
     int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
@@ -23,16 +23,16 @@ __device__ __forceinline__ void tile_compute_expr(const float* __restrict__ Q, l
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[i][j] = 0.f;
     float va[8], vb[8];
-    load_stage(Q, nq, q0, d, 0, va);
-    load_stage(B, nb, b0, d, 0, vb);
+    load_stage(Q, nq, q0, d, d, 0, va);
+    load_stage(B, nb, b0, d, ldb, 0, vb);
     for (int k0 = 0; k0 < d; k0 += KC) {
         __syncthreads();
         store_stage(As, va);
         store_stage(Bs, vb);
         __syncthreads();
         if (k0 + KC < d) {
-            load_stage(Q, nq, q0, d, k0 + KC, va);
-            load_stage(B, nb, b0, d, k0 + KC, vb);
+            load_stage(Q, nq, q0, d, d, k0 + KC, va);
+            load_stage(B, nb, b0, d, ldb, k0 + KC, vb);
         }
         const bool full = !EXPR_TAIL || k0 + KC <= d;
 #pragma unroll

@@ -26,7 +26,7 @@ __device__ __forceinline__ float op(float acc, float a, float b) {
 // Loads this thread's 8 staged values of rows [r0, r0+128) x coordinates [k0, k0+16) (zero
 // outside the matrix): element e = tid + 256*i is row e/16, coordinate e%16.
 __device__ __forceinline__ void load_stage(const float* __restrict__ X, long long rows, long long r0,
-                                           int d, int k0, float v[8]) {
+                                           int d, long long ld, int k0, float v[8]) {
     int tid = threadIdx.x;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
@@ -34,7 +34,7 @@ __device__ __forceinline__ void load_stage(const float* __restrict__ X, long lon
         int r = e >> 4, k = e & 15;
         long long row = r0 + r;
         int col = k0 + k;
-        v[i] = (row < rows && col < d) ? X[row * (long long)d + col] : 0.f;
+        v[i] = (row < rows && col < d) ? X[row * ld + col] : 0.f;
     }
 }
 
@@ -52,11 +52,12 @@ __device__ __forceinline__ void store_stage(float* S, const float v[8]) {
 template <int KERNEL>
 __device__ __forceinline__ void tile_compute(const float* __restrict__ Q, long long nq, long long q0,
                                              const float* __restrict__ B, long long nb, long long b0,
-                                             int d, float* work, float acc[8][8]) {
+                                             int d, long long ldb, float* work,
+                                             float acc[8][8]) {
 #ifdef KNN_EXPR_ONLY
     if constexpr (KERNEL == KERNEL_EXPR) {
         // The generated per-coordinate program, over channel groups (kernels/expr.cu).
-        tile_compute_expr(Q, nq, q0, B, nb, b0, d, work, acc);
+        tile_compute_expr(Q, nq, q0, B, nb, b0, d, ldb, work, acc);
         return;
     }
 #endif
@@ -68,16 +69,16 @@ __device__ __forceinline__ void tile_compute(const float* __restrict__ Q, long l
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[i][j] = 0.f;
     float va[8], vb[8];
-    load_stage(Q, nq, q0, d, 0, va);
-    load_stage(B, nb, b0, d, 0, vb);
+    load_stage(Q, nq, q0, d, d, 0, va);
+    load_stage(B, nb, b0, d, ldb, 0, vb);
     for (int k0 = 0; k0 < d; k0 += KC) {
         __syncthreads();
         store_stage(As, va);
         store_stage(Bs, vb);
         __syncthreads();
         if (k0 + KC < d) {
-            load_stage(Q, nq, q0, d, k0 + KC, va);
-            load_stage(B, nb, b0, d, k0 + KC, vb);
+            load_stage(Q, nq, q0, d, d, k0 + KC, va);
+            load_stage(B, nb, b0, d, ldb, k0 + KC, vb);
         }
 #pragma unroll
         for (int kk = 0; kk < KC; kk++) {
@@ -129,14 +130,15 @@ __device__ __forceinline__ void mma_tf32(float c[4], const u32 a[4], const u32 b
 // Staged value i of a thread: row w*16 + (i>>2)*8 + (lane>>2), coordinate (i&3)*4 + (lane&3), so
 // that a warp's 32 stores hit 32 banks (bank = 8k + row mod 32).
 __device__ __forceinline__ void load_stage_tf(const float* __restrict__ X, long long rows,
-                                              long long r0, int d, int k0, float v[8]) {
+                                              long long r0, int d, long long ld, int k0,
+                                              float v[8]) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         int k = (i & 3) * 4 + (lane & 3), r = w * 16 + (i >> 2) * 8 + (lane >> 2);
         long long row = r0 + r;
         int col = k0 + k;
-        v[i] = (row < rows && col < d) ? X[row * (long long)d + col] : 0.f;
+        v[i] = (row < rows && col < d) ? X[row * ld + col] : 0.f;
     }
 }
 
@@ -153,8 +155,8 @@ __device__ __forceinline__ void store_stage_tf(float* S, const float v[8]) {
 // (g = lane>>2, t = lane&3). `work` holds 2*KC*SPAD_TF floats.
 __device__ __forceinline__ void tile_compute_tf(const float* __restrict__ Q, long long nq,
                                                 long long q0, const float* __restrict__ B,
-                                                long long nb, long long b0, int d, float* work,
-                                                float acc[4][4][4]) {
+                                                long long nb, long long b0, int d, long long ldb,
+                                                float* work, float acc[4][4][4]) {
     float* As = work;
     float* Bs = work + KC * SPAD_TF;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -167,16 +169,16 @@ __device__ __forceinline__ void tile_compute_tf(const float* __restrict__ Q, lon
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
     float va[8], vb[8];
-    load_stage_tf(Q, nq, q0, d, 0, va);
-    load_stage_tf(B, nb, b0, d, 0, vb);
+    load_stage_tf(Q, nq, q0, d, d, 0, va);
+    load_stage_tf(B, nb, b0, d, ldb, 0, vb);
     for (int k0 = 0; k0 < d; k0 += KC) {
         __syncthreads();
         store_stage_tf(As, va);
         store_stage_tf(Bs, vb);
         __syncthreads();
         if (k0 + KC < d) {
-            load_stage_tf(Q, nq, q0, d, k0 + KC, va);
-            load_stage_tf(B, nb, b0, d, k0 + KC, vb);
+            load_stage_tf(Q, nq, q0, d, d, k0 + KC, va);
+            load_stage_tf(B, nb, b0, d, ldb, k0 + KC, vb);
         }
 #pragma unroll
         for (int kk = 0; kk < KC; kk += 8) {
@@ -224,8 +226,8 @@ __device__ __forceinline__ void cp_async16(float* dst, const float* src, int src
 // chunk c = row * 4 + part (zero-filled outside the matrices).
 __device__ __forceinline__ void issue_stage_as(const float* __restrict__ Q, long long nq,
                                                long long q0, const float* __restrict__ B,
-                                               long long nb, long long b0, int d, int k0,
-                                               float* st) {
+                                               long long nb, long long b0, int d, long long ldb,
+                                               int k0, float* st) {
     int tid = threadIdx.x;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -236,7 +238,7 @@ __device__ __forceinline__ void issue_stage_as(const float* __restrict__ Q, long
         long long r = (i < 2 ? q0 : b0) + row;
         bool ok = r < (i < 2 ? nq : nb) && col < d;
         cp_async16(st + (i < 2 ? 0 : BQ * SROW_AS) + row * SROW_AS + part * 4,
-                   ok ? X + r * (long long)d + col : X, ok ? 16 : 0);
+                   ok ? X + r * (i < 2 ? (long long)d : ldb) + col : X, ok ? 16 : 0);
     }
     asm volatile("cp.async.commit_group;\n" ::);
 }
@@ -244,7 +246,8 @@ __device__ __forceinline__ void issue_stage_as(const float* __restrict__ Q, long
 __device__ __forceinline__ void tile_compute_tf_async(const float* __restrict__ Q, long long nq,
                                                       long long q0, const float* __restrict__ B,
                                                       long long nb, long long b0, int d,
-                                                      float* work, float acc[4][4][4]) {
+                                                      long long ldb, float* work,
+                                                      float acc[4][4][4]) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int g = lane >> 2, t = lane & 3;
     int qr = (warp & 1) * 64 + g, bc = (warp >> 1) * 32 + g;
@@ -255,16 +258,16 @@ __device__ __forceinline__ void tile_compute_tf_async(const float* __restrict__ 
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
     int nk = (d + KC - 1) / KC;
-    issue_stage_as(Q, nq, q0, B, nb, b0, d, 0, work);
+    issue_stage_as(Q, nq, q0, B, nb, b0, d, ldb, 0, work);
     if (nk > 1)
-        issue_stage_as(Q, nq, q0, B, nb, b0, d, KC, work + STAGE_AS);
+        issue_stage_as(Q, nq, q0, B, nb, b0, d, ldb, KC, work + STAGE_AS);
     else
         asm volatile("cp.async.commit_group;\n" ::);
     for (int s = 0; s < nk; s++) {
         asm volatile("cp.async.wait_group 1;\n" ::);
         __syncthreads();  // stage s landed for all; stage s-1's buffer is free
         if (s + 2 < nk)
-            issue_stage_as(Q, nq, q0, B, nb, b0, d, (s + 2) * KC, work + ((s + 2) % 3) * STAGE_AS);
+            issue_stage_as(Q, nq, q0, B, nb, b0, d, ldb, (s + 2) * KC, work + ((s + 2) % 3) * STAGE_AS);
         else
             asm volatile("cp.async.commit_group;\n" ::);
         const float* As = work + (s % 3) * STAGE_AS;
@@ -300,14 +303,15 @@ __device__ __forceinline__ void keys_to_smem(const float* __restrict__ Q,
                                              const float* __restrict__ qn, long long nq,
                                              long long q0, const float* __restrict__ B,
                                              const float* __restrict__ bn, long long nb,
-                                             long long b0, int d, float* work) {
+                                             long long b0, int d, int bstep, float* work) {
     int tid = threadIdx.x;
+    long long ldb = (long long)bstep * d;  // base row b of the tile is B[b * ldb], bn[b * bstep]
     if constexpr (TF) {
         float acc[4][4][4];
         if (TF_ASYNC && (d & 3) == 0 && ((((unsigned long long)Q) | ((unsigned long long)B)) & 15) == 0)
-            tile_compute_tf_async(Q, nq, q0, B, nb, b0, d, work, acc);
+            tile_compute_tf_async(Q, nq, q0, B, nb, b0, d, ldb, work, acc);
         else
-            tile_compute_tf(Q, nq, q0, B, nb, b0, d, work, acc);
+            tile_compute_tf(Q, nq, q0, B, nb, b0, d, ldb, work, acc);
         int lane = tid & 31, warp = tid >> 5;
         int g = lane >> 2, t = lane & 3;
         float qv[8], bv[8];
@@ -316,7 +320,7 @@ __device__ __forceinline__ void keys_to_smem(const float* __restrict__ Q,
             long long q = q0 + (warp & 1) * 64 + (i >> 1) * 16 + g + 8 * (i & 1);
             long long b = b0 + (warp >> 1) * 32 + (i >> 1) * 8 + 2 * t + (i & 1);
             qv[i] = (KERNEL == KERNEL_SQL2 && q < nq) ? qn[q] : 0.f;
-            bv[i] = (KERNEL == KERNEL_SQL2 && b < nb) ? bn[b] : 0.f;
+            bv[i] = (KERNEL == KERNEL_SQL2 && b < nb) ? bn[b * bstep] : 0.f;
         }
         __syncthreads();  // staging area becomes the key tile
 #pragma unroll
@@ -336,13 +340,13 @@ __device__ __forceinline__ void keys_to_smem(const float* __restrict__ Q,
     } else {
         int ty = tid >> 4, tx = tid & 15;
         float acc[8][8];
-        tile_compute<KERNEL>(Q, nq, q0, B, nb, b0, d, work, acc);
+        tile_compute<KERNEL>(Q, nq, q0, B, nb, b0, d, ldb, work, acc);
         float qv[8], bv[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             long long q = q0 + tile_row(ty, i), b = b0 + tile_row(tx, i);
             qv[i] = (KERNEL == KERNEL_SQL2 && q < nq) ? qn[q] : 0.f;
-            bv[i] = (KERNEL == KERNEL_SQL2 && b < nb) ? bn[b] : 0.f;
+            bv[i] = (KERNEL == KERNEL_SQL2 && b < nb) ? bn[b * bstep] : 0.f;
         }
         __syncthreads();  // staging area becomes the key tile
 #pragma unroll
@@ -399,6 +403,27 @@ __device__ __forceinline__ u64 warp_clean(u64 v, int lane) {
     return v;
 }
 
+// Sorts N independent warp-wide runs at once (warp_sort on each; interleaved for latency).
+template <int N>
+__device__ __forceinline__ void warp_sort_n(u64 v[N], int lane) {
+#pragma unroll
+    for (int k = 2; k <= 32; k <<= 1)
+#pragma unroll
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            bool keep_min = ((lane & j) == 0) == ((lane & k) == 0);
+#pragma unroll
+            for (int n = 0; n < N; n++) {
+                u64 o = __shfl_xor_sync(0xffffffffu, v[n], j);
+                v[n] = keep_min ? min(v[n], o) : max(v[n], o);
+            }
+        }
+}
+
+// The 32 smallest of two ascending warp-wide runs, ascending: min(a, reversed b) is bitonic.
+__device__ __forceinline__ u64 warp_lower(u64 a, u64 b, int lane) {
+    return warp_clean(min(a, __shfl_sync(0xffffffffu, b, 31 - lane)), lane);
+}
+
 // Merges 32 candidates (one per lane, any order, SENTINEL for none) into the sorted list e
 // (index s*32 + lane), keeping the W smallest: slot by slot, the lower half of (slot ∪ b) stays
 // and the upper half moves on (min / max of a sorted and a reversed sorted run are bitonic).
@@ -417,9 +442,22 @@ __device__ __forceinline__ void warp_merge(u64 e[S], u64 v, int W, int lane) {
         if (s * 32 + lane >= W) e[s] = SENTINEL;
 }
 
+// Row tiles are first filtered against float thresholds, all rows of a warp at once (0: every
+// row goes through the composite comparison, as before 2026-11-23; for A/B).
+#ifndef ROW_FILTER
+#define ROW_FILTER 1
+#endif
+// 1: no insertions at all (wrong results; measures the product and the filter alone).
+#ifndef SELECT_OFF
+#define SELECT_OFF 0
+#endif
 // Chunks with at least this many candidates below the threshold are merged as a batch.
 #ifndef BATCH_MIN
 #define BATCH_MIN 6
+#endif
+// A split's first tile (empty list, W <= 32) goes through a merge tree (0: the batch path).
+#ifndef TREE_FIRST
+#define TREE_FIRST 1
 #endif
 // Row tiles with at most this many candidates below the threshold insert them by rank.
 #ifndef RANK_MAX
@@ -487,17 +525,26 @@ __device__ __forceinline__ u64 warp_kth(const u64 e[S], int W) {
     return __shfl_sync(0xffffffffu, v, t & 31);
 }
 
-// One block: BQ queries x one split of the base ([split*split_len, +split_len) of this chunk).
-// Writes the split's top-W composites to out[(q * gridDim.y + split) * W + i]; entries above
-// the shared per-query threshold gthr[q] (may be null) are dropped, so a split's list may hold
-// fewer than W real entries (SENTINEL-padded), but the union always holds the true top W.
-// Base ids are id_base + local row. exclude (may be null) is indexed by local query row.
+// One block: BQ queries x one split of the base. A split is the rows [y*split_len, +split_len)
+// of this chunk (y = blockIdx.y), or, when `strided`, the rows y, y + nsplit, y + 2·nsplit, ...
+// (nsplit = gridDim.y), so that neighbours stored next to each other spread over the splits.
+// Each split keeps its top Ws (Ws <= W, Ws <= 32*S) and writes them, SENTINEL-padded to W, to
+// out[(q * gridDim.y + split) * W + i].
+// - Ws == W: entries above the shared per-query threshold gthr[q] (may be null; the smallest
+//   W-th key any split has reached) are dropped, so a split's list may hold fewer than W real
+//   entries, but the union always holds the true top W.
+// - Ws < W (truncated splits): gthr is only read (a bound primed from earlier base chunks), and
+//   every key a split left out is at least its final Ws-th entry, which the block folds into
+//   cut[q] (atomicMin). The union's top W then holds every key below min(its W-th, cut[q]):
+//   the floor the host proves against.
+// Base ids are id_base + chunk row. exclude (may be null) is indexed by local query row.
 // Dynamic shared memory: BQ*32*S u64 lists, then BQ*TSTRIDE floats (BQ*TS_TF when TF).
 template <int KERNEL, int S, bool TF>
 __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict__ qn, long long nq,
                            const float* __restrict__ B, const float* __restrict__ bn, long long nb,
-                           u32 id_base, int d, const u32* __restrict__ exclude, int W,
-                           long long split_len, u64* __restrict__ out, u64* __restrict__ gthr) {
+                           u32 id_base, int d, const u32* __restrict__ exclude, int W, int Ws,
+                           long long split_len, int strided, u64* __restrict__ out,
+                           u64* __restrict__ gthr, u64* __restrict__ cut) {
     constexpr int TS = TF ? TS_TF : TSTRIDE;
     extern __shared__ __align__(16) unsigned char smem[];
     u64* lists = (u64*)smem;
@@ -505,11 +552,22 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
     const int LW = 32 * S;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     long long q0 = (long long)blockIdx.x * BQ;
-    long long s0 = (long long)blockIdx.y * split_len;
-    long long s1 = min(s0 + split_len, nb);
+    const bool trunc = Ws < W;
+    long long s0, step, len;  // split rows: s0 + step * c for c in [0, len)
+    if (strided) {
+        s0 = blockIdx.y;
+        step = gridDim.y;
+        len = nb > s0 ? (nb - s0 + step - 1) / step : 0;
+    } else {
+        s0 = (long long)blockIdx.y * split_len;
+        step = 1;
+        len = max(0LL, min(split_len, nb - s0));
+    }
+    const float* Bs = B + s0 * d;
+    const float* bns = bn + s0;
     for (int i = tid; i < BQ * LW; i += THREADS) lists[i] = SENTINEL;
 
-    for (long long b0 = s0; b0 < s1; b0 += BB) {
+    for (long long b0 = 0; b0 < len; b0 += BB) {
         // gthr[q]: the smallest W-th key any split of this query has reached. The union's W-th
         // key is at most that, so larger candidates can never be selected. Loaded for the
         // warp's 16 rows (lane i: row warp + 8i) before the tile's product hides the latency;
@@ -517,13 +575,61 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
         u64 gpre = SENTINEL;
         if (gthr && lane < BQ / 8 && q0 + warp + 8 * lane < nq)
             gpre = *(volatile u64*)&gthr[q0 + warp + 8 * lane];
-        keys_to_smem<KERNEL, TF>(Q, qn, nq, q0, B, bn, s1, b0, d, work);
+        keys_to_smem<KERNEL, TF>(Q, qn, nq, q0, Bs, bns, len, b0, d, (int)step, work);
         __syncthreads();
-        int ncols = (int)min((long long)BB, s1 - b0);
-        for (int r = warp, ri = 0; r < BQ; r += THREADS / 32, ri++) {
+        int ncols = (int)min((long long)BB, len - b0);
+        // Filter: which of the warp's 16 rows (r = warp + 8i) have a key at or below their
+        // threshold (the list's W-th entry, or gthr when lower), compared as floats: one pass
+        // over the tile with independent loads, no composites; rows without any skip the
+        // insertion step. A key equal to the threshold (or NaN) passes here and is decided by
+        // the exact composite comparison below.
+        unsigned rows = 0xFFFFu;
+        if (ROW_FILTER) {
+            float thrf = __int_as_float(0x7f800000);  // +inf: an empty list takes anything
+            if (lane < BQ / 8) {
+                u64 t = min(lists[(warp + 8 * lane) * LW + Ws - 1], gpre);
+                u32 hi = (u32)(t >> 32);
+                if (hi != 0xFFFFFFFFu)
+                    thrf = __uint_as_float((hi & 0x80000000u) ? (hi & 0x7FFFFFFFu) : ~hi);
+            }
+            unsigned mine = 0;
+#pragma unroll
+            for (int i = 0; i < BQ / 8; i++) {
+                float t = __shfl_sync(0xffffffffu, thrf, i);
+                const float* row = work + (warp + 8 * i) * TS;
+                bool pass;
+                if constexpr (TS % 4 == 0) {
+                    float4 v = *(const float4*)&row[4 * lane];
+                    pass = !(v.x > t) || !(v.y > t) || !(v.z > t) || !(v.w > t);
+                } else {
+                    pass = !(row[lane] > t) || !(row[32 + lane] > t) || !(row[64 + lane] > t) ||
+                           !(row[96 + lane] > t);
+                }
+                mine |= pass ? 1u << i : 0u;
+            }
+#if __CUDA_ARCH__ >= 800
+            rows = __reduce_or_sync(0xffffffffu, mine);
+#else
+            rows = 0;
+#pragma unroll
+            for (int i = 0; i < BQ / 8; i++)
+                rows |= __ballot_sync(0xffffffffu, (mine >> i) & 1u) ? 1u << i : 0u;
+#endif
+        }
+        if (SELECT_OFF) rows = 0;
+        {
+            long long left = nq - q0 - warp;  // rows r = warp + 8i < nq - q0
+            if (left <= 0)
+                rows = 0;
+            else if (left < 8 * (BQ / 8))
+                rows &= (1u << (int)((left + 7) / 8)) - 1u;
+        }
+        while (rows) {
+            int ri = __ffs(rows) - 1;
+            rows &= rows - 1;
+            int r = warp + 8 * ri;
             long long q = q0 + r;
             u64 g = __shfl_sync(0xffffffffu, gpre, ri);
-            if (q >= nq) break;
             u32 skip = exclude ? exclude[q] : NO_ID;
             u64 e[S];
 #pragma unroll
@@ -532,10 +638,10 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
 #pragma unroll
             for (int j = 0; j < BB / 32; j++) {
                 int c = j * 32 + lane;
-                u32 id = id_base + (u32)(b0 + c);
+                u32 id = id_base + (u32)(s0 + step * (b0 + c));
                 cv[j] = (c < ncols && id != skip) ? composite(work[r * TS + c], id) : SENTINEL;
             }
-            u64 thr = min(warp_kth<S>(e, W), g);
+            u64 thr = min(warp_kth<S>(e, Ws), g);
             unsigned m[BB / 32];
             int total = 0;
 #pragma unroll
@@ -544,8 +650,19 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
                 total += __popc(m[j]);
             }
             if (total == 0) continue;
-            if (total <= RANK_MAX) {
-                rank_insert<S>(e, cv, m, W, lane, lists + r * LW);
+            if (S == 1 && TREE_FIRST && total > RANK_MAX && warp_kth<S>(e, 1) == SENTINEL) {
+                // An empty list (a split's first tile) and many candidates: the smallest 32 of
+                // the tile by four independent sorts and a merge tree, then truncated to Ws.
+                u64 c[BB / 32];
+#pragma unroll
+                for (int j = 0; j < BB / 32; j++) c[j] = cv[j] < thr ? cv[j] : SENTINEL;
+                warp_sort_n<BB / 32>(c, lane);
+                u64 lo = warp_lower(warp_lower(c[0], c[1], lane), warp_lower(c[2], c[3], lane),
+                                    lane);
+                e[0] = lane < Ws ? lo : SENTINEL;
+                lists[r * LW + lane] = e[0];
+            } else if (total <= RANK_MAX) {
+                rank_insert<S>(e, cv, m, Ws, lane, lists + r * LW);
             } else {
                 // Many candidates (the first tiles): chunk by chunk, batches by sorting
                 // networks, stragglers one by one, the threshold tightening as the list fills.
@@ -553,15 +670,15 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
                 for (int j = 0; j < BB / 32; j++) {
                     unsigned mask = __ballot_sync(0xffffffffu, cv[j] < thr);
                     if (__popc(mask) >= BATCH_MIN) {
-                        warp_merge<S>(e, cv[j] < thr ? cv[j] : SENTINEL, W, lane);
-                        thr = min(warp_kth<S>(e, W), g);
+                        warp_merge<S>(e, cv[j] < thr ? cv[j] : SENTINEL, Ws, lane);
+                        thr = min(warp_kth<S>(e, Ws), g);
                         continue;
                     }
                     while (mask) {
                         int src = __ffs(mask) - 1;
                         u64 v = __shfl_sync(0xffffffffu, cv[j], src);
-                        warp_insert<S>(e, v, W, lane);
-                        thr = min(warp_kth<S>(e, W), g);
+                        warp_insert<S>(e, v, Ws, lane);
+                        thr = min(warp_kth<S>(e, Ws), g);
                         mask &= ~(1u << src);
                         mask &= __ballot_sync(0xffffffffu, cv[j] < thr);
                     }
@@ -569,8 +686,8 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
 #pragma unroll
                 for (int s = 0; s < S; s++) lists[r * LW + s * 32 + lane] = e[s];
             }
-            u64 own = warp_kth<S>(e, W);
-            if (gthr && lane == 0 && own < g) atomicMin(&gthr[q], own);
+            u64 own = warp_kth<S>(e, Ws);
+            if (gthr && !trunc && lane == 0 && own < g) atomicMin(&gthr[q], own);
         }
         __syncthreads();  // the key tile becomes staging again
     }
@@ -578,7 +695,9 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
         long long q = q0 + r;
         if (q >= nq) break;
         u64* o = out + (q * gridDim.y + blockIdx.y) * (long long)W;
-        for (int i = lane; i < W; i += 32) o[i] = lists[r * LW + i];
+        for (int i = lane; i < W; i += 32) o[i] = i < LW ? lists[r * LW + i] : SENTINEL;
+        if (trunc && cut && lane == 0 && lists[r * LW + Ws - 1] != SENTINEL)
+            atomicMin(&cut[q], lists[r * LW + Ws - 1]);
     }
 }
 
@@ -632,13 +751,16 @@ MERGE(merge_w64, 2)
 MERGE(merge_w128, 4)
 #endif
 
+// TF32 kernels with lists of 32 leave room for two blocks per SM (shared memory 102 KB each):
+// registers are capped at 128 so that they do too (no spills; the FP32 ones would spill).
 #define FUSED(NAME, K, S, TF)                                                                      \
-    extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                    \
+    extern "C" __global__ void __launch_bounds__(THREADS, (S) == 1 && (TF) ? 2 : 1) NAME(         \
         const float* __restrict__ Q, const float* __restrict__ qn, long long nq,                   \
         const float* __restrict__ B, const float* __restrict__ bn, long long nb, u32 id_base,      \
-        int d, const u32* __restrict__ exclude, int W, long long split_len, u64* __restrict__ out, \
-        u64* __restrict__ gthr) {                                                                  \
-        fused_topk<K, S, TF>(Q, qn, nq, B, bn, nb, id_base, d, exclude, W, split_len, out, gthr);  \
+        int d, const u32* __restrict__ exclude, int W, int Ws, long long split_len, int strided,   \
+        u64* __restrict__ out, u64* __restrict__ gthr, u64* __restrict__ cut) {                    \
+        fused_topk<K, S, TF>(Q, qn, nq, B, bn, nb, id_base, d, exclude, W, Ws, split_len, strided, \
+                             out, gthr, cut);                                                      \
     }
 #ifndef KNN_EXPR_ONLY  // expression modules instantiate their own (kernels/expr.cu)
 FUSED(fused_sql2_w32, KERNEL_SQL2, 1, false)
@@ -671,7 +793,7 @@ __device__ void tile_keys(const float* __restrict__ Q, const float* __restrict__
     int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
     long long q0 = (long long)blockIdx.x * BQ, b0 = (long long)blockIdx.y * BB;
     float acc[8][8];
-    tile_compute<KERNEL>(Q, nq, q0, B, nb, b0, d, work, acc);
+    tile_compute<KERNEL>(Q, nq, q0, B, nb, b0, d, d, work, acc);
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         long long q = q0 + tile_row(ty, i);
@@ -724,7 +846,7 @@ __device__ void filter_keys(const float* __restrict__ Q, const float* __restrict
         if (running) tpre = running[q * W + W - 1];
         if (exclude) xpre = exclude[q];
     }
-    keys_to_smem<KERNEL, TF>(Q, qn, nq, q0, B, bn, nb, b0, d, work);
+    keys_to_smem<KERNEL, TF>(Q, qn, nq, q0, B, bn, nb, b0, d, 1, work);
     __syncthreads();
     int ncols = (int)min((long long)BB, nb - b0);
     for (int r = warp, ri = 0; r < BQ; r += THREADS / 32, ri++) {

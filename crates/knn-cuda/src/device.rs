@@ -341,10 +341,24 @@ fn kernel_names(src: &str) -> Vec<String> {
     let mut rest = joined.as_str();
     while let Some(i) = rest.find("extern \"C\" __global__ void") {
         rest = &rest[i + "extern \"C\" __global__ void".len()..];
-        let name: String = rest
-            .trim_start()
-            .trim_start_matches("__launch_bounds__(SEL_THREADS)")
-            .trim_start_matches("__launch_bounds__(THREADS)")
+        let mut head = rest.trim_start();
+        if let Some(args) = head.strip_prefix("__launch_bounds__(") {
+            // Skip the bounds' balanced parentheses.
+            let mut depth = 1;
+            let end = args
+                .char_indices()
+                .find(|&(_, c)| {
+                    depth += match c {
+                        '(' => 1,
+                        ')' => -1,
+                        _ => 0,
+                    };
+                    depth == 0
+                })
+                .map_or(args.len(), |(j, _)| j + 1);
+            head = &args[end..];
+        }
+        let name: String = head
             .trim_start()
             .chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
@@ -515,7 +529,13 @@ mod tests {
             eprintln!("SKIPPED: NVRTC not loadable here");
             return;
         }
-        let dir = std::env::temp_dir().join(format!("knn-nvrtc-test-{}", std::process::id()));
+        // KNN_KEEP_PTX=DIR keeps the PTX there, e.g. for `ptxas -arch=sm_90 -v` (registers and
+        // spills without a GPU).
+        let keep = std::env::var_os("KNN_KEEP_PTX");
+        let dir = keep.clone().map_or_else(
+            || std::env::temp_dir().join(format!("knn-nvrtc-test-{}", std::process::id())),
+            std::path::PathBuf::from,
+        );
         std::env::set_var("XDG_CACHE_HOME", &dir);
         let ptx = compiled_ptx(9, 0).expect("kernels compile");
         let text = ptx.to_src();
@@ -562,6 +582,8 @@ mod tests {
                 "{expr}: built-ins compiled"
             );
         }
-        let _ = std::fs::remove_dir_all(dir);
+        if keep.is_none() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }

@@ -80,6 +80,9 @@ struct Rows {
     keys: Vec<f32>,
     ids: Vec<u32>,
     exact: Option<Vec<f64>>,
+    /// Per row, a key every point left out is at least, besides the W-th key (truncated
+    /// splits of the fused method; +∞ elsewhere).
+    cut: Vec<f32>,
 }
 
 /// Host-side facts about a base, kept per [`CandidateRequest::base_key`].
@@ -209,10 +212,22 @@ impl CudaEngine {
                             *m = out.kernel_ms;
                         }
                         let (keys, ids) = out.composites.into_iter().map(fused::decode).unzip();
+                        let cut = out
+                            .cut
+                            .into_iter()
+                            .map(|c| {
+                                if c == u64::MAX {
+                                    f32::INFINITY
+                                } else {
+                                    fused::decode(c).0
+                                }
+                            })
+                            .collect();
                         Rows {
                             keys,
                             ids,
                             exact: out.exact,
+                            cut,
                         }
                     })
                 }
@@ -220,6 +235,7 @@ impl CudaEngine {
                     keys,
                     ids,
                     exact: None,
+                    cut: vec![f32::INFINITY; req.queries.rows()],
                 }),
             };
             match r {
@@ -249,14 +265,22 @@ impl Engine for CudaEngine {
     }
 
     /// The fused method's first tries of GEMM kernels run on TF32 tensor cores, whose rounding
-    /// bound (about 4·2⁻¹¹‖q‖‖b‖) spans more neighbours: on-chip widths are filled up to their
-    /// slot count (32, 64, 128: same cost), wider lists get k/4 more.
+    /// bound (about 4·2⁻¹¹‖q‖‖b‖, less on centred data) spans more neighbours: lists get at
+    /// least k/4 more entries.
     fn candidate_width(&self, k: usize, available: usize, kernel: Kernel) -> usize {
         let w = k + 4 + k / 16;
-        let w = if self.method != Method::Fused || !kernel.is_gemm() {
+        let fixed = std::env::var("KNN_CUDA_WIDTH") // measurements only
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok());
+        let w = if let Some(f) = fixed {
+            f.max(k)
+        } else if self.method != Method::Fused || !kernel.is_gemm() {
             w
-        } else if w <= SMALL_WIDTH_MAX {
-            w.next_power_of_two().max(32)
+        } else if w.max(k + k / 4) <= SMALL_WIDTH_MAX {
+            // On-chip lists: a multiple of 8, at least k + k/4 (k = 16: 24, k = 100: 128).
+            // Every entry beyond the k-th costs insertions in every split; these margins
+            // proved the rows of uniform data with no retry (k = 16 at 21: 10 of 4096 rows).
+            w.max(k + k / 4).next_multiple_of(8)
         } else {
             w.max(k + k / 4)
         };
@@ -315,7 +339,7 @@ impl Engine for CudaEngine {
             // Only re-asks of a few hard rows get this wide: the CPU engine scans them.
             return knn_cpu::CpuEngine::default().candidates_expr(req, plan);
         }
-        let (keys, ids) = {
+        let (keys, ids, cut) = {
             let mut gpu = self
                 .gpu
                 .lock()
@@ -333,7 +357,7 @@ impl Engine for CudaEngine {
                 bn_max: 0.0,
             };
             let rows = self.rows(&mut gpu, req, &info, false, Some(&tag))?;
-            (rows.keys, rows.ids)
+            (rows.keys, rows.ids, rows.cut)
         };
         for (i, row) in ids.chunks(w).enumerate() {
             let skip = req.exclude.map(|e| e[i]);
@@ -353,7 +377,7 @@ impl Engine for CudaEngine {
                 if complete {
                     f32::INFINITY
                 } else {
-                    plan.floor(keys[i * w + w - 1])
+                    plan.floor(keys[i * w + w - 1].min(cut[i]))
                 }
             })
             .collect();
@@ -393,7 +417,12 @@ impl CudaEngine {
             return Ok((knn_cpu::CpuEngine::default().candidates(req)?, None));
         }
         let info = self.base_info(req);
-        let Rows { keys, ids, exact } = {
+        let Rows {
+            keys,
+            ids,
+            exact,
+            cut,
+        } = {
             let mut gpu = self
                 .gpu
                 .lock()
@@ -418,7 +447,15 @@ impl CudaEngine {
         } else {
             (F32_UNIT, 0.0)
         };
-        let floor = floors(req, &keys, info.bn_max, info.centre.as_deref(), u, u_in);
+        let floor = floors(
+            req,
+            &keys,
+            &cut,
+            info.bn_max,
+            info.centre.as_deref(),
+            u,
+            u_in,
+        );
         let c = Candidates {
             width: w,
             ids,

@@ -34,7 +34,7 @@ pub(crate) fn prelude(p: &EngineProgram, values: usize) -> String {
     s.push_str(
         "__device__ __forceinline__ void tile_compute_expr(const float* __restrict__ Q, \
          long long nq, long long q0, const float* __restrict__ B, long long nb, long long b0, \
-         int d, float* work, float acc[8][8]);\n",
+         int d, long long ldb, float* work, float acc[8][8]);\n",
     );
     s.push_str(
         "__device__ __forceinline__ float expr_op(float acc, const float* x, const float* y) {\n",

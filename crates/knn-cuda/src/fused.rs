@@ -2,7 +2,7 @@
 //! on-chip top-W for W ≤ 128 ([`SMALL_WIDTH_MAX`]), device key tiles + radix select beyond.
 
 use crate::device::{dev_err, Gpu};
-use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use knn_core::{CandidateRequest, Kernel, KnnError, Result};
 
 /// Queries per block tile of the fused kernels (`BQ` in `kernels/fused.cu`).
@@ -46,6 +46,106 @@ fn split_count(qblocks: usize, slots: usize, tiles: usize) -> usize {
     }
     best
 }
+
+/// Entries each of `nsplit` splits keeps of a `w`-wide search when splits are truncated: the
+/// fewest with `nsplit · P(Binomial(w, 1/nsplit) ≥ ws) ≤ 1e-5`. Splits take strided rows, so a
+/// query's w nearest fall into them about uniformly, and a row loses its proof only when one
+/// split holds ws of them (then the pipeline retries it). Fewer entries per split mean far
+/// fewer insertions: each split inserts about ws·(1 + ln(len/ws)) keys.
+pub(crate) fn split_width(w: usize, nsplit: usize) -> usize {
+    if nsplit <= 1 || std::env::var("KNN_CUDA_TRUNC").is_ok_and(|v| v == "0") {
+        return w;
+    }
+    let p = 1.0 / nsplit as f64;
+    // ln C(w, i) + i ln p + (w - i) ln(1 - p), summed from the top.
+    let ln_fact = |n: usize| (1..=n).map(|x| (x as f64).ln()).sum::<f64>();
+    let term = |i: usize| {
+        (ln_fact(w) - ln_fact(i) - ln_fact(w - i)
+            + i as f64 * p.ln()
+            + (w - i) as f64 * (-p).ln_1p())
+        .exp()
+    };
+    let mut tail = 0.0;
+    for ws in (1..=w).rev() {
+        tail += term(ws);
+        if nsplit as f64 * tail > 1e-5 {
+            return (ws + 1).min(w);
+        }
+    }
+    1
+}
+
+/// The fused kernel of one call and how it splits the base.
+struct SplitPlan<'a> {
+    f: &'a CudaFunction,
+    name: String,
+    smem: usize,
+    nsplit: usize,
+    /// Entries each split keeps: `w`, or fewer for truncated splits (see the kernel).
+    ws: usize,
+}
+
+/// Picks the narrowest list kernel (32, 64 or 128 slots, at most the `slots` of width `w`)
+/// that holds the entries its splits keep: a narrower kernel takes less shared memory, so
+/// more blocks per SM, and its splits keep fewer entries. Splits fill the last wave of
+/// resident blocks (with 79 query tiles on 132 single-block SMs, 5 splits fill 3 waves).
+#[allow(clippy::too_many_arguments)]
+fn split_plan<'a>(
+    gpu: &'a Gpu,
+    tf: bool,
+    tag: &str,
+    slots: usize,
+    w: usize,
+    qblocks: usize,
+    tiles: usize,
+    rows: usize,
+) -> Result<SplitPlan<'a>> {
+    for s in [1, 2, 4].into_iter().filter(|&s| s <= slots) {
+        let name = format!("fused_{}{tag}_w{}", if tf { "tf32_" } else { "" }, 32 * s);
+        let f = gpu.func(&name)?;
+        let smem = QUERY_TILE * 32 * s * 8 + if tf { TILE_SMEM_TF32 } else { TILE_SMEM };
+        if smem > gpu.max_smem_optin {
+            return Err(KnnError::Device(format!(
+                "{name} needs {smem} bytes of shared memory, the device allows {}",
+                gpu.max_smem_optin
+            )));
+        }
+        f.set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(dev_err("shared memory limit"))?;
+        // At most 2 per SM counted: the memory plan of `run` assumes it.
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
+            .unwrap_or(1)
+            .clamp(1, 2) as usize;
+        let nsplit = std::env::var("KNN_CUDA_SPLITS") // measurements only
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or_else(
+                || split_count(qblocks, gpu.sm_count * per_sm, tiles),
+                |v| v.clamp(1, tiles.max(1)),
+            );
+        // Truncation needs every split to hold ws rows and the union w of them.
+        let ws = if rows > w && rows / nsplit.max(1) >= w {
+            split_width(w, nsplit)
+        } else {
+            w
+        };
+        if ws <= 32 * s || s == slots {
+            return Ok(SplitPlan {
+                f,
+                name,
+                smem,
+                nsplit,
+                ws: ws.min(w),
+            });
+        }
+    }
+    Err(KnnError::Device(format!("no list kernel for width {w}")))
+}
+
 const SENTINEL: u64 = u64::MAX;
 
 /// The name part of a built-in kernel's functions (`fused_{tag}_w32`, ...); expression modules
@@ -119,6 +219,9 @@ pub(crate) struct BaseView<'a> {
 /// when asked for and possible, and the kernels' device time when it could be measured.
 pub(crate) struct Output {
     pub composites: Vec<u64>,
+    /// Per row, the smallest entry a truncated split left out (SENTINEL: none): every base
+    /// point missing from the row is at least min(its W-th composite, this).
+    pub cut: Vec<u64>,
     pub exact: Option<Vec<f64>>,
     pub kernel_ms: Option<f32>,
 }
@@ -241,6 +344,7 @@ pub(crate) fn run(
     let given_base = held.and_then(Resident::given).filter(|_| base.exact);
     let mut exact = given_base.map(|_| vec![0.0f64; nq * w]);
     let mut out = vec![SENTINEL; nq * w];
+    let mut cut_all = vec![SENTINEL; nq];
     let mut kernel_ms = Some(0.0f32);
     for qs in (0..nq).step_by(qc) {
         let qe = (qs + qc).min(nq);
@@ -262,6 +366,8 @@ pub(crate) fn run(
             None => None,
         };
         let excl_ptr = excl.as_ref().map_or(0, |e| gpu.ptr(e));
+        let cut = gpu.alloc::<u64>(n)?;
+        gpu.fill_u64(gpu.ptr(&cut), n, SENTINEL)?;
         let mut running: Option<Lists> = None;
         let t0 = gpu
             .ctx
@@ -282,75 +388,68 @@ pub(crate) fn run(
             };
             let bl = be - bs;
             if small {
-                let name = format!(
-                    "fused_{}{tag}_w{}",
-                    if tf { "tf32_" } else { "" },
-                    32 * slots
-                );
-                let f = gpu.func(&name)?;
-                let smem =
-                    QUERY_TILE * 32 * slots * 8 + if tf { TILE_SMEM_TF32 } else { TILE_SMEM };
-                if smem > gpu.max_smem_optin {
-                    return Err(KnnError::Device(format!(
-                        "{name} needs {smem} bytes of shared memory, the device allows {}",
-                        gpu.max_smem_optin
-                    )));
-                }
-                f.set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
-                )
-                .map_err(dev_err("shared memory limit"))?;
-                // Split the base so that the last wave of resident blocks is (nearly) full: with
-                // 79 query tiles on 132 single-block SMs, 5 splits fill 3 waves.
-                let per_sm = f
-                    .occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
-                    .unwrap_or(1)
-                    .clamp(1, 2) as usize;
-                // (At most 2 per SM counted: the memory plan above assumes it.)
-                let slots_total = gpu.sm_count * per_sm;
-                let qblocks = n.div_ceil(QUERY_TILE);
                 let tiles = bl.div_ceil(BASE_TILE);
-                let want = split_count(qblocks, slots_total, tiles);
-                let split_len = tiles.div_ceil(want) * BASE_TILE;
-                let nsplit = bl.div_ceil(split_len);
+                let qblocks = n.div_ceil(QUERY_TILE);
+                let plan = split_plan(gpu, tf, tag, slots, w, qblocks, tiles, bl)?;
+                let SplitPlan {
+                    f,
+                    name,
+                    smem,
+                    nsplit,
+                    ws,
+                } = plan;
+                // Several splits take strided rows (split y: rows y, y + nsplit, ...), so that
+                // a run of stored neighbours spreads over them (what truncation relies on).
+                let contiguous = std::env::var("KNN_CUDA_STRIDE").is_ok_and(|v| v == "0");
+                let (split_len, strided) = if nsplit > 1 && !contiguous {
+                    (0, 1)
+                } else {
+                    (tiles.div_ceil(nsplit) * BASE_TILE, 0)
+                };
+                let nsplit = bl.div_ceil(split_len.max(1)).min(nsplit).max(1);
                 let partial = gpu.alloc::<u64>(n * nsplit * w)?;
                 gpu.fill_u64(gpu.ptr(&partial), n * nsplit * w, SENTINEL)?;
                 let gthr = gpu.alloc::<u64>(n)?;
                 gpu.fill_u64(gpu.ptr(&gthr), n, SENTINEL)?;
                 let pg = gpu.ptr(&gthr);
-                let launch = |rows: usize, split_len: usize, nsplit: usize, out: u64, thr: u64| {
-                    let args = (
-                        (gpu.ptr(&q), gpu.ptr(&qn), n as i64),
-                        (gpu.ptr(b), gpu.ptr(bn), rows as i64, bs as u32),
-                        (d as i32, excl_ptr, w as i32, split_len as i64, out, thr),
-                    );
-                    let mut l = gpu.stream.launch_builder(f);
-                    l.arg(&args.0 .0)
-                        .arg(&args.0 .1)
-                        .arg(&args.0 .2)
-                        .arg(&args.1 .0)
-                        .arg(&args.1 .1)
-                        .arg(&args.1 .2)
-                        .arg(&args.1 .3)
-                        .arg(&args.2 .0)
-                        .arg(&args.2 .1)
-                        .arg(&args.2 .2)
-                        .arg(&args.2 .3)
-                        .arg(&args.2 .4)
-                        .arg(&args.2 .5);
-                    // SAFETY: buffers sized as the kernel documents: q n×d, qn n, b ≥ rows×d,
-                    // bn ≥ rows, exclude n (or null), out n×nsplit×w, thr n (or null).
-                    unsafe {
-                        l.launch(LaunchConfig {
-                            grid_dim: (qblocks as u32, nsplit as u32, 1),
-                            block_dim: (256, 1, 1),
-                            shared_mem_bytes: smem as u32,
-                        })
-                    }
-                    .map_err(dev_err(&name))
-                    .map(|_| ())
-                };
+                let launch =
+                    |rows: usize, split: (usize, i32, usize, i32), out: u64, thr: u64, cut: u64| {
+                        let (split_len, strided, nsplit, ws) = split;
+                        let args = (
+                            (gpu.ptr(&q), gpu.ptr(&qn), n as i64),
+                            (gpu.ptr(b), gpu.ptr(bn), rows as i64, bs as u32),
+                            (d as i32, excl_ptr, w as i32, ws, split_len as i64, strided),
+                            (out, thr, cut),
+                        );
+                        let mut l = gpu.stream.launch_builder(f);
+                        l.arg(&args.0 .0)
+                            .arg(&args.0 .1)
+                            .arg(&args.0 .2)
+                            .arg(&args.1 .0)
+                            .arg(&args.1 .1)
+                            .arg(&args.1 .2)
+                            .arg(&args.1 .3)
+                            .arg(&args.2 .0)
+                            .arg(&args.2 .1)
+                            .arg(&args.2 .2)
+                            .arg(&args.2 .3)
+                            .arg(&args.2 .4)
+                            .arg(&args.2 .5)
+                            .arg(&args.3 .0)
+                            .arg(&args.3 .1)
+                            .arg(&args.3 .2);
+                        // SAFETY: buffers sized as the kernel documents: q n×d, qn n, b ≥ rows×d,
+                        // bn ≥ rows, exclude n (or null), out n×nsplit×w, thr and cut n (or null).
+                        unsafe {
+                            l.launch(LaunchConfig {
+                                grid_dim: (qblocks as u32, nsplit as u32, 1),
+                                block_dim: (256, 1, 1),
+                                shared_mem_bytes: smem as u32,
+                            })
+                        }
+                        .map_err(dev_err(&name))
+                        .map(|_| ())
+                    };
                 // Prime each query's shared threshold with a proven bound on its W-th
                 // composite: the W-th of the lists so far (earlier base chunks), or of the
                 // first `prime` rows of this chunk (the same kernel: the same key bits).
@@ -360,7 +459,7 @@ pub(crate) fn run(
                     Some(r) => Some(gpu.ptr(&r.buf)),
                     None if prime > 0 && bl >= 4 * prime => {
                         prefix = gpu.alloc::<u64>(n * w)?;
-                        launch(prime, prime, 1, gpu.ptr(&prefix), 0)?;
+                        launch(prime, (prime, 0, 1, w as i32), gpu.ptr(&prefix), 0, 0)?;
                         Some(gpu.ptr(&prefix))
                     }
                     None => None,
@@ -368,7 +467,13 @@ pub(crate) fn run(
                 if let Some(src) = source {
                     prime_thresholds(gpu, src, n, w, pg)?;
                 }
-                launch(bl, split_len, nsplit, gpu.ptr(&partial), pg)?;
+                launch(
+                    bl,
+                    (split_len, strided, nsplit, ws as i32),
+                    gpu.ptr(&partial),
+                    pg,
+                    gpu.ptr(&cut),
+                )?;
                 // One split and no earlier chunk: the split's sorted list is the answer.
                 let next = if nsplit == 1 && running.is_none() {
                     Lists { buf: partial }
@@ -430,9 +535,11 @@ pub(crate) fn run(
         }
         let host = gpu.download(&r.buf, n * w)?;
         out[qs * w..qe * w].copy_from_slice(&host);
+        cut_all[qs..qe].copy_from_slice(&gpu.download(&cut, n)?);
     }
     Ok(Output {
         composites: out,
+        cut: cut_all,
         exact,
         kernel_ms,
     })
@@ -785,7 +892,18 @@ fn key_blocks(
 
 #[cfg(test)]
 mod tests {
-    use super::split_count;
+    use super::{split_count, split_width};
+
+    #[test]
+    fn truncated_splits_keep_a_binomial_margin() {
+        // 32 wide over 8 splits: 4 expected per split, 16 kept.
+        assert_eq!(split_width(32, 8), 16);
+        assert_eq!(split_width(128, 5), 49);
+        assert_eq!(split_width(128, 10), 32);
+        // One split keeps everything; many splits keep a few each.
+        assert_eq!(split_width(32, 1), 32);
+        assert_eq!(split_width(32, 264), 6);
+    }
 
     #[test]
     fn splits_fill_the_last_wave() {
