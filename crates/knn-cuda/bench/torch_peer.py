@@ -1,15 +1,29 @@
 """PyTorch peer for the CUDA engine's bench: ‖q‖²+‖r‖²−2qrᵀ via torch.addmm then topk (TF32
 off), and torch.cdist(p=1)+topk for L1; CUDA events, median after warm-up.
-Usage: python3 bench/torch_peer.py [nb nq d k]"""
+Usage: python3 bench/torch_peer.py [nb nq d k] [--data DIR]
+(--data: base and queries from DIR/base.npy and DIR/queries.npy, as bench_cuda --data reads
+them; their shapes replace nb, nq and d.)"""
 import sys
 import torch
 
-nb, nq, d, k = (int(x) for x in (sys.argv[1:5] if len(sys.argv) >= 5 else (16384, 4096, 128, 16)))
+argv = sys.argv[1:]
+data = None
+if "--data" in argv:
+    i = argv.index("--data")
+    data = argv[i + 1]
+    argv = argv[:i] + argv[i + 2:]
+nb, nq, d, k = (int(x) for x in (argv[0:4] if len(argv) >= 4 else (16384, 4096, 128, 16)))
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
-g = torch.Generator(device="cuda").manual_seed(0)
-r = torch.rand(nb, d, device="cuda", generator=g)
-q = torch.rand(nq, d, device="cuda", generator=g)
+if data:
+    import numpy as np
+    r = torch.from_numpy(np.load(f"{data}/base.npy")).float().cuda()
+    q = torch.from_numpy(np.load(f"{data}/queries.npy")).float().cuda()
+    (nb, d), nq = r.shape, q.shape[0]
+else:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r = torch.rand(nb, d, device="cuda", generator=g)
+    q = torch.rand(nq, d, device="cuda", generator=g)
 
 
 CHUNK = nq if nq * nb <= (1 << 31) else 1000  # queries per addmm (chunked for large cases)

@@ -2,8 +2,10 @@
 //! the fused kernels alone (CUDA events), `candidates` and the full exact `search` (wall clock,
 //! synchronous), median of repeated runs after warm-up, for every method and for L1.
 //! Usage: cargo run --release -p knn-cuda --example bench_cuda [nb nq d k [reps]] [fused] [l2]
-//! (`fused`: only the fused method; `l2`: skip L1). The candidate width is the engine's own
-//! first-try width (`Engine::candidate_width`), as in `search`.
+//! [--data DIR] (`fused`: only the fused method; `l2`: skip L1; `--data`: base and queries from
+//! DIR/base.npy and DIR/queries.npy, whose shapes then replace nb, nq and d, so that a peer
+//! can run on the same values: `bench/gpu/vs_torch.py`). The candidate width is the engine's
+//! own first-try width (`Engine::candidate_width`), as in `search`.
 
 use knn_core::synth::{generate, Distribution};
 use knn_core::{search, CandidateRequest, Candidates, Engine, Kernel, Matrix, Metric, Result};
@@ -35,16 +37,36 @@ impl Engine for Counting<'_> {
     }
 }
 
+/// A float32 matrix from a `.npy` file (exits with the reader's message on failure).
+fn load(path: &std::path::Path) -> Matrix {
+    let t = knn_io::read_f32(path, None).unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(2);
+    });
+    Matrix::new(&path.display().to_string(), t.data, t.cols).unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(2);
+    })
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
 fn main() {
-    let a: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|s| s.parse().ok())
-        .collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let data = args
+        .iter()
+        .position(|s| s == "--data")
+        .map(|i| match args.get(i + 1) {
+            Some(dir) => std::path::PathBuf::from(dir),
+            None => {
+                eprintln!("--data needs a directory");
+                std::process::exit(2);
+            }
+        });
+    let a: Vec<usize> = args.iter().filter_map(|s| s.parse().ok()).collect();
     let (nb, nq, d, k) = (
         *a.first().unwrap_or(&16384),
         *a.get(1).unwrap_or(&4096),
@@ -54,15 +76,27 @@ fn main() {
     let reps = *a.get(4).unwrap_or(&10);
     let only_fused = std::env::args().any(|s| s == "fused");
     let only_l2 = std::env::args().any(|s| s == "l2");
+    let (base, queries) = match &data {
+        Some(dir) => (load(&dir.join("base.npy")), load(&dir.join("queries.npy"))),
+        None => {
+            let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
+            (
+                Matrix::new("base", generate(u, nb, d, 1), d).unwrap(),
+                Matrix::new("queries", generate(u, nq, d, 2), d).unwrap(),
+            )
+        }
+    };
+    let (nb, nq, d) = (base.rows(), queries.rows(), base.dim());
+    if queries.dim() != d {
+        eprintln!("base has {d} columns, queries {}", queries.dim());
+        std::process::exit(2);
+    }
+    let floor_ms = 2.0 * nq as f64 * nb as f64 * d as f64 / 51e12 * 1e3;
+    println!("nb={nb} nq={nq} d={d} k={k}; FP32 floor {floor_ms:.3} ms (51 TFLOP/s)");
     if !CudaEngine::available() {
         eprintln!("no CUDA device");
         std::process::exit(1);
     }
-    let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
-    let base = Matrix::new("base", generate(u, nb, d, 1), d).unwrap();
-    let queries = Matrix::new("queries", generate(u, nq, d, 2), d).unwrap();
-    let floor_ms = 2.0 * nq as f64 * nb as f64 * d as f64 / 51e12 * 1e3;
-    println!("nb={nb} nq={nq} d={d} k={k}; FP32 floor {floor_ms:.3} ms (51 TFLOP/s)");
     for (metric, methods) in [
         (
             Metric::SqL2,
