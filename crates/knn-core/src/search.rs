@@ -205,10 +205,52 @@ fn as_atomic_f32(v: &mut [f32]) -> &[AtomicU32] {
     unsafe { &*(v as *mut [f32] as *const [AtomicU32]) }
 }
 
+thread_local! {
+    /// A query's Hellinger roots (see [`Rerank::roots`]), reused from row to row.
+    static QUERY_ROOTS: RefCell<Vec<f64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Largest base (values) whose Hellinger roots are kept as f64 for the run: 2²⁷ values, 1 GiB.
+const ROOTS_MAX_VALUES: usize = 1 << 27;
+
+/// The Hellinger exact key of query roots `rq` against every candidate (base roots rows of
+/// `rb`, `d` each), appended to `out` as (key, id): `Metric::exact_key`'s value bit for bit
+/// (the same square roots, differences, squares and left-to-right sum), with eight candidates'
+/// sums interleaved so that the f64 additions do not wait on each other.
+fn hellinger_keys(rq: &[f64], rb: &[f64], d: usize, ids: &[u32], out: &mut Vec<(f64, u32)>) {
+    let mut chunks = ids.chunks_exact(8);
+    for c in &mut chunks {
+        let rows: [&[f64]; 8] = std::array::from_fn(|l| {
+            let b = c[l] as usize;
+            &rb[b * d..(b + 1) * d]
+        });
+        let mut acc = [0.0f64; 8];
+        for (j, &q) in rq.iter().enumerate() {
+            for l in 0..8 {
+                let t = q - rows[l][j];
+                acc[l] += t * t;
+            }
+        }
+        out.extend(acc.into_iter().zip(c.iter().copied()));
+    }
+    for &b in chunks.remainder() {
+        let row = &rb[b as usize * d..(b as usize + 1) * d];
+        let key = rq.iter().zip(row).fold(0.0f64, |a, (&q, &r)| {
+            let t = q - r;
+            a + t * t
+        });
+        out.push((key, b));
+    }
+}
+
 /// What stays fixed across the rows of one pipeline run.
 struct Rerank<'m, 'x> {
     metric: &'m Metric,
     xb: MatrixRef<'x>,
+    /// Hellinger: the f64 square roots of the base values (row-major like `xb`), when taken.
+    roots: Option<&'x [f64]>,
+    /// The queries are the base rows (a graph): a query's roots are its base row's.
+    self_join: bool,
     /// Queries of the exact space (read only when the engine gives no exact keys).
     xq: MatrixRef<'x>,
     k: usize,
@@ -237,6 +279,18 @@ impl Rerank<'_, '_> {
             // Expression keys are chains of dependent f64 operations: every candidate at once,
             // several chains interleaved, beats stopping early one key at a time.
             e.keys(self.xq.row(qi), self.xb, c.ids, scratch);
+        } else if let (Metric::Hellinger, Some(roots)) = (self.metric, self.roots) {
+            let d = self.xb.dim();
+            QUERY_ROOTS.with_borrow_mut(|own| {
+                let rq = if self.self_join {
+                    &roots[qi * d..(qi + 1) * d]
+                } else {
+                    own.clear();
+                    own.extend(self.xq.row(qi).iter().map(|&v| (v as f64).sqrt()));
+                    &own[..]
+                };
+                hellinger_keys(rq, roots, d, c.ids, scratch);
+            });
         } else {
             let q = self.xq.row(qi);
             // The engine's rounding bound, recovered from its floor; candidates whose key less
@@ -413,6 +467,8 @@ struct Run<'a> {
     /// First-try candidates of every row of a whole graph, computed at once with each
     /// unordered pair once (see [`Engine::graph_candidates`]).
     symmetric: Option<crate::engine::Candidates>,
+    /// Hellinger: the base's f64 square roots, taken once for the run (see [`Rerank::roots`]).
+    roots: Option<Vec<f64>>,
     profile: bool,
 }
 
@@ -488,6 +544,8 @@ impl Run<'_> {
             let rerank = Rerank {
                 metric: self.metric,
                 xb: self.xb,
+                roots: self.roots.as_deref(),
+                self_join: self.self_join,
                 xq: self.xq,
                 k,
                 key_scale: self.key_scale,
@@ -631,6 +689,14 @@ fn run(
         exact_data: prep.engine.is_none(),
         expr: prep.expr.as_ref(),
         symmetric: None,
+        roots: (matches!(metric, Metric::Hellinger) && xb.as_slice().len() <= ROOTS_MAX_VALUES)
+            .then(|| {
+                xb.as_slice()
+                    .par_iter()
+                    .with_min_len(1 << 14)
+                    .map(|&v| (v as f64).sqrt())
+                    .collect()
+            }),
         profile,
     };
     ctx.lap("prepare", &mut since);
@@ -780,6 +846,37 @@ mod tests {
     use super::*;
     use crate::oracle::oracle;
     use crate::synth::{generate, Distribution};
+
+    #[test]
+    fn hellinger_keys_are_exact_key_bit_for_bit() {
+        for d in [13usize, 256] {
+            // Values over many magnitudes, zeros included.
+            let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
+            let base: Vec<f32> = generate(u, 50, d, 7)
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    if i % 11 == 0 {
+                        0.0
+                    } else {
+                        v * 10f32.powi((i % 9) as i32 - 3)
+                    }
+                })
+                .collect();
+            let q: Vec<f32> = generate(u, 1, d, 8).iter().map(|v| v * 4e6).collect();
+            let roots: Vec<f64> = base.iter().map(|&v| (v as f64).sqrt()).collect();
+            let rq: Vec<f64> = q.iter().map(|&v| (v as f64).sqrt()).collect();
+            let ids: Vec<u32> = (0..21).map(|i| (i * 7 % 50) as u32).collect();
+            let mut got = Vec::new();
+            hellinger_keys(&rq, &roots, d, &ids, &mut got);
+            assert_eq!(got.len(), ids.len());
+            for (&(key, id), &want_id) in got.iter().zip(&ids) {
+                let b = &base[want_id as usize * d..(want_id as usize + 1) * d];
+                let want = Metric::Hellinger.exact_key(&q, b);
+                assert_eq!((key.to_bits(), id), (want.to_bits(), want_id), "d={d}");
+            }
+        }
+    }
 
     /// An engine that returns every point (so the pipeline alone decides): enough to check
     /// that pieces of a graph are the graph's rows.
