@@ -206,12 +206,90 @@ fn as_atomic_f32(v: &mut [f32]) -> &[AtomicU32] {
 }
 
 thread_local! {
-    /// A query's Hellinger roots (see [`Rerank::roots`]), reused from row to row.
+    /// A query's Hellinger roots (see [`BaseAux`]), reused from row to row.
     static QUERY_ROOTS: RefCell<Vec<f64>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Largest base (values) whose Hellinger roots are kept as f64 for the run: 2²⁷ values, 1 GiB.
 const ROOTS_MAX_VALUES: usize = 1 << 27;
+
+/// Values of the base taken once per run that make a metric's exact keys cheaper, with the
+/// same result bit for bit (`Metric::exact_key` computes them per pair).
+enum BaseAux {
+    /// Hellinger: `(v as f64).sqrt()` of every base value, row-major.
+    HellingerRoots(Vec<f64>),
+    /// Cosine: `Σ v²` (f64, left to right) of every base row.
+    CosineNorms(Vec<f64>),
+}
+
+impl BaseAux {
+    fn new(metric: &Metric, xb: MatrixRef<'_>) -> Option<BaseAux> {
+        match metric {
+            Metric::Hellinger if xb.as_slice().len() <= ROOTS_MAX_VALUES => {
+                Some(BaseAux::HellingerRoots(
+                    xb.as_slice()
+                        .par_iter()
+                        .with_min_len(1 << 14)
+                        .map(|&v| (v as f64).sqrt())
+                        .collect(),
+                ))
+            }
+            Metric::Cosine => Some(BaseAux::CosineNorms(
+                (0..xb.rows())
+                    .into_par_iter()
+                    .with_min_len(1024)
+                    .map(|i| sum_sq(xb.row(i)))
+                    .collect(),
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// `Σ v²` in f64, left to right: the `xx` / `yy` of `Metric::exact_key`'s cosine.
+fn sum_sq(x: &[f32]) -> f64 {
+    x.iter().fold(0.0f64, |s, &v| s + (v as f64) * (v as f64))
+}
+
+/// The cosine exact key of query `q` (with `qq = Σ q²`) against every candidate, appended to
+/// `out` as (key, id): `Metric::exact_key`'s value bit for bit (identical rows −1; else
+/// −Σqb / (√qq·√bb), at least −1, with the sums left to right), eight candidates' dot products
+/// interleaved.
+fn cosine_keys(
+    q: &[f32],
+    qq: f64,
+    xb: MatrixRef<'_>,
+    norms: &[f64],
+    ids: &[u32],
+    out: &mut Vec<(f64, u32)>,
+) {
+    let key = |xy: f64, b: u32| {
+        let row = xb.row(b as usize);
+        if q == row {
+            -1.0
+        } else {
+            (-xy / (qq.sqrt() * norms[b as usize].sqrt())).max(-1.0)
+        }
+    };
+    let mut chunks = ids.chunks_exact(8);
+    for c in &mut chunks {
+        let rows: [&[f32]; 8] = std::array::from_fn(|l| xb.row(c[l] as usize));
+        let mut acc = [0.0f64; 8];
+        for (j, &a) in q.iter().enumerate() {
+            for l in 0..8 {
+                acc[l] += (a as f64) * (rows[l][j] as f64);
+            }
+        }
+        out.extend(c.iter().zip(acc).map(|(&b, xy)| (key(xy, b), b)));
+    }
+    for &b in chunks.remainder() {
+        let xy = q
+            .iter()
+            .zip(xb.row(b as usize))
+            .fold(0.0f64, |s, (&a, &v)| s + (a as f64) * (v as f64));
+        out.push((key(xy, b), b));
+    }
+}
 
 /// The Hellinger exact key of query roots `rq` against every candidate (base roots rows of
 /// `rb`, `d` each), appended to `out` as (key, id): `Metric::exact_key`'s value bit for bit
@@ -247,9 +325,9 @@ fn hellinger_keys(rq: &[f64], rb: &[f64], d: usize, ids: &[u32], out: &mut Vec<(
 struct Rerank<'m, 'x> {
     metric: &'m Metric,
     xb: MatrixRef<'x>,
-    /// Hellinger: the f64 square roots of the base values (row-major like `xb`), when taken.
-    roots: Option<&'x [f64]>,
-    /// The queries are the base rows (a graph): a query's roots are its base row's.
+    /// Per-base values that make the exact keys cheaper, when taken (see [`BaseAux`]).
+    aux: Option<&'x BaseAux>,
+    /// The queries are the base rows (a graph): a query's values are its base row's.
     self_join: bool,
     /// Queries of the exact space (read only when the engine gives no exact keys).
     xq: MatrixRef<'x>,
@@ -279,7 +357,7 @@ impl Rerank<'_, '_> {
             // Expression keys are chains of dependent f64 operations: every candidate at once,
             // several chains interleaved, beats stopping early one key at a time.
             e.keys(self.xq.row(qi), self.xb, c.ids, scratch);
-        } else if let (Metric::Hellinger, Some(roots)) = (self.metric, self.roots) {
+        } else if let Some(BaseAux::HellingerRoots(roots)) = self.aux {
             let d = self.xb.dim();
             QUERY_ROOTS.with_borrow_mut(|own| {
                 let rq = if self.self_join {
@@ -291,6 +369,10 @@ impl Rerank<'_, '_> {
                 };
                 hellinger_keys(rq, roots, d, c.ids, scratch);
             });
+        } else if let Some(BaseAux::CosineNorms(norms)) = self.aux {
+            let q = self.xq.row(qi);
+            let qq = if self.self_join { norms[qi] } else { sum_sq(q) };
+            cosine_keys(q, qq, self.xb, norms, c.ids, scratch);
         } else {
             let q = self.xq.row(qi);
             // The engine's rounding bound, recovered from its floor; candidates whose key less
@@ -467,8 +549,8 @@ struct Run<'a> {
     /// First-try candidates of every row of a whole graph, computed at once with each
     /// unordered pair once (see [`Engine::graph_candidates`]).
     symmetric: Option<crate::engine::Candidates>,
-    /// Hellinger: the base's f64 square roots, taken once for the run (see [`Rerank::roots`]).
-    roots: Option<Vec<f64>>,
+    /// Per-base values for the exact keys, taken once for the run (see [`BaseAux`]).
+    aux: Option<BaseAux>,
     profile: bool,
 }
 
@@ -544,7 +626,7 @@ impl Run<'_> {
             let rerank = Rerank {
                 metric: self.metric,
                 xb: self.xb,
-                roots: self.roots.as_deref(),
+                aux: self.aux.as_ref(),
                 self_join: self.self_join,
                 xq: self.xq,
                 k,
@@ -689,14 +771,7 @@ fn run(
         exact_data: prep.engine.is_none(),
         expr: prep.expr.as_ref(),
         symmetric: None,
-        roots: (matches!(metric, Metric::Hellinger) && xb.as_slice().len() <= ROOTS_MAX_VALUES)
-            .then(|| {
-                xb.as_slice()
-                    .par_iter()
-                    .with_min_len(1 << 14)
-                    .map(|&v| (v as f64).sqrt())
-                    .collect()
-            }),
+        aux: BaseAux::new(metric, xb),
         profile,
     };
     ctx.lap("prepare", &mut since);
@@ -848,7 +923,7 @@ mod tests {
     use crate::synth::{generate, Distribution};
 
     #[test]
-    fn hellinger_keys_are_exact_key_bit_for_bit() {
+    fn hellinger_and_cosine_keys_are_exact_key_bit_for_bit() {
         for d in [13usize, 256] {
             // Values over many magnitudes, zeros included.
             let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
@@ -874,6 +949,19 @@ mod tests {
                 let b = &base[want_id as usize * d..(want_id as usize + 1) * d];
                 let want = Metric::Hellinger.exact_key(&q, b);
                 assert_eq!((key.to_bits(), id), (want.to_bits(), want_id), "d={d}");
+            }
+            // Cosine, with the query equal to one candidate row (the −1 case).
+            let xb = MatrixRef::new("b", &base, d).unwrap();
+            let Some(BaseAux::CosineNorms(norms)) = BaseAux::new(&Metric::Cosine, xb) else {
+                panic!("no cosine norms");
+            };
+            for q in [&q[..], xb.row(14)] {
+                let mut got = Vec::new();
+                cosine_keys(q, sum_sq(q), xb, &norms, &ids, &mut got);
+                for (&(key, id), &want_id) in got.iter().zip(&ids) {
+                    let want = Metric::Cosine.exact_key(q, xb.row(want_id as usize));
+                    assert_eq!((key.to_bits(), id), (want.to_bits(), want_id), "d={d}");
+                }
             }
         }
     }
