@@ -210,6 +210,9 @@ thread_local! {
     static QUERY_ROOTS: RefCell<Vec<f64>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Rows a round needs before its failures switch later rounds to precise first tries.
+const MIN_LOOSE_ROWS: usize = 64;
+
 /// Largest base (values) whose Hellinger roots are kept as f64 for the run: 2²⁷ values, 1 GiB.
 const ROOTS_MAX_VALUES: usize = 1 << 27;
 
@@ -551,6 +554,10 @@ struct Run<'a> {
     symmetric: Option<crate::engine::Candidates>,
     /// Per-base values for the exact keys, taken once for the run (see [`BaseAux`]).
     aux: Option<BaseAux>,
+    /// Set when most rows of a round failed their first try's floor: the engine's fast
+    /// first-try bound (bf16, TF32) is too wide for this data (cosine keys crowd within it),
+    /// so later rounds ask for precise keys at once instead of paying for both.
+    loose: AtomicBool,
     profile: bool,
 }
 
@@ -580,6 +587,7 @@ impl Run<'_> {
         let mut since = std::time::Instant::now();
         let mut pending: Vec<u32> = (start as u32..end as u32).collect();
         let mut width = self.width0;
+        let loose = self.loose.load(Relaxed);
         while !pending.is_empty() {
             // Gather the pending queries (contiguous on the first try: no copy).
             let contiguous = pending.len() == end - start && width == self.width0;
@@ -602,11 +610,11 @@ impl Run<'_> {
                 kernel: self.metric.kernel(),
                 width,
                 exclude,
-                precise: !contiguous,
+                precise: !contiguous || loose,
                 base_key: Some(self.base_key),
                 exact_data: self.exact_data,
             };
-            let first_try = self.symmetric.as_ref().filter(|_| contiguous);
+            let first_try = self.symmetric.as_ref().filter(|_| contiguous && !loose);
             // An engine that re-ranks on its own writes a first try's rows in place.
             let mut proven = vec![false; pending.len()];
             let finished = contiguous
@@ -673,7 +681,16 @@ impl Run<'_> {
             }
             let mut failed = sink.failed.into_inner().unwrap_or_else(|e| e.into_inner());
             failed.sort_unstable();
-            self.lap("candidates and re-rank", &mut since);
+            if contiguous && !loose && requested >= MIN_LOOSE_ROWS && 2 * failed.len() > requested {
+                self.loose.store(true, Relaxed);
+            }
+            self.lap(
+                &format!(
+                    "candidates and re-rank ({requested} rows, width {width}, {} not proven)",
+                    failed.len()
+                ),
+                &mut since,
+            );
             pending = failed
                 .iter()
                 .map(|&j| {
@@ -772,6 +789,7 @@ fn run(
         expr: prep.expr.as_ref(),
         symmetric: None,
         aux: BaseAux::new(metric, xb),
+        loose: AtomicBool::new(false),
         profile,
     };
     ctx.lap("prepare", &mut since);
