@@ -15,12 +15,13 @@ pub fn parse_format(s: &Option<String>) -> Result<Option<Format>> {
 }
 
 /// Points to search: a float32 `.npy` used in place from a memory map (no copy; pages the
-/// system may drop and re-read, so inputs larger than memory work), or a matrix read from any
-/// other file. Validated either way (NaN/inf named by file, row, column).
+/// system may drop and re-read, so inputs larger than memory work), an fvecs/ivecs/bvecs file
+/// too large for memory converted once into a mapped temporary file (see [`spill`]), or a
+/// matrix read from any other file. Validated either way (NaN/inf named by file, row, column).
 pub enum Points {
     /// Read (and converted) into memory.
     Owned(Matrix),
-    /// Mapped in place.
+    /// Mapped in place, or a mapped temporary float32 copy.
     Mapped(knn_io::MappedF32),
 }
 
@@ -43,14 +44,48 @@ impl Points {
     }
 }
 
-/// Loads points for search and graph: float32 `.npy` files are mapped in place, others read.
+/// Loads points for search and graph: float32 `.npy` files are mapped in place, record files
+/// too large for memory go through a mapped temporary copy, others are read.
 pub fn load_points(path: &Path, format: Option<Format>) -> Result<Points> {
-    if let Some(m) = knn_io::map_f32(path, format)? {
+    let mapped = match knn_io::map_f32(path, format)? {
+        Some(m) => Some(m),
+        None if spill(path, format) => knn_io::spill_f32(path, format, &std::env::temp_dir())?,
+        None => None,
+    };
+    if let Some(m) = mapped {
         let name = path.display().to_string();
         MatrixRef::new(&name, m.values(), m.cols())?; // NaN/inf named by row and column
         return Ok(Points::Mapped(m));
     }
     load_matrix(path, format).map(Points::Owned)
+}
+
+/// Whether an fvecs/ivecs/bvecs file is read through a temporary float32 copy on disk (in the
+/// system's temporary folder, `TMPDIR`) instead of into memory: when its values as float32
+/// would take more than half of the memory available (`MemAvailable`). `KNN_SPILL=always` or
+/// `never` decides instead.
+fn spill(path: &Path, format: Option<Format>) -> bool {
+    let kind = format.or_else(|| Format::from_path(path).ok());
+    let widen = match kind {
+        Some(Format::Fvecs | Format::Ivecs) => 1,
+        Some(Format::Bvecs) => 4,
+        _ => return false,
+    };
+    match std::env::var("KNN_SPILL").as_deref() {
+        Ok("always") => return true,
+        Ok("never") => return false,
+        _ => {}
+    }
+    let size = std::fs::metadata(path).map_or(0, |m| m.len());
+    available_memory().is_some_and(|avail| size.saturating_mul(widen) > avail / 2)
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes (None elsewhere).
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// Reads a matrix of points into memory, validated (NaN/inf named by file, row, column).

@@ -796,3 +796,86 @@ fn metric_expr_errors_point_at_the_column() {
     );
     assert!(e.contains("cannot be used with"), "{e}");
 }
+
+#[test]
+fn record_files_through_a_temporary_copy_give_the_same_result() {
+    // fvecs and bvecs larger than memory are read through a mapped temporary float32 copy;
+    // KNN_SPILL=always forces that path on small files.
+    let dir = tempfile::tempdir().unwrap();
+    let b = generate(dir.path(), "b.fvecs", 500, 12, 21);
+    let q = generate(dir.path(), "q.fvecs", 40, 12, 22);
+    for (mode, out) in [("never", "mem.npy"), ("always", "spill.npy")] {
+        let o = knn_env(
+            &[
+                "search",
+                "-b",
+                &b,
+                "-q",
+                &q,
+                "-k",
+                "7",
+                "--device",
+                "cpu",
+                "-o",
+                &p(dir.path(), out),
+                "--quiet",
+            ],
+            ("KNN_SPILL", mode),
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let g = knn_env(
+            &[
+                "graph",
+                "-p",
+                &b,
+                "-k",
+                "5",
+                "--device",
+                "cpu",
+                "-o",
+                &p(dir.path(), &format!("g-{out}")),
+                "--quiet",
+            ],
+            ("KNN_SPILL", mode),
+        );
+        assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
+    }
+    for (a, b) in [
+        ("mem.npy", "spill.npy"),
+        ("mem.dist.npy", "spill.dist.npy"),
+        ("g-mem.npy", "g-spill.npy"),
+    ] {
+        assert_eq!(
+            std::fs::read(dir.path().join(a)).unwrap(),
+            std::fs::read(dir.path().join(b)).unwrap(),
+            "{a} vs {b}"
+        );
+    }
+    // A bad record still names the file and the record.
+    let mut bytes = std::fs::read(&b).unwrap();
+    bytes.truncate(bytes.len() - 3);
+    let bad = p(dir.path(), "bad.fvecs");
+    std::fs::write(&bad, bytes).unwrap();
+    let o = knn_env(
+        &[
+            "search",
+            "-b",
+            &bad,
+            "-q",
+            &q,
+            "-k",
+            "3",
+            "--device",
+            "cpu",
+            "-o",
+            &p(dir.path(), "x.npy"),
+            "--quiet",
+        ],
+        ("KNN_SPILL", "always"),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("bad.fvecs") && err.contains("truncated: record 499"),
+        "{err}"
+    );
+}

@@ -321,6 +321,78 @@ impl MappedF32 {
     }
 }
 
+/// Reads an fvecs, ivecs or bvecs file as float32 into an unnamed temporary file in `dir`
+/// (removed by the system once unmapped) and maps that: one sequential pass, then the values
+/// are used in place like a mapped `.npy`, so files larger than memory can be searched. The
+/// records are checked as [`read_f32`] checks them (same errors). `Ok(None)` for other
+/// formats and for an empty file.
+pub fn spill_f32(
+    path: &Path,
+    format: Option<Format>,
+    dir: &Path,
+) -> Result<Option<MappedF32>, IoError> {
+    let format = resolve(path, format)?;
+    if !matches!(format, Format::Fvecs | Format::Ivecs | Format::Bvecs) {
+        return Ok(None);
+    }
+    let name = path.display().to_string();
+    let file = std::fs::File::open(path).map_err(|e| IoError::io(&name, e))?;
+    let len = file.metadata().map_err(|e| IoError::io(&name, e))?.len() as usize;
+    if len == 0 {
+        return Ok(None);
+    }
+    use std::io::Write;
+    let spill_name = format!("{name} (temporary copy in {})", dir.display());
+    let spill = make_spill_file(dir).map_err(|e| IoError::io(&spill_name, e))?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 22, &spill);
+    let mut put = |values: &[f32]| -> std::io::Result<()> {
+        let mut bytes = Vec::with_capacity(values.len() * 4);
+        for v in values {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        out.write_all(&bytes)
+    };
+    let shape = vecs::read_records::<f32>(
+        &mut std::io::BufReader::with_capacity(1 << 22, file),
+        len,
+        format,
+        &name,
+        Some(&mut put),
+    )?;
+    out.flush().map_err(|e| IoError::io(&spill_name, e))?;
+    drop(out);
+    // SAFETY: the file is unnamed and ours alone: nothing else can change it while mapped.
+    let map = unsafe { memmap2::Mmap::map(&spill) }.map_err(|e| IoError::io(&spill_name, e))?;
+    if map.len() != shape.rows * shape.cols * 4 {
+        return Err(IoError::invalid(&spill_name, "short temporary copy"));
+    }
+    Ok(Some(MappedF32 {
+        map,
+        offset: 0,
+        rows: shape.rows,
+        cols: shape.cols,
+    }))
+}
+
+/// An unnamed file in `dir` (O_TMPFILE where the system has it), else a named one removed at
+/// once: either way, nothing is left behind.
+fn make_spill_file(dir: &Path) -> std::io::Result<std::fs::File> {
+    let path = dir.join(format!(
+        ".knn-spill-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
+    std::fs::remove_file(&path)?;
+    Ok(file)
+}
+
 /// Maps `path` when it is an `.npy` file (by `format`, else its extension) of little-endian
 /// float32 in C order, 1-D or 2-D, with at least one row: the values can then be used in
 /// place. `Ok(None)` for every other file (read those with [`read_f32`], which also names what

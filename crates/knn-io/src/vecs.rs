@@ -28,6 +28,24 @@ pub(crate) fn read<T: Element>(
     format: Format,
     name: &str,
 ) -> Result<Table<T>, IoError> {
+    read_records(src, len, format, name, None)
+}
+
+/// Values handed to a [`read_records`] sink at a time (a few MB).
+const SINK_VALUES: usize = 1 << 20;
+
+/// Where [`read_records`] hands the values it reads, in order.
+pub(crate) type Sink<'a, T> = &'a mut dyn FnMut(&[T]) -> std::io::Result<()>;
+
+/// [`read`], with the values handed to `sink` (when given) in order, about [`SINK_VALUES`] at
+/// a time, instead of kept: the table returned then holds no data, only the shape.
+pub(crate) fn read_records<T: Element>(
+    src: &mut impl Read,
+    len: usize,
+    format: Format,
+    name: &str,
+    mut sink: Option<Sink<'_, T>>,
+) -> Result<Table<T>, IoError> {
     let scalar = scalar_of(format);
     if !T::accepts(scalar) {
         return Err(IoError::invalid(
@@ -73,7 +91,11 @@ pub(crate) fn read<T: Element>(
     let rows = len / record;
     let tail = len % record;
     // rows * cols * elem <= len: the allocation is bounded by the input.
-    let mut data = Vec::with_capacity(rows * cols);
+    let mut data = Vec::with_capacity(if sink.is_some() {
+        SINK_VALUES + cols
+    } else {
+        rows * cols
+    });
     let mut scratch = Vec::new();
     let dtype = DType::le(scalar);
     for r in 0..rows {
@@ -95,6 +117,12 @@ pub(crate) fn read<T: Element>(
                 ),
             ),
         })?;
+        if let Some(f) = sink.as_mut() {
+            if data.len() >= SINK_VALUES || r + 1 == rows {
+                f(&data).map_err(io)?;
+                data.clear();
+            }
+        }
     }
     if tail != 0 {
         let offset = rows * record;
@@ -112,6 +140,9 @@ pub(crate) fn read<T: Element>(
                 "truncated: record {rows} at byte {offset} needs {record} bytes, {tail} remain"
             ),
         ));
+    }
+    if sink.is_some() {
+        return Ok(Table { data, rows, cols });
     }
     Ok(Table::new(data, rows, cols))
 }

@@ -208,3 +208,54 @@ fn writers_refuse_what_the_format_cannot_hold() {
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
     assert_eq!(read_f32(&path, None).unwrap().rows, 0);
 }
+
+#[test]
+fn spilled_copies_equal_the_read_values_and_leave_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill_dir = tempfile::tempdir().unwrap();
+    // Enough records to cross the sink's batch size (2^20 values) more than once.
+    let rows: Vec<Vec<f32>> = (0..9000)
+        .map(|r| {
+            (0..300)
+                .map(|c| (r * 300 + c) as f32 * 0.25 - 7.0)
+                .collect()
+        })
+        .collect();
+    let refs: Vec<&[f32]> = rows.iter().map(|r| &r[..]).collect();
+    let f = dir.path().join("a.fvecs");
+    std::fs::write(&f, fvecs(&refs)).unwrap();
+    let b = dir.path().join("a.bvecs");
+    let bytes: Vec<Vec<u8>> = (0..50)
+        .map(|r| (0..7).map(|c| (r * 7 + c) as u8).collect())
+        .collect();
+    let brefs: Vec<&[u8]> = bytes.iter().map(|r| &r[..]).collect();
+    std::fs::write(&b, bvecs(&brefs)).unwrap();
+    for path in [&f, &b] {
+        let want = read_f32(path, None).unwrap();
+        let got = knn_io::spill_f32(path, None, spill_dir.path())
+            .unwrap()
+            .unwrap();
+        assert_eq!((got.rows(), got.cols()), (want.rows, want.cols));
+        assert_eq!(got.values(), &want.data[..]);
+    }
+    assert_eq!(std::fs::read_dir(spill_dir.path()).unwrap().count(), 0);
+    // Not a records format, or empty: nothing to spill.
+    let e = dir.path().join("e.fvecs");
+    std::fs::write(&e, b"").unwrap();
+    assert!(knn_io::spill_f32(&e, None, spill_dir.path())
+        .unwrap()
+        .is_none());
+    assert!(knn_io::spill_f32(&e, Some(Format::Csv), spill_dir.path())
+        .unwrap()
+        .is_none());
+    // A bad record: the reader's own error, file and position named.
+    let row = vec![0.5f32; 128];
+    let short = vec![1.0f32; 64];
+    let bad = dir.path().join("bad.fvecs");
+    std::fs::write(&bad, fvecs(&[&row[..], &row, &short])).unwrap();
+    assert_err(
+        knn_io::spill_f32(&bad, None, spill_dir.path()).map(|m| m.map(|m| m.rows())),
+        &["bad.fvecs: record 2 at byte 1032: dimension 64 differs from the first record's 128"],
+    );
+    assert_eq!(std::fs::read_dir(spill_dir.path()).unwrap().count(), 0);
+}
