@@ -556,7 +556,9 @@ struct Run<'a> {
     aux: Option<BaseAux>,
     /// Set when most rows of a round failed their first try's floor: the engine's fast
     /// first-try bound (bf16, TF32) is too wide for this data (cosine keys crowd within it),
-    /// so later rounds ask for precise keys at once instead of paying for both.
+    /// so later rounds ask for precise keys at once instead of paying for both. (Rows that fail
+    /// on ties wider than the list set it too, and then pay the precise pass for nothing; telling
+    /// the two apart would need the gap between the k-th and W-th keys against the bound.)
     loose: AtomicBool,
     profile: bool,
 }
