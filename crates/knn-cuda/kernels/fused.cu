@@ -568,10 +568,11 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
     for (int i = tid; i < BQ * LW; i += THREADS) lists[i] = SENTINEL;
 
     for (long long b0 = 0; b0 < len; b0 += BB) {
-        // gthr[q]: the smallest W-th key any split of this query has reached. The union's W-th
-        // key is at most that, so larger candidates can never be selected. Loaded for the
-        // warp's 16 rows (lane i: row warp + 8i) before the tile's product hides the latency;
-        // a stale value is still a valid bound.
+        // gthr[q]: the smallest W-th key any split of this query has reached (truncated
+        // splits: only the primed bound of earlier base chunks). The union's W-th key is at
+        // most that, so larger candidates can never be selected. Loaded for the warp's 16 rows
+        // (lane i: row warp + 8i) before the tile's product hides the latency; a stale value
+        // is still a valid bound.
         u64 gpre = SENTINEL;
         if (gthr && lane < BQ / 8 && q0 + warp + 8 * lane < nq)
             gpre = *(volatile u64*)&gthr[q0 + warp + 8 * lane];
@@ -579,7 +580,7 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
         __syncthreads();
         int ncols = (int)min((long long)BB, len - b0);
         // Filter: which of the warp's 16 rows (r = warp + 8i) have a key at or below their
-        // threshold (the list's W-th entry, or gthr when lower), compared as floats: one pass
+        // threshold (the list's Ws-th entry, or gthr when lower), compared as floats: one pass
         // over the tile with independent loads, no composites; rows without any skip the
         // insertion step. A key equal to the threshold (or NaN) passes here and is decided by
         // the exact composite comparison below.
