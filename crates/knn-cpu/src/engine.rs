@@ -88,8 +88,15 @@ impl CpuEngine {
                 "symmetric candidates need 2 or more points and 1 <= width < n (n={n}, width={width})"
             )));
         }
-        let run =
-            || crate::symmetric::graph_candidates(points, kernel, width, self.bf16(), precise);
+        let run = || {
+            crate::symmetric::graph_candidates(
+                points,
+                kernel,
+                width,
+                self.bf16_for(kernel),
+                precise,
+            )
+        };
         Ok(match &self.pool {
             Some(p) => p.install(run),
             None => run(),
@@ -110,6 +117,15 @@ impl CpuEngine {
 
     fn bf16(&self) -> bool {
         !self.f32_only && crate::bf16::available()
+    }
+
+    /// Whether first tries of `kernel` take the bf16 products: squared L2 only. Its bound
+    /// (2·2⁻⁸‖q‖‖b‖, on centred data) leaves 0.3 % of rows to retry on uniform data; for the
+    /// negated inner product (ip, cosine) the same bound is about 1 % of the keys themselves,
+    /// wider than the gaps near the k-th neighbour: every row of a cosine graph (n = 2e4,
+    /// d = 256, k = 100) failed it and paid an f32 pass on top.
+    fn bf16_for(&self, kernel: Kernel) -> bool {
+        self.bf16() && kernel == Kernel::SqL2
     }
 
     /// Worker threads used.
@@ -150,7 +166,7 @@ impl Engine for CpuEngine {
         // The bf16 fast path rounds inputs to 8 bits: ask for more candidates so its wider
         // error bound rarely forces a retry (pushes beyond the threshold are rare, so a wider
         // list costs little).
-        let w = if kernel.is_gemm() && self.bf16() {
+        let w = if self.bf16_for(kernel) {
             k + 20 + k / 2
         } else {
             k + 4 + k / 16
@@ -166,7 +182,7 @@ impl Engine for CpuEngine {
     }
 
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
-        let bf16 = self.bf16() && !req.precise;
+        let bf16 = self.bf16_for(req.kernel) && !req.precise;
         Ok(match &self.pool {
             Some(p) => p.install(|| candidates(req, bf16, !self.no_int8)),
             None => candidates(req, bf16, !self.no_int8),
