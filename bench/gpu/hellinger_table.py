@@ -3,7 +3,8 @@ n = 10 000 .. 80 000, side by side with PyTorch and with the seed's 2×GTX280 fi
 
 PyTorch (the issue's peer): data already on the GPU, sqrt transform, then for chunks of rows
 ‖a‖² + ‖b‖² − 2abᵀ (`torch.addmm`, TF32 off), the row's own point masked, `topk`; CUDA events,
-median after warm-up. Ours: `knn graph --metric hellinger` end to end (host arrays in, host
+median after warm-up; and "h2h": the same from the host array to host arrays (upload and download
+timed too, as ours is). Ours: `knn graph --metric hellinger` end to end (host arrays in, host
 results out, the exact f64 re-rank included), `--repeat` median, same .npy file; with
 `--metric-expr` too when the binary has it (same graph required, checked with cmp).
 
@@ -23,12 +24,15 @@ SEED_2X_GTX280_S = {10000: 1.8, 20000: 5.7, 40000: 17.7, 80000: 68.6}
 D, K = 256, 100
 
 
-def torch_graph_ms(x_host, chunk=10000, reps=5):
+def torch_graph_ms(x_host, chunk=10000, reps=5, host=False):
+    """Median ms of PyTorch's graph: data already on the GPU and results left there, or with
+    `host`, from the host array to host arrays (upload and download timed too, as ours is)."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    x = torch.from_numpy(x_host).cuda()
-    n = x.shape[0]
+    x_dev = torch.from_numpy(x_host).cuda()
+    n = x_host.shape[0]
 
     def run():
+        x = torch.from_numpy(x_host).cuda() if host else x_dev
         r = x.sqrt()
         rn = (r * r).sum(1)
         out = []
@@ -38,6 +42,8 @@ def torch_graph_ms(x_host, chunk=10000, reps=5):
             rows = torch.arange(q.shape[0], device=x.device)
             dist[rows, rows + s] = float("inf")
             out.append(torch.topk(dist, K, dim=1, largest=False))
+        if host:
+            return [(v.cpu().numpy(), i.cpu().numpy()) for v, i in out]
         return out
 
     for _ in range(2):
@@ -78,6 +84,7 @@ def main():
         path = os.path.join(tmp, f"x{n}.npy")
         np.save(path, x)
         t_torch = torch_graph_ms(x)
+        t_torch_host = torch_graph_ms(x, host=True)
         out = os.path.join(tmp, f"g{n}.npy")
         t_ours = ours_ms(args.knn, path, out, ["--metric", "hellinger"], args.repeat)
         t_expr, same = None, None
@@ -92,14 +99,15 @@ def main():
             except subprocess.CalledProcessError as e:
                 print(f"--metric-expr run failed: {e}")
         rows.append((n, SEED_2X_GTX280_S[n] * 1e3 if n in SEED_2X_GTX280_S else None,
-                     t_torch, t_ours, t_expr, same))
-    print(f"{'n':>6} | {'seed 2xGTX280':>13} | {'PyTorch':>9} | {'ours':>9} | {'PyTorch/ours':>12} |"
-          f" {'expr':>9} | {'expr/builtin':>12} | same graph")
-    for n, seed, tt, to, te, same in rows:
+                     t_torch, t_torch_host, t_ours, t_expr, same))
+    print(f"{'n':>6} | {'seed 2xGTX280':>13} | {'PyTorch':>9} | {'PyTorch h2h':>11} | {'ours':>9} |"
+          f" {'PyTorch/ours':>12} | {'h2h/ours':>8} | {'expr':>9} | {'expr/builtin':>12} | same graph")
+    for n, seed, tt, th, to, te, same in rows:
         seed_s = f"{seed:10.0f} ms" if seed else "-"
         te_s = f"{te:6.1f} ms" if te else "-"
         ratio_e = f"{te / to:11.2f}x" if te else "-"
-        print(f"{n:>6} | {seed_s:>13} | {tt:6.1f} ms | {to:6.1f} ms | {tt / to:11.2f}x |"
+        print(f"{n:>6} | {seed_s:>13} | {tt:6.1f} ms | {th:8.1f} ms | {to:6.1f} ms | {tt / to:11.2f}x |"
+              f" {th / to:7.2f}x |"
               f" {te_s:>9} | {ratio_e:>12} | {same}")
 
 

@@ -38,6 +38,26 @@ pub struct CandidateRequest<'a> {
     ///
     /// [`Kernel::error_bound`]: crate::Kernel::error_bound
     pub exact_data: bool,
+    /// Where the request's data were derived from given rows by a rounding transform (set by the
+    /// pipeline on first tries): those rows, so that an engine may compute the metric's exact
+    /// keys from them in [`Engine::candidates_with_exact`]. `None`: the exact keys, if any, are
+    /// `kernel.exact` of the request's own rows.
+    pub exact_from: Option<ExactFrom<'a>>,
+}
+
+/// The given rows behind a request whose data are derived from them (see
+/// [`CandidateRequest::exact_from`]), and the metric whose exact key
+/// ([`Metric::exact_key`]) to take of them.
+#[derive(Clone, Copy, Debug)]
+pub enum ExactFrom<'a> {
+    /// Hellinger: the request's rows are the square roots of these (maybe centred); the exact
+    /// key is `Σ (√x − √y)²`, square roots, differences, squares and sum in f64, left to right.
+    Hellinger {
+        /// Given base rows, one per request base row.
+        base: MatrixRef<'a>,
+        /// Given query rows, one per request query row.
+        queries: MatrixRef<'a>,
+    },
 }
 
 /// A key no earlier call of this process returned, for [`CandidateRequest::base_key`].
@@ -158,12 +178,14 @@ pub trait Engine: Sync {
     ///
     /// The pipeline calls this instead of `candidates` only when the request's data *is* the
     /// metric's exact space (nothing centred, scaled, normalised or square-rooted in between) and
-    /// the metric's exact key is `req.kernel.exact`. An engine that holds the candidates'
-    /// coordinates at hand (a cache-resident copy of the base) may then return
+    /// the metric's exact key is `req.kernel.exact`, or when the request names the rows its data
+    /// were derived from ([`CandidateRequest::exact_from`]). An engine that holds the
+    /// candidates' coordinates at hand (a cache-resident copy of the base) may then return
     /// `Some(exact)` with `exact.len() == ids.len()` and, bit for bit,
     /// `exact[i] == req.kernel.exact(query row, req.base.row(ids[i]))` (the same function on the
-    /// same f32 values); the pipeline uses these instead of reading each candidate's base row.
-    /// Default: the candidates and `None`.
+    /// same f32 values), or with `exact_from`, the exact key it names of the given rows; the
+    /// pipeline uses these instead of reading each candidate's base row. An engine that cannot
+    /// honour `exact_from` returns `None`. Default: the candidates and `None`.
     fn candidates_with_exact(
         &self,
         req: &CandidateRequest<'_>,

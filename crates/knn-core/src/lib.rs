@@ -26,7 +26,8 @@ pub mod synth;
 mod topk;
 
 pub use engine::{
-    base_key, CandidateRequest, CandidateRows, Candidates, Engine, FinishedRows, RowSink, Symmetry,
+    base_key, CandidateRequest, CandidateRows, Candidates, Engine, ExactFrom, FinishedRows,
+    RowSink, Symmetry,
 };
 pub use error::{KnnError, Result};
 pub use expr::{EngineProgram, ExprError, ExprPlan, MetricExpr};

@@ -72,13 +72,14 @@ fn map_rows(m: MatrixRef<'_>, f: impl Fn(&[f32], &mut [f32]) + Sync) -> Matrix {
     Matrix::from_trusted(out, d)
 }
 
-/// The base mean, when the data sits far from the origin relative to its spread: the GEMM
-/// form's rounding grows with ‖x‖², so subtracting it keeps candidate keys tight for data such
-/// as points near 4e6 with small jitter. `None` when the data is already near the origin.
-/// Also returns the largest |value| of the data. One pass over the data (sums and sums of
-/// squares per axis): the spread E[x²] − mean² loses digits only when it is far below the
-/// squared mean, where the answer is "centre" either way.
-fn far_centre(base: MatrixRef<'_>) -> (Option<Vec<f64>>, f32) {
+/// The mean of `f(base)`, when that data sits far from the origin relative to its spread
+/// (squared mean above `ratio` times the spread): the GEMM form's rounding grows with ‖x‖², so
+/// subtracting it keeps candidate keys tight for data such as points near 4e6 with small
+/// jitter. `None` when the data is already near the origin. Also returns the largest |f(value)|
+/// (as f32). One pass over the data (sums and sums of squares per axis): the spread
+/// E[x²] − mean² loses digits only when it is far below the squared mean, where the answer is
+/// "centre" either way.
+fn far_centre(base: MatrixRef<'_>, f: fn(f32) -> f64, ratio: f64) -> (Option<Vec<f64>>, f32) {
     let d = base.dim();
     let n = base.rows() as f64;
     let (sums, squares, top) = base
@@ -88,9 +89,10 @@ fn far_centre(base: MatrixRef<'_>) -> (Option<Vec<f64>>, f32) {
             let (mut s, mut q, mut top) = (vec![0.0f64; d], vec![0.0f64; d], 0.0f32);
             for r in c.chunks(d) {
                 for ((s, q), &v) in s.iter_mut().zip(q.iter_mut()).zip(r) {
-                    *s += v as f64;
-                    *q += v as f64 * v as f64;
-                    top = top.max(v.abs());
+                    let v = f(v);
+                    *s += v;
+                    *q += v * v;
+                    top = top.max((v as f32).abs());
                 }
             }
             (s, q, top)
@@ -110,7 +112,7 @@ fn far_centre(base: MatrixRef<'_>) -> (Option<Vec<f64>>, f32) {
         .map(|(q, m)| (q / n - m * m).max(0.0))
         .sum();
     let mean_sq: f64 = mean.iter().map(|m| m * m).sum();
-    ((mean_sq > 16.0 * spread).then_some(mean), top)
+    ((mean_sq > ratio * spread).then_some(mean), top)
 }
 
 /// `f(x) − centre` row by row, computed in f64 and rounded to f32 once: the only rounding is
@@ -276,37 +278,41 @@ pub fn prepare<'a>(
             };
             Some((map_rows(base, norm), queries.map(|q| map_rows(q, norm))))
         }
-        Metric::Hellinger => {
-            let root = |x: &[f32], o: &mut [f32]| {
-                for (o, &v) in o.iter_mut().zip(x) {
-                    *o = v.sqrt();
-                }
-            };
-            Some((map_rows(base, root), queries.map(|q| map_rows(q, root))))
-        }
+        // Square roots: made below, centred or not.
         _ => None,
     };
     // Largest |value| of the engine base when the pass below saw it unchanged.
     let mut base_top = None;
     if metric.kernel() == Kernel::SqL2 {
-        let seen = match &engine {
-            Some((b, _)) => b.view(),
-            None => exact_base.view(),
+        // The metric's transform of the exact values (Hellinger: square roots), and how far
+        // from the origin they must sit to be centred here. Engines centre exact data
+        // themselves when it pays (on the device, with one rounding of their own), but not
+        // data derived by a rounding (see `CandidateRequest::exact_data`): square roots are
+        // centred here whenever that shrinks their squared norms by half (uniform data: by
+        // 9x, and a TF32 or bf16 first try's bound with them, without which its candidate
+        // lists do not prove k = 100 of 80 000 points).
+        let (f, ratio, b, q): (fn(f32) -> f64, f64, _, _) = match metric {
+            Metric::Hellinger => (|v| (v as f64).sqrt(), 1.0, base, queries),
+            _ => (
+                |v| v as f64,
+                16.0,
+                exact_base.view(),
+                exact_queries.as_ref().map(|q| q.view()),
+            ),
         };
-        let (centre, top) = far_centre(seen);
+        let (centre, top) = far_centre(b, f, ratio);
         base_top = Some(top);
         if let Some(c) = centre {
             base_top = None;
             // From the exact values through the metric's transform, one rounding in all.
-            let (f, b, q): (fn(f32) -> f64, _, _) = match metric {
-                Metric::Hellinger => (|v| (v as f64).sqrt(), base, queries),
-                _ => (
-                    |v| v as f64,
-                    exact_base.view(),
-                    exact_queries.as_ref().map(|q| q.view()),
-                ),
-            };
             engine = Some((centred(b, &c, f), q.map(|q| centred(q, &c, f))));
+        } else if matches!(metric, Metric::Hellinger) {
+            let root = |x: &[f32], o: &mut [f32]| {
+                for (o, &v) in o.iter_mut().zip(x) {
+                    *o = v.sqrt();
+                }
+            };
+            engine = Some((map_rows(base, root), queries.map(|q| map_rows(q, root))));
         }
     }
     // Scale by a power of two (exact) when squares or sums could overflow or underflow f32.

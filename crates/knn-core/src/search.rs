@@ -1,7 +1,9 @@
 //! The shared search pipeline: validate, prepare, ask an engine for candidates, re-rank them
 //! exactly in f64, and widen the rows whose engine floor does not prove them complete.
 
-use crate::engine::{CandidateRequest, CandidateRows, Candidates, Engine, FinishedRows, RowSink};
+use crate::engine::{
+    CandidateRequest, CandidateRows, Candidates, Engine, ExactFrom, FinishedRows, RowSink,
+};
 use crate::error::{KnnError, Result};
 use crate::matrix::{Matrix, MatrixRef};
 use crate::metric::Metric;
@@ -10,7 +12,7 @@ use crate::prepare::prepare;
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 /// Queries handled per round of the pipeline, so that candidate lists stay a small fraction of
 /// memory next to the output.
@@ -328,8 +330,9 @@ fn hellinger_keys(rq: &[f64], rb: &[f64], d: usize, ids: &[u32], out: &mut Vec<(
 struct Rerank<'m, 'x> {
     metric: &'m Metric,
     xb: MatrixRef<'x>,
-    /// Per-base values that make the exact keys cheaper, when taken (see [`BaseAux`]).
-    aux: Option<&'x BaseAux>,
+    /// Per-base values that make the exact keys cheaper (see [`BaseAux`]), taken on the first
+    /// row that needs them: none when the engine gives every exact key.
+    aux: &'x OnceLock<Option<BaseAux>>,
     /// The queries are the base rows (a graph): a query's values are its base row's.
     self_join: bool,
     /// Queries of the exact space (read only when the engine gives no exact keys).
@@ -341,6 +344,12 @@ struct Rerank<'m, 'x> {
 }
 
 impl Rerank<'_, '_> {
+    fn aux(&self) -> Option<&BaseAux> {
+        self.aux
+            .get_or_init(|| BaseAux::new(self.metric, self.xb))
+            .as_ref()
+    }
+
     /// Re-ranks the row of query `qi` exactly into `ids_out` / `dists_out` (`k` each) and returns `true`
     /// when its floor proves it complete; `false` leaves the outputs unspecified (the row is
     /// asked again). `scratch` is reused across rows, so no row allocates.
@@ -360,7 +369,7 @@ impl Rerank<'_, '_> {
             // Expression keys are chains of dependent f64 operations: every candidate at once,
             // several chains interleaved, beats stopping early one key at a time.
             e.keys(self.xq.row(qi), self.xb, c.ids, scratch);
-        } else if let Some(BaseAux::HellingerRoots(roots)) = self.aux {
+        } else if let Some(BaseAux::HellingerRoots(roots)) = self.aux() {
             let d = self.xb.dim();
             QUERY_ROOTS.with_borrow_mut(|own| {
                 let rq = if self.self_join {
@@ -372,7 +381,7 @@ impl Rerank<'_, '_> {
                 };
                 hellinger_keys(rq, roots, d, c.ids, scratch);
             });
-        } else if let Some(BaseAux::CosineNorms(norms)) = self.aux {
+        } else if let Some(BaseAux::CosineNorms(norms)) = self.aux() {
             let q = self.xq.row(qi);
             let qq = if self.self_join { norms[qi] } else { sum_sq(q) };
             cosine_keys(q, qq, self.xb, norms, c.ids, scratch);
@@ -552,8 +561,9 @@ struct Run<'a> {
     /// First-try candidates of every row of a whole graph, computed at once with each
     /// unordered pair once (see [`Engine::graph_candidates`]).
     symmetric: Option<crate::engine::Candidates>,
-    /// Per-base values for the exact keys, taken once for the run (see [`BaseAux`]).
-    aux: Option<BaseAux>,
+    /// Per-base values for the exact keys, taken once for the run where needed (see
+    /// [`BaseAux`]).
+    aux: OnceLock<Option<BaseAux>>,
     /// Set when most rows of a round failed their first try's floor: the engine's fast
     /// first-try bound (bf16, TF32) is too wide for this data (cosine keys crowd within it),
     /// so later rounds ask for precise keys at once instead of paying for both. (Rows that fail
@@ -615,6 +625,13 @@ impl Run<'_> {
                 precise: !contiguous || loose,
                 base_key: Some(self.base_key),
                 exact_data: self.exact_data,
+                // First tries of Hellinger: an engine may take the exact keys of the given rows.
+                exact_from: (contiguous && matches!(self.metric, Metric::Hellinger)).then(|| {
+                    ExactFrom::Hellinger {
+                        base: self.xb,
+                        queries: self.xq.slice_rows(start, end),
+                    }
+                }),
             };
             let first_try = self.symmetric.as_ref().filter(|_| contiguous && !loose);
             // An engine that re-ranks on its own writes a first try's rows in place.
@@ -636,7 +653,7 @@ impl Run<'_> {
             let rerank = Rerank {
                 metric: self.metric,
                 xb: self.xb,
-                aux: self.aux.as_ref(),
+                aux: &self.aux,
                 self_join: self.self_join,
                 xq: self.xq,
                 k,
@@ -672,7 +689,8 @@ impl Run<'_> {
             } else if let Some(plan) = self.expr {
                 hand_over(&engine.candidates_expr(&req, plan)?, None, &sink);
             } else {
-                engine.candidate_rows(&req, self.same_space, &sink)?;
+                let want_exact = self.same_space || req.exact_from.is_some();
+                engine.candidate_rows(&req, want_exact, &sink)?;
             }
             let handed = sink.handed.into_inner();
             if sink.malformed.into_inner() || handed != requested {
@@ -790,7 +808,7 @@ fn run(
         exact_data: prep.engine.is_none(),
         expr: prep.expr.as_ref(),
         symmetric: None,
-        aux: BaseAux::new(metric, xb),
+        aux: OnceLock::new(),
         loose: AtomicBool::new(false),
         profile,
     };

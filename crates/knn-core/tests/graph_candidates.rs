@@ -65,6 +65,7 @@ impl Engine for Counting {
             precise,
             base_key: None,
             exact_data: false,
+            exact_from: None,
         }))
     }
 }

@@ -1058,6 +1058,7 @@ mod tests {
                             precise,
                             base_key: None,
                             exact_data: false,
+                            exact_from: None,
                         };
                         let plan = DirectPlan::new(&req);
                         for isa in isas() {
@@ -1111,6 +1112,7 @@ mod tests {
                 precise,
                 base_key: None,
                 exact_data: false,
+                exact_from: None,
             })
             .op
         };

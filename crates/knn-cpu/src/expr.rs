@@ -873,6 +873,7 @@ mod tests {
                     precise: false,
                     base_key: None,
                     exact_data: false,
+                    exact_from: None,
                 };
                 let isas = [Isa::Avx512, Isa::Avx2, Isa::Plain];
                 let best = isas.iter().position(|&i| i == best_isa()).unwrap();

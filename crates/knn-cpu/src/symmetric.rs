@@ -267,6 +267,7 @@ pub(crate) fn graph_candidates(
         precise,
         base_key: None,
         exact_data: false,
+        exact_from: None,
     };
     let keys = if kernel.is_gemm() {
         let plan = GemmPlan::new(&req, bf16 && !precise);

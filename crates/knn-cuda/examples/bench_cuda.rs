@@ -170,6 +170,7 @@ fn main() {
                 precise: false,
                 base_key: None,
                 exact_data: false,
+                exact_from: None,
             };
             kern.clear();
             let mut cand = Vec::new();

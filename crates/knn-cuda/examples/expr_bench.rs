@@ -73,6 +73,7 @@ fn main() {
         precise: false,
         base_key: None,
         exact_data: false,
+        exact_from: None,
     };
     let (cb, kb) = time(&e, reps, || {
         std::hint::black_box(e.candidates(&req).unwrap());

@@ -95,3 +95,35 @@ extern "C" __global__ void exact_keys(const float* __restrict__ q, const float* 
     }
     out[t] = kind == 1 ? -s : s;
 }
+
+// Hellinger's exact f64 keys of candidate lists, bit for bit as the host's `Metric::exact_key`:
+// Σ (√x − √y)² with correctly rounded square roots, differences, squares and sums, left to
+// right. One block per row (its query's roots in shared memory, 512 at a time), one thread per
+// slot (blockIdx.y picks 128 of them); ids at or past nb give NaN.
+extern "C" __global__ void exact_keys_hellinger(const float* __restrict__ q,
+                                                const float* __restrict__ b, long long nb,
+                                                const u64* __restrict__ comps, long long n, int w,
+                                                int d, double* __restrict__ out) {
+    __shared__ double rq[512];
+    long long row = blockIdx.x;
+    int slot = blockIdx.y * blockDim.x + threadIdx.x;
+    bool live = slot < w;
+    u32 id = live ? (u32)(comps[row * w + slot] & 0xffffffffu) : 0u;
+    bool valid = live && id < nb;
+    const float* x = q + row * (long long)d;
+    const float* y = b + (long long)id * d;
+    double s = 0.0;
+    for (int j0 = 0; j0 < d; j0 += 512) {
+        int m = min(512, d - j0);
+        __syncthreads();
+        for (int j = threadIdx.x; j < m; j += blockDim.x) rq[j] = __dsqrt_rn((double)x[j0 + j]);
+        __syncthreads();
+        if (valid) {
+            for (int j = 0; j < m; ++j) {
+                double e = __dsub_rn(rq[j], __dsqrt_rn((double)y[j0 + j]));
+                s = __dadd_rn(s, __dmul_rn(e, e));
+            }
+        }
+    }
+    if (live) out[row * w + slot] = valid ? s : __longlong_as_double(0x7ff8000000000000ll);
+}

@@ -3,7 +3,9 @@
 use crate::device::{driver_device_count, is_oom, Gpu};
 use crate::floor::{centred_max_norm, floors, mean, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
 use crate::fused::{self, Resident, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX};
-use knn_core::{CandidateRequest, Candidates, Engine, ExprPlan, Kernel, KnnError, Result};
+use knn_core::{
+    CandidateRequest, Candidates, Engine, ExactFrom, ExprPlan, Kernel, KnnError, Result,
+};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -205,7 +207,23 @@ impl CudaEngine {
                     let base = fused::BaseView {
                         centre: info.centre.as_deref(),
                         cache: &mut resident,
-                        exact: exact && expr.is_none(),
+                        exact: match req.exact_from {
+                            _ if !exact || expr.is_some() => None,
+                            None => Some(fused::Exact::Kernel),
+                            // The given rows must pair with the request's, row for row.
+                            Some(ExactFrom::Hellinger { base, queries })
+                                if base.rows() == req.base.rows()
+                                    && queries.rows() == req.queries.rows()
+                                    && base.dim() == req.base.dim()
+                                    && queries.dim() == req.base.dim() =>
+                            {
+                                Some(fused::Exact::Hellinger {
+                                    base: base.as_slice(),
+                                    queries: queries.as_slice(),
+                                })
+                            }
+                            Some(_) => None,
+                        },
                     };
                     fused::run(gpu, req, budget, base, tag).map(|out| {
                         if let Ok(mut m) = self.last_kernel_ms.lock() {
@@ -416,19 +434,25 @@ impl CudaEngine {
             // Only re-asks of a few hard rows get this wide: the CPU engine scans them.
             return Ok((knn_cpu::CpuEngine::default().candidates(req)?, None));
         }
+        let t0 = std::time::Instant::now();
         let info = self.base_info(req);
-        let Rows {
-            keys,
-            ids,
-            exact,
-            cut,
-        } = {
+        let (
+            waited,
+            Rows {
+                keys,
+                ids,
+                exact,
+                cut,
+            },
+        ) = {
             let mut gpu = self
                 .gpu
                 .lock()
                 .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
-            self.rows(&mut gpu, req, &info, want_exact, None)?
+            let waited = t0.elapsed();
+            (waited, self.rows(&mut gpu, req, &info, want_exact, None)?)
         };
+        let t1 = std::time::Instant::now();
         // Every slot must have been written with a valid, allowed id.
         for (i, row) in ids.chunks(w).enumerate() {
             let skip = req.exclude.map(|e| e[i]);
@@ -456,6 +480,14 @@ impl CudaEngine {
             u,
             u_in,
         );
+        if std::env::var_os("KNN_PROFILE").is_some() {
+            eprintln!(
+                "cuda call ({nq} rows): waited for the GPU {:.2} ms, GPU work {:.2} ms, checks and floors {:.2} ms",
+                waited.as_secs_f64() * 1e3,
+                (t1 - t0 - waited).as_secs_f64() * 1e3,
+                t1.elapsed().as_secs_f64() * 1e3
+            );
+        }
         let c = Candidates {
             width: w,
             ids,

@@ -182,8 +182,10 @@ pub(crate) struct Resident {
     centre: Option<Vec<f32>>,
     b: CudaSlice<f32>,
     bn: CudaSlice<f32>,
-    /// The rows as given, when `b` is centred and exact keys are wanted.
+    /// The rows exact keys are taken of, when they are not `b`: the rows as given when `b` is
+    /// centred, or Hellinger's given rows (`hellinger`; `b` holds their square roots).
     orig: Option<CudaSlice<f32>>,
+    hellinger: bool,
 }
 
 impl Resident {
@@ -192,12 +194,13 @@ impl Resident {
         (self.b.len() + self.bn.len() + self.orig.as_ref().map_or(0, |o| o.len())) * 4
     }
 
-    /// The rows as given (for exact keys), if held.
-    fn given(&self) -> Option<&CudaSlice<f32>> {
-        if self.centre.is_none() {
-            Some(&self.b)
-        } else {
-            self.orig.as_ref()
+    /// The rows the exact keys `exact` asks for are taken of, if held.
+    fn given(&self, exact: Exact<'_>) -> Option<&CudaSlice<f32>> {
+        match exact {
+            Exact::Hellinger { .. } => self.orig.as_ref().filter(|_| self.hellinger),
+            Exact::Kernel if self.hellinger => None,
+            Exact::Kernel if self.centre.is_none() => Some(&self.b),
+            Exact::Kernel => self.orig.as_ref(),
         }
     }
 }
@@ -212,7 +215,17 @@ pub(crate) struct BaseView<'a> {
     pub cache: &'a mut Option<Resident>,
     /// Also compute each candidate's exact f64 key on the device (see
     /// [`knn_core::Engine::candidates_with_exact`]), when the base stays resident.
-    pub exact: bool,
+    pub exact: Option<Exact<'a>>,
+}
+
+/// Which exact keys a call computes besides its candidates.
+#[derive(Clone, Copy)]
+pub(crate) enum Exact<'a> {
+    /// The kernel's key (`Kernel::exact`) of the request's rows as given (uncentred).
+    Kernel,
+    /// Hellinger's key (`Metric::exact_key`) of these given rows, `nb × d` and `nq × d`: the
+    /// request's rows are their square roots (maybe centred).
+    Hellinger { base: &'a [f32], queries: &'a [f32] },
 }
 
 /// What [`run`] returns: `nq × W` composites (rows sorted), the exact keys of the candidates
@@ -258,7 +271,7 @@ pub(crate) fn run(
         (Some(key), Some(r)) => {
             r.key == key
                 && r.centre.as_deref() == base.centre
-                && (!base.exact || r.given().is_some())
+                && base.exact.is_none_or(|e| r.given(e).is_some())
         }
         _ => false,
     };
@@ -266,11 +279,11 @@ pub(crate) fn run(
         // Free the old copy before a new base takes its place.
         *base.cache = None;
     }
-    // Exact keys of a centred base need the given rows beside the centred ones.
-    let copies = if base.exact && base.centre.is_some() {
-        2
-    } else {
-        1
+    // Exact keys of a centred base, or Hellinger's, need the given rows beside the base's.
+    let copies = match base.exact {
+        Some(Exact::Hellinger { .. }) => 2,
+        Some(Exact::Kernel) if base.centre.is_some() => 2,
+        _ => 1,
     };
     let fits = nb * (row_bytes + (copies - 1) * d * 4) <= budget / 2;
     let bc = if cached || fits {
@@ -308,17 +321,18 @@ pub(crate) fn run(
         qc
     };
 
+    let mut phases = Phases::new();
     let mut own = None;
     if bc == nb && !cached {
         let given = gpu.upload(req.base.as_slice())?;
-        let orig = if copies == 2 {
-            Some(
+        let orig = match base.exact {
+            Some(Exact::Hellinger { base: rows, .. }) => Some(gpu.upload(rows)?),
+            _ if copies == 2 => Some(
                 gpu.stream
                     .clone_dtod(&given)
                     .map_err(dev_err("copying on the device"))?,
-            )
-        } else {
-            None
+            ),
+            _ => None,
         };
         let bn = gpu.alloc::<f32>(nb)?;
         gpu.centre_sq_norms(gpu.ptr(&given), nb, d, centre_ptr, gpu.ptr(&bn))?;
@@ -328,6 +342,7 @@ pub(crate) fn run(
             b: given,
             bn,
             orig,
+            hellinger: matches!(base.exact, Some(Exact::Hellinger { .. })),
         };
         if req.base_key.is_some() {
             *base.cache = Some(r);
@@ -341,26 +356,29 @@ pub(crate) fn run(
         None
     };
     let resident = held.map(|r| (&r.b, &r.bn));
-    let given_base = held.and_then(Resident::given).filter(|_| base.exact);
+    let given_base = base.exact.zip(held).and_then(|(e, r)| r.given(e));
     let mut exact = given_base.map(|_| vec![0.0f64; nq * w]);
     let mut out = vec![SENTINEL; nq * w];
     let mut cut_all = vec![SENTINEL; nq];
     let mut kernel_ms = Some(0.0f32);
+    phases.lap(gpu, "base up");
     for qs in (0..nq).step_by(qc) {
         let qe = (qs + qc).min(nq);
         let n = qe - qs;
         let q = gpu.upload(&req.queries.as_slice()[qs * d..qe * d])?;
-        let q_given = if given_base.is_some() && centre_ptr != 0 {
-            Some(
+        let q_given = match base.exact {
+            _ if given_base.is_none() => None,
+            Some(Exact::Hellinger { queries, .. }) => Some(gpu.upload(&queries[qs * d..qe * d])?),
+            _ if centre_ptr != 0 => Some(
                 gpu.stream
                     .clone_dtod(&q)
                     .map_err(dev_err("copying on the device"))?,
-            )
-        } else {
-            None
+            ),
+            _ => None,
         };
         let qn = gpu.alloc::<f32>(n)?;
         gpu.centre_sq_norms(gpu.ptr(&q), n, d, centre_ptr, gpu.ptr(&qn))?;
+        phases.lap(gpu, "queries up");
         let excl = match req.exclude {
             Some(e) => Some(gpu.upload(&e[qs..qe])?),
             None => None,
@@ -520,29 +538,66 @@ pub(crate) fn run(
             kernel_ms = None;
         }
         let r = running.expect("the base is not empty");
+        phases.lap(gpu, "kernels");
         if let (Some(gb), Some(ex)) = (given_base, exact.as_mut()) {
             let qg = q_given.as_ref().unwrap_or(&q);
-            let keys = exact_keys(
-                gpu,
-                req.kernel,
-                (gpu.ptr(qg), n),
-                (gpu.ptr(gb), nb),
-                &r.buf,
-                w,
-                d,
-            )?;
+            let kind = match base.exact {
+                Some(Exact::Hellinger { .. }) => None,
+                _ => Some(req.kernel),
+            };
+            let keys = exact_keys(gpu, kind, (gpu.ptr(qg), n), (gpu.ptr(gb), nb), &r.buf, w, d)?;
             ex[qs * w..qe * w].copy_from_slice(&gpu.download(&keys, n * w)?);
         }
+        phases.lap(gpu, "exact keys");
         let host = gpu.download(&r.buf, n * w)?;
         out[qs * w..qe * w].copy_from_slice(&host);
         cut_all[qs..qe].copy_from_slice(&gpu.download(&cut, n)?);
+        phases.lap(gpu, "downloads");
     }
+    phases.print(nq);
     Ok(Output {
         composites: out,
         cut: cut_all,
         exact,
         kernel_ms,
     })
+}
+
+/// Wall-clock phases of one [`run`], summed over its query chunks and printed to stderr when
+/// `KNN_PROFILE` is set. Each phase ends with a device sync, so profiling slows a call a little.
+struct Phases {
+    since: Option<std::time::Instant>,
+    parts: Vec<(&'static str, f64)>,
+}
+
+impl Phases {
+    fn new() -> Phases {
+        Phases {
+            since: std::env::var_os("KNN_PROFILE").map(|_| std::time::Instant::now()),
+            parts: Vec::new(),
+        }
+    }
+
+    fn lap(&mut self, gpu: &Gpu, what: &'static str) {
+        if let Some(t) = self.since {
+            let _ = gpu.sync();
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            match self.parts.iter_mut().find(|p| p.0 == what) {
+                Some(p) => p.1 += ms,
+                None => self.parts.push((what, ms)),
+            }
+            self.since = Some(std::time::Instant::now());
+        }
+    }
+
+    fn print(&self, rows: usize) {
+        if self.since.is_some() {
+            let parts: Vec<String> = (self.parts.iter())
+                .map(|(w, ms)| format!("{w} {ms:.2}"))
+                .collect();
+            eprintln!("cuda fused ({rows} rows), ms: {}", parts.join(", "));
+        }
+    }
 }
 
 /// Base rows scanned first to prime the thresholds of a W-wide search (0: none). The W-th of
@@ -578,12 +633,12 @@ fn prime_thresholds(gpu: &Gpu, lists: u64, n: usize, w: usize, gthr: u64) -> Res
     Ok(())
 }
 
-/// Exact f64 keys (as the host's `Kernel::exact`) of the `n × w` candidate composites `comps`
-/// for the given (uncentred) queries `q` (address, rows) against the given base `b` (address,
-/// rows).
+/// Exact f64 keys (as the host's `Kernel::exact` of `kernel`, or with `None` Hellinger's
+/// `Metric::exact_key`) of the `n × w` candidate composites `comps` for the given (uncentred)
+/// queries `q` (address, rows) against the given base `b` (address, rows).
 fn exact_keys(
     gpu: &Gpu,
-    kernel: Kernel,
+    kernel: Option<Kernel>,
     q: (u64, usize),
     b: (u64, usize),
     comps: &CudaSlice<u64>,
@@ -592,13 +647,18 @@ fn exact_keys(
 ) -> Result<CudaSlice<f64>> {
     let n = q.1;
     let out = gpu.alloc::<f64>(n * w)?;
-    let f = gpu.func("exact_keys")?;
-    let kind: i32 = match kernel {
+    let kind: Option<i32> = kernel.map(|k| match k {
         Kernel::SqL2 => 0,
         Kernel::NegDot => 1,
         Kernel::L1 => 2,
         Kernel::Linf => 3,
+    });
+    let name = if kind.is_some() {
+        "exact_keys"
+    } else {
+        "exact_keys_hellinger"
     };
+    let f = gpu.func(name)?;
     let (nb64, n64, ww, dd, pc, po) = (
         b.1 as i64,
         n as i64,
@@ -614,18 +674,28 @@ fn exact_keys(
         .arg(&pc)
         .arg(&n64)
         .arg(&ww)
-        .arg(&dd)
-        .arg(&kind)
-        .arg(&po);
-    // SAFETY: q holds n×d floats, b nb×d, comps and out n×w entries.
-    unsafe {
-        l.launch(LaunchConfig {
+        .arg(&dd);
+    if let Some(kind) = &kind {
+        l.arg(kind);
+    }
+    l.arg(&po);
+    let cfg = if kind.is_some() {
+        // One thread per (row, slot).
+        LaunchConfig {
             grid_dim: ((n * w).div_ceil(256) as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
-        })
-    }
-    .map_err(dev_err("exact_keys"))?;
+        }
+    } else {
+        // One block per row (its query's roots shared), one thread per slot.
+        LaunchConfig {
+            grid_dim: (n as u32, w.div_ceil(128) as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    };
+    // SAFETY: q holds n×d floats, b nb×d, comps and out n×w entries.
+    unsafe { l.launch(cfg) }.map_err(dev_err(name))?;
     Ok(out)
 }
 

@@ -991,7 +991,8 @@ impl Engine for CudaGridEngine {
             .lock()?
             .run(req, Output::Candidates)?
             .expect("candidates asked for");
-        Ok((c, Some(exact)))
+        // Its exact keys are `req.kernel.exact` of the request's rows: none for derived data.
+        Ok((c, req.exact_from.is_none().then_some(exact)))
     }
 
     /// Final rows straight from the kernel: it computes the exact keys of its k candidates,

@@ -210,6 +210,7 @@ fn device_exact_keys_are_the_host_ones() {
                     precise: false,
                     base_key: Some(key),
                     exact_data: true,
+                    exact_from: None,
                 };
                 let (c, exact) = e.candidates_with_exact(&req).unwrap();
                 let exact = exact.expect("the fused method gives exact keys for a resident base");
@@ -224,6 +225,69 @@ fn device_exact_keys_are_the_host_ones() {
                 }
             }
         }
+    }
+}
+
+/// Hellinger's device-side exact keys (from the given rows, the request holding their square
+/// roots) are the host's `Metric::exact_key`, bit for bit, with values from 0 to 4e6 and a
+/// dimension past one 512-coordinate stage of the kernel; and a search through the pipeline,
+/// which takes them, equals the CPU engine's.
+#[test]
+fn device_hellinger_keys_are_the_host_ones() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "device_hellinger_keys") {
+        return;
+    }
+    use knn_core::{base_key, CandidateRequest, ExactFrom, Kernel, Metric};
+    let e = CudaEngine::new(0, Method::Fused).unwrap();
+    for d in [7, 515] {
+        let spread = |m: Matrix, seed: u32| {
+            let v: Vec<f32> = (m.view().as_slice().iter().enumerate())
+                .map(|(i, &x)| match (i as u32 ^ seed) % 7 {
+                    0 => 0.0,
+                    1 => x * 4e6,
+                    _ => x,
+                })
+                .collect();
+            Matrix::new("x", v, d).unwrap()
+        };
+        let b = spread(uniform(2000, d, 71), 1);
+        let q = spread(uniform(200, d, 72), 2);
+        let root = |m: &Matrix| {
+            let v: Vec<f32> = m.view().as_slice().iter().map(|x| x.sqrt()).collect();
+            Matrix::new("r", v, d).unwrap()
+        };
+        let (rb, rq) = (root(&b), root(&q));
+        let key = base_key();
+        for width in [16, 130] {
+            let req = CandidateRequest {
+                base: rb.view(),
+                queries: rq.view(),
+                kernel: Kernel::SqL2,
+                width,
+                exclude: None,
+                precise: false,
+                base_key: Some(key),
+                exact_data: false,
+                exact_from: Some(ExactFrom::Hellinger {
+                    base: b.view(),
+                    queries: q.view(),
+                }),
+            };
+            let (c, exact) = e.candidates_with_exact(&req).unwrap();
+            let exact = exact.expect("the fused method gives Hellinger keys for a resident base");
+            for (i, (&id, &x)) in c.ids.iter().zip(&exact).enumerate() {
+                let want =
+                    Metric::Hellinger.exact_key(q.view().row(i / width), b.view().row(id as usize));
+                assert_eq!(
+                    x.to_bits(),
+                    want.to_bits(),
+                    "d={d} row {} id {id}: device {x} host {want}",
+                    i / width
+                );
+            }
+        }
+        same_as_cpu(&e, &b, Some(&q), 10, &Metric::Hellinger);
+        same_as_cpu(&e, &b, None, 10, &Metric::Hellinger);
     }
 }
 

@@ -167,6 +167,7 @@ fn main() {
                                 precise: false,
                                 base_key: None,
                                 exact_data: false,
+                                exact_from: None,
                             };
                             e.candidate_rows(&req, true, &Discard).unwrap();
                         },

@@ -137,12 +137,13 @@ impl Engine for GridEngine {
     }
 
     /// The exact keys come from the index's own copy of the points (the same f32 values as
-    /// the base, read back from cache right after the search), through `req.kernel.exact`.
+    /// the base, read back from cache right after the search), through `req.kernel.exact`;
+    /// none for data derived from other rows (`req.exact_from`).
     fn candidates_with_exact(
         &self,
         req: &CandidateRequest<'_>,
     ) -> Result<(Candidates, Option<Vec<f64>>)> {
-        self.gather(req, true)
+        self.gather(req, req.exact_from.is_none())
     }
 
     /// Rows in the grid's own order (queries sorted by cell), handed over in batches of
@@ -154,7 +155,7 @@ impl Engine for GridEngine {
         want_exact: bool,
         sink: &dyn RowSink,
     ) -> Result<()> {
-        self.search(req, want_exact, sink)
+        self.search(req, want_exact && req.exact_from.is_none(), sink)
     }
 
     /// All queries of a round in one call: the queries are sorted by cell, and the more of

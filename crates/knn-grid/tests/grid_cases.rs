@@ -163,6 +163,7 @@ fn check_contract(
         precise: false,
         base_key: None,
         exact_data: false,
+        exact_from: None,
     };
     let c = e.candidates(&req).map_err(|e| e.to_string())?;
     // The same candidates with exact keys: those are `kernel.exact` of the base rows, bit for
