@@ -1,5 +1,6 @@
 //! Device state: context, stream, the NVRTC-compiled module (cached on disk) and its functions.
 
+use crate::staging::{bytes_of, bytes_of_mut, Staging};
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError,
 };
@@ -99,7 +100,12 @@ pub(crate) struct Gpu {
     /// Expression modules loaded so far, by tag.
     expr_modules: HashMap<String, Arc<CudaModule>>,
     pub blas: Option<cudarc::cublas::CudaBlas>,
+    /// Page-locked memory for large copies, made on first use.
+    staging: std::cell::OnceCell<Staging>,
 }
+
+/// Copies of at least this many bytes go through the page-locked staging memory.
+const STAGED_MIN: usize = 1 << 20;
 
 impl Gpu {
     pub fn new(ordinal: usize) -> Result<Self> {
@@ -150,6 +156,7 @@ impl Gpu {
             _module: module,
             expr_modules: HashMap::new(),
             blas: None,
+            staging: std::cell::OnceCell::new(),
         })
     }
 
@@ -226,27 +233,59 @@ impl Gpu {
         unsafe { self.stream.alloc::<T>(len.max(1)) }.map_err(dev_err("allocating device memory"))
     }
 
-    pub fn upload<T: cudarc::driver::DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
+    /// The page-locked staging memory of this device's copies (made on first use).
+    pub fn staging(&self) -> Result<&Staging> {
+        if self.staging.get().is_none() {
+            let s = Staging::new(self)?;
+            let _ = self.staging.set(s);
+        }
+        Ok(self.staging.get().expect("set above"))
+    }
+
+    /// A new device buffer holding `data` (large ones through the staging memory).
+    pub fn upload<T: cudarc::driver::DeviceRepr + Copy>(&self, data: &[T]) -> Result<CudaSlice<T>> {
         if data.is_empty() {
             return self.alloc(1);
+        }
+        if std::mem::size_of_val(data) >= STAGED_MIN {
+            let dst = self.alloc::<T>(data.len())?;
+            self.staging()?
+                .upload_own_threads(self, bytes_of(data), self.ptr(&dst))?;
+            return Ok(dst);
         }
         self.stream
             .clone_htod(data)
             .map_err(dev_err("copying to the device"))
     }
 
-    pub fn download<T: cudarc::driver::DeviceRepr + Default + Clone>(
+    /// The first `len` values of `src` (large ones through the staging memory). `T` is a plain
+    /// number type (every bit pattern valid).
+    pub fn download<T: cudarc::driver::DeviceRepr + Default + Copy>(
         &self,
         src: &CudaSlice<T>,
         len: usize,
     ) -> Result<Vec<T>> {
         let mut out = vec![T::default(); len];
-        if len > 0 {
+        self.download_into(src, &mut out)?;
+        Ok(out)
+    }
+
+    /// The first `dst.len()` values of `src` into `dst` (large ones through the staging
+    /// memory). `T` is a plain number type (every bit pattern valid).
+    pub fn download_into<T: cudarc::driver::DeviceRepr + Copy>(
+        &self,
+        src: &CudaSlice<T>,
+        dst: &mut [T],
+    ) -> Result<()> {
+        if std::mem::size_of_val(dst) >= STAGED_MIN {
+            self.staging()?
+                .download_own_threads(self, self.ptr(src), bytes_of_mut(dst))?;
+        } else if !dst.is_empty() {
             self.stream
-                .memcpy_dtoh(&src.slice(0..len), &mut out)
+                .memcpy_dtoh(&src.slice(0..dst.len()), dst)
                 .map_err(dev_err("copying from the device"))?;
         }
-        Ok(out)
+        Ok(())
     }
 
     pub fn sync(&self) -> Result<()> {

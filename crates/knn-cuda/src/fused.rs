@@ -358,8 +358,9 @@ pub(crate) fn run(
     let resident = held.map(|r| (&r.b, &r.bn));
     let given_base = base.exact.zip(held).and_then(|(e, r)| r.given(e));
     let mut exact = given_base.map(|_| vec![0.0f64; nq * w]);
-    let mut out = vec![SENTINEL; nq * w];
-    let mut cut_all = vec![SENTINEL; nq];
+    // Every row is written by a download below: zeroed (lazily mapped) memory, not a fill.
+    let mut out = vec![0u64; nq * w];
+    let mut cut_all = vec![0u64; nq];
     let mut kernel_ms = Some(0.0f32);
     phases.lap(gpu, "base up");
     for qs in (0..nq).step_by(qc) {
@@ -546,12 +547,11 @@ pub(crate) fn run(
                 _ => Some(req.kernel),
             };
             let keys = exact_keys(gpu, kind, (gpu.ptr(qg), n), (gpu.ptr(gb), nb), &r.buf, w, d)?;
-            ex[qs * w..qe * w].copy_from_slice(&gpu.download(&keys, n * w)?);
+            gpu.download_into(&keys, &mut ex[qs * w..qe * w])?;
         }
         phases.lap(gpu, "exact keys");
-        let host = gpu.download(&r.buf, n * w)?;
-        out[qs * w..qe * w].copy_from_slice(&host);
-        cut_all[qs..qe].copy_from_slice(&gpu.download(&cut, n)?);
+        gpu.download_into(&r.buf, &mut out[qs * w..qe * w])?;
+        gpu.download_into(&cut, &mut cut_all[qs..qe])?;
         phases.lap(gpu, "downloads");
     }
     phases.print(nq);

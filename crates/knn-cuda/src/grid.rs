@@ -38,9 +38,8 @@
 //! cached grid current by reading the base.
 
 use crate::device::{dev_err, Gpu};
-use cudarc::driver::{
-    CudaEvent, CudaSlice, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg,
-};
+use crate::staging::{bytes_of, bytes_of_mut, PIECE};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use knn_core::{
     CandidateRequest, Candidates, Engine, FinishedRows, Kernel, KnnError, Metric, Result,
 };
@@ -86,11 +85,10 @@ pub struct CudaGridEngine {
     cpu: knn_grid::GridEngine,
 }
 
-/// The device, its buffers and the staging memory, used by one call at a time.
+/// The device (with its staging memory) and its buffers, used by one call at a time.
 struct State {
     gpu: Gpu,
     bufs: Buffers,
-    staging: Option<Staging>,
     /// The base binned by an earlier call of the same pipeline run (its
     /// [`CandidateRequest::base_key`], address, length, dimension), reused by the run's later
     /// rounds and retries; its buffers stay untouched until another base is binned.
@@ -141,159 +139,6 @@ impl Buffers {
     }
 }
 
-/// Page-locked host memory for the copies: [`STAGE_SLOTS`] slots of [`STAGE_CHUNK`] bytes, each
-/// with an event marking when the device is done with it, so the host fills (or drains) one slot
-/// on every core while the device copies another.
-struct Staging {
-    mem: PinnedHostSlice<u8>,
-    done: Vec<CudaEvent>,
-}
-
-/// 6 MiB: a multiple of the row size (4·d bytes) for d = 1, 2, 3, so rows never straddle chunks.
-const STAGE_CHUNK: usize = 12 << 19;
-const STAGE_SLOTS: usize = 4;
-/// Bytes per task of the parallel host copies (also a multiple of every row size).
-const PIECE: usize = 12 << 14;
-
-/// The bytes of a slice of plain numbers.
-fn bytes_of<T: Copy>(v: &[T]) -> &[u8] {
-    // SAFETY: u8 has alignment 1 and the range is the slice's own memory.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
-}
-
-/// The bytes of a mutable slice of numbers for which every bit pattern is valid (u32, f32, f64).
-fn bytes_of_mut<T: Copy>(v: &mut [T]) -> &mut [u8] {
-    // SAFETY: as above; callers only use types where any bytes form a valid value.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
-}
-
-fn par_copy(dst: &mut [u8], src: &[u8]) {
-    dst.par_chunks_mut(PIECE)
-        .zip(src.par_chunks(PIECE))
-        .for_each(|(d, s)| d.copy_from_slice(s));
-}
-
-impl Staging {
-    fn new(gpu: &Gpu) -> Result<Self> {
-        // SAFETY: every slot is written (by the host or a copy) before it is read.
-        let mem = unsafe {
-            gpu.ctx
-                .alloc_pinned_with_flags::<u8>(STAGE_CHUNK * STAGE_SLOTS, 0)
-        }
-        .map_err(dev_err("allocating pinned host memory"))?;
-        let done = (0..STAGE_SLOTS)
-            .map(|_| gpu.ctx.new_event(None))
-            .collect::<std::result::Result<_, _>>()
-            .map_err(dev_err("creating events"))?;
-        Ok(Self { mem, done })
-    }
-
-    /// Slot `s`, `len` bytes, once the device is done with it.
-    #[allow(clippy::mut_from_ref)]
-    fn slot(&self, s: usize, len: usize) -> Result<&mut [u8]> {
-        self.done[s]
-            .synchronize()
-            .map_err(dev_err("waiting for a copy"))?;
-        let base = self.mem.as_ptr().map_err(dev_err("pinned host memory"))? as *mut u8;
-        // SAFETY: the range lies in the pinned allocation; the device no longer touches it (its
-        // last copy's event has completed) and the host uses one slot at a time.
-        Ok(unsafe { std::slice::from_raw_parts_mut(base.add(s * STAGE_CHUNK), len) })
-    }
-
-    /// Copies `src` to the device at `dst`, folding each row-aligned piece of `src` into an
-    /// accumulator on the way (`fold`, combined by `reduce`).
-    fn upload<A: Send>(
-        &self,
-        gpu: &Gpu,
-        src: &[u8],
-        dst: u64,
-        identity: impl Fn() -> A + Sync + Send,
-        fold: impl Fn(A, &[u8]) -> A + Sync + Send,
-        reduce: impl Fn(A, A) -> A + Sync + Send,
-    ) -> Result<A> {
-        let mut acc = identity();
-        for (i, chunk) in src.chunks(STAGE_CHUNK).enumerate() {
-            let s = i % STAGE_SLOTS;
-            let buf = self.slot(s, chunk.len())?;
-            let part = buf
-                .par_chunks_mut(PIECE)
-                .zip(chunk.par_chunks(PIECE))
-                .fold(&identity, |a, (d, c)| {
-                    d.copy_from_slice(c);
-                    fold(a, c)
-                })
-                .reduce(&identity, &reduce);
-            acc = reduce(acc, part);
-            // SAFETY: `dst` has room for `src` (callers size it), the source is pinned memory
-            // that stays untouched until the event recorded next has completed.
-            unsafe {
-                cudarc::driver::result::memcpy_htod_async(
-                    dst + (i * STAGE_CHUNK) as u64,
-                    &*buf,
-                    gpu.stream.cu_stream(),
-                )
-            }
-            .map_err(dev_err("copying to the device"))?;
-            self.done[s]
-                .record(&gpu.stream)
-                .map_err(dev_err("recording an event"))?;
-        }
-        Ok(acc)
-    }
-
-    /// Copies `src` to the device at `dst`.
-    fn upload_plain(&self, gpu: &Gpu, src: &[u8], dst: u64) -> Result<()> {
-        self.upload(gpu, src, dst, || (), |(), _| (), |(), ()| ())
-    }
-
-    /// Copies `bytes` bytes from the device at `src`, handing each chunk to `sink(offset,
-    /// bytes)` (in order) while the next ones are on their way.
-    fn download(
-        &self,
-        gpu: &Gpu,
-        src: u64,
-        bytes: usize,
-        mut sink: impl FnMut(usize, &[u8]),
-    ) -> Result<()> {
-        let chunks = bytes.div_ceil(STAGE_CHUNK);
-        let len = |i: usize| (bytes - i * STAGE_CHUNK).min(STAGE_CHUNK);
-        let enqueue = |i: usize| -> Result<()> {
-            let s = i % STAGE_SLOTS;
-            let buf = self.slot(s, len(i))?;
-            // SAFETY: the device range holds `len(i)` bytes at that offset (callers size it);
-            // the pinned destination is read only after the event recorded next.
-            unsafe {
-                cudarc::driver::result::memcpy_dtoh_async(
-                    buf,
-                    src + (i * STAGE_CHUNK) as u64,
-                    gpu.stream.cu_stream(),
-                )
-            }
-            .map_err(dev_err("copying from the device"))?;
-            self.done[s]
-                .record(&gpu.stream)
-                .map_err(dev_err("recording an event"))
-        };
-        for i in 0..chunks.min(STAGE_SLOTS) {
-            enqueue(i)?;
-        }
-        for i in 0..chunks {
-            sink(i * STAGE_CHUNK, self.slot(i % STAGE_SLOTS, len(i))?);
-            if i + STAGE_SLOTS < chunks {
-                enqueue(i + STAGE_SLOTS)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Copies `dst.len()` bytes from the device at `src` into `dst`.
-    fn download_into(&self, gpu: &Gpu, src: u64, dst: &mut [u8]) -> Result<()> {
-        self.download(gpu, src, dst.len(), |off, b| {
-            par_copy(&mut dst[off..off + b.len()], b)
-        })
-    }
-}
-
 /// Per-axis minimum and maximum of rows of `d` values (a fold of whole rows).
 type BBox = ([f32; 3], [f32; 3]);
 
@@ -328,7 +173,6 @@ impl CudaGridEngine {
             state: Mutex::new(State {
                 gpu: Gpu::new(ordinal)?,
                 bufs: Buffers::default(),
-                staging: None,
                 binned: None,
             }),
             ordinal,
@@ -494,18 +338,10 @@ impl State {
         .map_err(dev_err("clearing device memory"))
     }
 
-    fn staging(&mut self) -> Result<&Staging> {
-        if self.staging.is_none() {
-            self.staging = Some(Staging::new(&self.gpu)?);
-        }
-        Ok(self.staging.as_ref().expect("made above"))
-    }
-
     /// Reads one u32 from the device (synchronising).
     fn read_u32(&mut self, ptr: u64) -> Result<u32> {
         let mut v = [0u8; 4];
-        self.staging()?;
-        let st = self.staging.as_ref().expect("made above");
+        let st = self.gpu.staging()?;
         st.download(&self.gpu, ptr, 4, |_, b| v.copy_from_slice(b))?;
         Ok(u32::from_ne_bytes(v))
     }
@@ -593,8 +429,7 @@ impl State {
     ) -> Result<(Binned, Option<Crowding>)> {
         let n = b.len() / d;
         let raw = self.bufs.get(&self.gpu, Buf::BaseRaw, 4 * b.len())?;
-        self.staging()?;
-        let st = self.staging.as_ref().expect("made above");
+        let st = self.gpu.staging()?;
         let (lo, hi) = st.upload(
             &self.gpu,
             bytes_of(b),
@@ -793,20 +628,12 @@ impl State {
             .bufs
             .get(&self.gpu, Buf::QueryStarts, 4 * (g.cells + 1))?;
         let qsorted = self.bufs.get(&self.gpu, Buf::QuerySorted, 16 * nq)?;
-        self.staging()?;
-        self.staging
-            .as_ref()
-            .expect("made above")
-            .upload_plain(&self.gpu, bytes_of(q), qraw)?;
+        (self.gpu.staging()?).upload_plain(&self.gpu, bytes_of(q), qraw)?;
         self.counting_sort(qraw, nq, d, &g.geom, g.cells, qstarts, qsorted)?;
         let excl = match req.exclude {
             Some(e) => {
                 let p = self.bufs.get(&self.gpu, Buf::Exclude, 4 * e.len())?;
-                self.staging.as_ref().expect("made above").upload_plain(
-                    &self.gpu,
-                    bytes_of(e),
-                    p,
-                )?;
+                (self.gpu.staging()?).upload_plain(&self.gpu, bytes_of(e), p)?;
                 p
             }
             None => 0,
@@ -893,7 +720,7 @@ impl State {
                 self.gpu.name
             )));
         }
-        let st = self.staging.as_ref().expect("made above");
+        let st = self.gpu.staging()?;
         let result = match out {
             Output::Finish { rows, .. } => {
                 st.download_into(&self.gpu, ids, bytes_of_mut(rows.ids))?;
@@ -1030,6 +857,7 @@ impl Engine for CudaGridEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::staging::STAGE_CHUNK;
 
     #[test]
     fn geometry_follows_count_and_shape() {

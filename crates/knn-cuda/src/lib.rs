@@ -35,6 +35,7 @@ mod expr;
 pub mod floor;
 mod fused;
 mod grid;
+mod staging;
 
 pub use device::{devices, DeviceInfo};
 pub use engine::{CudaEngine, Method};
