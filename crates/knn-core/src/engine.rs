@@ -110,6 +110,9 @@ pub struct FinishedRows<'a> {
     pub distances: &'a mut [f32],
     /// One per row: `true` when the row is final.
     pub proven: &'a mut [bool],
+    /// A row is final when its k-th exact key times this lies below its floor (the engine
+    /// data's scale: see [`crate::prepare::Prepared::key_scale`]).
+    pub key_scale: f64,
 }
 
 /// Candidate rows as an engine hands them to the visitor of [`Engine::candidate_rows`]: the
@@ -229,13 +232,14 @@ pub trait Engine: Sync {
         )))
     }
 
-    /// Optional: the pipeline's re-rank done by the engine itself, on a first try whose data
-    /// is the metric's exact space (the conditions of [`Engine::candidates_with_exact`]), for
-    /// `k ≤ req.width` neighbours. `Ok(false)` (the default): not done, the pipeline asks for
-    /// candidates. `Ok(true)`: for each row `i`, `proven[i]` is `true` only when the row's
+    /// Optional: the pipeline's re-rank done by the engine itself, on a first try whose exact
+    /// keys the engine may compute (the conditions of [`Engine::candidates_with_exact`]:
+    /// exact-space data, or the given rows of `req.exact_from`), for `k ≤ req.width`
+    /// neighbours. `Ok(false)` (the default): not done, the pipeline asks for candidates.
+    /// `Ok(true)`: for each row `i`, `proven[i]` is `true` only when the row's
     /// `ids`/`distances` are what the re-rank makes of this engine's candidates for `req` with
-    /// their exact keys — the `k` smallest by (exact key, id), the largest of them below the
-    /// row's floor (or the row holding every available point), distances
+    /// their exact keys — the `k` smallest by (exact key, id), the largest of them times
+    /// `out.key_scale` below the row's floor (or the row holding every available point), distances
     /// `metric.distance_from_key` of the exact keys, ordered by (distance, id) — so the output
     /// is the same either way; rows not proven are asked again as usual.
     fn finish_rows(

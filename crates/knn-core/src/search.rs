@@ -228,27 +228,45 @@ enum BaseAux {
 }
 
 impl BaseAux {
+    /// Made on the first row that needs it, inside a rayon task: its work goes to threads of
+    /// its own, because a rayon join in there could take up another row's task on this thread,
+    /// which would wait for this very initialisation (a deadlock seen with 16 threads).
     fn new(metric: &Metric, xb: MatrixRef<'_>) -> Option<BaseAux> {
         match metric {
             Metric::Hellinger if xb.as_slice().len() <= ROOTS_MAX_VALUES => {
-                Some(BaseAux::HellingerRoots(
-                    xb.as_slice()
-                        .par_iter()
-                        .with_min_len(1 << 14)
-                        .map(|&v| (v as f64).sqrt())
-                        .collect(),
-                ))
+                let mut roots = vec![0.0f64; xb.as_slice().len()];
+                own_threads(&mut roots, xb.as_slice(), 1, |o, v| {
+                    o[0] = (v[0] as f64).sqrt()
+                });
+                Some(BaseAux::HellingerRoots(roots))
             }
-            Metric::Cosine => Some(BaseAux::CosineNorms(
-                (0..xb.rows())
-                    .into_par_iter()
-                    .with_min_len(1024)
-                    .map(|i| sum_sq(xb.row(i)))
-                    .collect(),
-            )),
+            Metric::Cosine => {
+                let mut norms = vec![0.0f64; xb.rows()];
+                own_threads(&mut norms, xb.as_slice(), xb.dim(), |o, row| {
+                    o[0] = sum_sq(row)
+                });
+                Some(BaseAux::CosineNorms(norms))
+            }
             _ => None,
         }
     }
+}
+
+/// `f(out[i..i+1], src[i·per..(i+1)·per])` for every `i`, on scoped threads of its own (one
+/// per core), not on the rayon pool.
+fn own_threads(out: &mut [f64], src: &[f32], per: usize, f: impl Fn(&mut [f64], &[f32]) + Sync) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let part = out.len().div_ceil(threads).max(1024);
+    std::thread::scope(|sc| {
+        for (o, s) in out.chunks_mut(part).zip(src.chunks(part * per)) {
+            let f = &f;
+            sc.spawn(move || {
+                for (o, s) in o.chunks_mut(1).zip(s.chunks(per)) {
+                    f(o, s)
+                }
+            });
+        }
+    });
 }
 
 /// `Σ v²` in f64, left to right: the `xx` / `yy` of `Metric::exact_key`'s cosine.
@@ -639,7 +657,7 @@ impl Run<'_> {
             let finished = contiguous
                 && first_try.is_none()
                 && self.expr.is_none()
-                && self.same_space
+                && (self.same_space || req.exact_from.is_some())
                 && engine.finish_rows(
                     &req,
                     self.metric,
@@ -648,6 +666,7 @@ impl Run<'_> {
                         ids: &mut *ids_out,
                         distances: &mut *dists_out,
                         proven: &mut proven,
+                        key_scale: self.key_scale,
                     },
                 )?;
             let rerank = Rerank {

@@ -127,3 +127,101 @@ extern "C" __global__ void exact_keys_hellinger(const float* __restrict__ q,
     }
     if (live) out[row * w + slot] = valid ? s : __longlong_as_double(0x7ff8000000000000ll);
 }
+
+// Rust's total order of f64 / f32 values (`total_cmp`) as unsigned integer order, and back.
+__device__ __forceinline__ u64 order_f64(double x) {
+    u64 b = (u64)__double_as_longlong(x);
+    return b ^ ((b >> 63) ? ~0ull : 0x8000000000000000ull);
+}
+__device__ __forceinline__ double unorder_f64(u64 o) {
+    return __longlong_as_double((long long)(o ^ ((o >> 63) ? 0x8000000000000000ull : ~0ull)));
+}
+__device__ __forceinline__ u64 order_f32(float x) {
+    u32 b = __float_as_uint(x);
+    return (u64)(b ^ ((b >> 31) ? 0xffffffffu : 0x80000000u));
+}
+
+// Sorts p (a power of two) pairs (key[i], id[i]) in shared memory ascending by (key, id):
+// bitonic network, every thread of the block taking compare-exchanges in turn.
+__device__ void bitonic_pairs(u64* key, u32* id, int p) {
+    for (int size = 2; size <= p; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (int t = threadIdx.x; t < p / 2; t += blockDim.x) {
+                int lo = 2 * t - (t & (stride - 1));
+                int hi = lo + stride;
+                bool up = (lo & size) == 0;
+                u64 ka = key[lo], kb = key[hi];
+                u32 ia = id[lo], ib = id[hi];
+                bool greater = ka > kb || (ka == kb && ia > ib);
+                if (greater == up) {
+                    key[lo] = kb; key[hi] = ka;
+                    id[lo] = ib; id[hi] = ia;
+                }
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// Final rows on the device, as the host pipeline's re-rank makes them: per row (one block), the
+// k smallest of its w candidates by (exact key, id), as distances (mode 0: the key; 1:
+// sqrt(max(key, 0)); 2: -key, a similarity; 3: sqrt(max(key / 2, 0)), Hellinger; f64, rounded to
+// f32 once) ordered by (distance, id) (by (-distance, id) for a similarity), Rust's total order.
+// Also the row's k-th exact key and its w-th composite (for the host's floor). A candidate id
+// at or past nb, or equal to the row's excluded id, sets *bad. p = the power of two ≥ w, pk ≥ k;
+// shared memory: 12·(p + pk) bytes.
+extern "C" __global__ void finish_lists(const u64* __restrict__ comps,
+                                        const double* __restrict__ exact, int w, int p, int k,
+                                        int pk, int mode, long long nb,
+                                        const u32* __restrict__ excl, u32* __restrict__ ids_out,
+                                        float* __restrict__ dists_out, double* __restrict__ kth_out,
+                                        u64* __restrict__ last_out, u32* __restrict__ bad) {
+    extern __shared__ u64 fin_smem[];
+    u64* key = fin_smem;
+    u64* key2 = key + p;
+    u32* id = (u32*)(key2 + pk);
+    u32* id2 = id + p;
+    long long row = blockIdx.x;
+    u32 skip = excl ? excl[row] : 0xffffffffu;
+    for (int j = threadIdx.x; j < p; j += blockDim.x) {
+        if (j < w) {
+            u64 c = comps[row * w + j];
+            u32 i = (u32)(c & 0xffffffffu);
+            if (i >= nb || i == skip) atomicOr(bad, 1u);
+            key[j] = order_f64(exact[row * w + j]);
+            id[j] = i;
+        } else {
+            key[j] = ~0ull;
+            id[j] = 0xffffffffu;
+        }
+    }
+    bitonic_pairs(key, id, p);
+    if (threadIdx.x == 0) {
+        kth_out[row] = unorder_f64(key[k - 1]);
+        last_out[row] = comps[row * w + w - 1];
+    }
+    for (int j = threadIdx.x; j < pk; j += blockDim.x) {
+        if (j < k) {
+            double x = unorder_f64(key[j]);
+            float dist;
+            if (mode == 1) dist = __double2float_rn(__dsqrt_rn(fmax(x, 0.0)));
+            else if (mode == 2) dist = __double2float_rn(-x);
+            else if (mode == 3) dist = __double2float_rn(__dsqrt_rn(fmax(__dmul_rn(0.5, x), 0.0)));
+            else dist = __double2float_rn(x);
+            key2[j] = order_f32(mode == 2 ? -dist : dist);
+            id2[j] = id[j];
+        } else {
+            key2[j] = ~0ull;
+            id2[j] = 0xffffffffu;
+        }
+    }
+    bitonic_pairs(key2, id2, pk);
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        u32 o = (u32)key2[j];
+        u32 b = o ^ ((o >> 31) ? 0x80000000u : 0xffffffffu);
+        float s = __uint_as_float(b);
+        ids_out[row * k + j] = id2[j];
+        dists_out[row * k + j] = mode == 2 ? -s : s;
+    }
+}

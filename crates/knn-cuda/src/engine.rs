@@ -4,7 +4,8 @@ use crate::device::{driver_device_count, is_oom, Gpu};
 use crate::floor::{centred_max_norm, floors, mean, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
 use crate::fused::{self, Resident, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX};
 use knn_core::{
-    CandidateRequest, Candidates, Engine, ExactFrom, ExprPlan, Kernel, KnnError, Result,
+    CandidateRequest, Candidates, Engine, ExactFrom, ExprPlan, FinishedRows, Kernel, KnnError,
+    Metric, Result,
 };
 use std::fmt;
 use std::str::FromStr;
@@ -85,6 +86,29 @@ struct Rows {
     /// Per row, a key every point left out is at least, besides the W-th key (truncated
     /// splits of the fused method; +∞ elsewhere).
     cut: Vec<f32>,
+    /// Set when the rows were finished on the device (`keys`, `ids` and `exact` are empty).
+    finished: Option<fused::Finished>,
+}
+
+/// The exact keys the fused method gives for `req` when `wanted`: the kernel's, or Hellinger's
+/// of the given rows the request names (which must pair with its rows).
+fn exact_view<'a>(req: &CandidateRequest<'a>, wanted: bool) -> Option<fused::Exact<'a>> {
+    match req.exact_from {
+        _ if !wanted => None,
+        None => Some(fused::Exact::Kernel),
+        Some(ExactFrom::Hellinger { base, queries })
+            if base.rows() == req.base.rows()
+                && queries.rows() == req.queries.rows()
+                && base.dim() == req.base.dim()
+                && queries.dim() == req.base.dim() =>
+        {
+            Some(fused::Exact::Hellinger {
+                base: base.as_slice(),
+                queries: queries.as_slice(),
+            })
+        }
+        Some(_) => None,
+    }
 }
 
 /// Host-side facts about a base, kept per [`CandidateRequest::base_key`].
@@ -101,6 +125,9 @@ struct BaseInfo {
 
 /// Smallest working budget tried before giving up with `OutOfMemory`.
 const MIN_BUDGET: usize = 16 << 20;
+
+/// Widest candidate lists finished on the device (`finish_lists` sorts a row in shared memory).
+const FINISH_WIDTH_MAX: usize = 2048;
 
 impl CudaEngine {
     /// Opens device `ordinal`, compiles (or loads from the cache) the kernels.
@@ -151,8 +178,14 @@ impl CudaEngine {
 
     /// The centre and norm bound of `req`'s base: computed once per base key.
     fn base_info(&self, req: &CandidateRequest<'_>) -> BaseInfo {
-        let mut slot = self.base_info.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(info) = slot.as_ref() {
+        // The lock is not held while the facts are computed on the rayon pool: a join there
+        // may run another round's task on this thread, which would wait for this lock.
+        if let Some(info) = self
+            .base_info
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
             if info.key.is_some()
                 && info.key == req.base_key
                 && info.kernel == req.kernel
@@ -178,8 +211,17 @@ impl CudaEngine {
             centre,
             bn_max,
         };
-        *slot = Some(info.clone());
+        *self.base_info.lock().unwrap_or_else(|p| p.into_inner()) = Some(info.clone());
         info
+    }
+
+    /// Device bytes a call may use: the cap given, else 70 % of the free memory, counting the
+    /// resident base (ours to reuse) as free.
+    fn budget(&self, gpu: &Gpu) -> Result<usize> {
+        let (free, _) = gpu.mem_info()?;
+        let resident = self.resident.lock().unwrap_or_else(|p| p.into_inner());
+        let held = resident.as_ref().map_or(0, Resident::bytes);
+        Ok(self.budget.unwrap_or((free + held) / 10 * 7))
     }
 
     /// Row-major `nq × W` (keys, ids) of `req` with this engine's method, or with the fused
@@ -191,15 +233,13 @@ impl CudaEngine {
         info: &BaseInfo,
         exact: bool,
         expr: Option<&str>,
+        mut finish: Option<fused::Finish<'_>>,
     ) -> Result<Rows> {
         gpu.ctx
             .bind_to_thread()
             .map_err(crate::device::dev_err("binding the context"))?;
-        let (free, _) = gpu.mem_info()?;
+        let mut budget = self.budget(gpu)?;
         let mut resident = self.resident.lock().unwrap_or_else(|p| p.into_inner());
-        // The resident base is ours to reuse: count it as free.
-        let held = resident.as_ref().map_or(0, Resident::bytes);
-        let mut budget = self.budget.unwrap_or((free + held) / 10 * 7);
         loop {
             let r = match (self.method, expr) {
                 (Method::Fused, _) | (_, Some(_)) => {
@@ -207,25 +247,10 @@ impl CudaEngine {
                     let base = fused::BaseView {
                         centre: info.centre.as_deref(),
                         cache: &mut resident,
-                        exact: match req.exact_from {
-                            _ if !exact || expr.is_some() => None,
-                            None => Some(fused::Exact::Kernel),
-                            // The given rows must pair with the request's, row for row.
-                            Some(ExactFrom::Hellinger { base, queries })
-                                if base.rows() == req.base.rows()
-                                    && queries.rows() == req.queries.rows()
-                                    && base.dim() == req.base.dim()
-                                    && queries.dim() == req.base.dim() =>
-                            {
-                                Some(fused::Exact::Hellinger {
-                                    base: base.as_slice(),
-                                    queries: queries.as_slice(),
-                                })
-                            }
-                            Some(_) => None,
-                        },
+                        exact: exact_view(req, exact && expr.is_none()),
                     };
-                    fused::run(gpu, req, budget, base, tag).map(|out| {
+                    let finish = finish.as_mut().map(fused::Finish::reborrow);
+                    fused::run(gpu, req, budget, base, tag, finish).map(|out| {
                         if let Ok(mut m) = self.last_kernel_ms.lock() {
                             *m = out.kernel_ms;
                         }
@@ -246,6 +271,7 @@ impl CudaEngine {
                             ids,
                             exact: out.exact,
                             cut,
+                            finished: out.finished,
                         }
                     })
                 }
@@ -254,6 +280,7 @@ impl CudaEngine {
                     ids,
                     exact: None,
                     cut: vec![f32::INFINITY; req.queries.rows()],
+                    finished: None,
                 }),
             };
             match r {
@@ -335,6 +362,93 @@ impl Engine for CudaEngine {
     ) -> Result<(Candidates, Option<Vec<f64>>)> {
         self.candidates_inner(req, self.method == Method::Fused)
     }
+    /// The fused method finishes first tries on the device when it keeps the base resident:
+    /// exact keys, the k best of each row in (distance, id) order and the k-th exact key come
+    /// back instead of whole candidate lists (a sixth of the bytes at k = 100), and only the
+    /// floors are taken here.
+    fn finish_rows(
+        &self,
+        req: &CandidateRequest<'_>,
+        metric: &Metric,
+        k: usize,
+        out: FinishedRows<'_>,
+    ) -> Result<bool> {
+        let (nq, w) = (req.queries.rows(), req.width);
+        let mode = match metric {
+            Metric::SqL2 | Metric::L1 | Metric::Linf => 0,
+            Metric::L2 | Metric::Mahalanobis(_) => 1,
+            Metric::InnerProduct => 2,
+            Metric::Hellinger => 3,
+            _ => return Ok(false),
+        };
+        let Some(exact) = exact_view(req, true) else {
+            return Ok(false);
+        };
+        let hellinger = matches!(exact, fused::Exact::Hellinger { .. });
+        if self.method != Method::Fused
+            || hellinger != matches!(metric, Metric::Hellinger)
+            || metric.kernel() != req.kernel
+            || k == 0
+            || k > w
+            || w > FINISH_WIDTH_MAX
+            || w > req.available()
+            || nq == 0
+            || out.ids.len() != nq * k
+            || out.distances.len() != nq * k
+            || out.proven.len() != nq
+        {
+            return Ok(false);
+        }
+        let info = self.base_info(req);
+        let (finished, cut) = {
+            let mut gpu = self
+                .gpu
+                .lock()
+                .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
+            gpu.ctx
+                .bind_to_thread()
+                .map_err(crate::device::dev_err("binding the context"))?;
+            let (nb, d) = (req.base.rows(), req.base.dim());
+            let budget = self.budget(&gpu)?;
+            if !fused::base_fits(nb, d, Some(exact), info.centre.is_some(), budget) {
+                // Streamed bases give no exact keys: the pipeline re-ranks on the host.
+                return Ok(false);
+            }
+            let finish = fused::Finish {
+                k,
+                mode,
+                ids: &mut *out.ids,
+                dists: &mut *out.distances,
+            };
+            let rows = self.rows(&mut gpu, req, &info, true, None, Some(finish))?;
+            match rows.finished {
+                Some(f) => (f, rows.cut),
+                // Not resident after all (memory ran short): the rows are asked again.
+                None => return Ok(false),
+            }
+        };
+        let (u, u_in) = if fused::uses_tf32(req) {
+            (TF32_ACC_UNIT, TF32_INPUT_UNIT)
+        } else {
+            (F32_UNIT, 0.0)
+        };
+        let last: Vec<f32> = finished.last.iter().map(|&c| fused::decode(c).0).collect();
+        let floor = floors(
+            req,
+            &last,
+            1,
+            &cut,
+            info.bn_max,
+            info.centre.as_deref(),
+            (u, u_in),
+        );
+        let complete = w >= req.available();
+        for (i, p) in out.proven.iter_mut().enumerate() {
+            *p = complete || finished.kth[i] * out.key_scale < floor[i] as f64;
+        }
+        Ok(true)
+    }
+
     /// Expression metrics run the fused method (whatever this engine's method) with the
     /// program's kernels: the L1 kernel's structure, the generated operation in its place.
     fn candidates_expr(&self, req: &CandidateRequest<'_>, plan: &ExprPlan) -> Result<Candidates> {
@@ -374,7 +488,7 @@ impl Engine for CudaEngine {
                 centre: None,
                 bn_max: 0.0,
             };
-            let rows = self.rows(&mut gpu, req, &info, false, Some(&tag))?;
+            let rows = self.rows(&mut gpu, req, &info, false, Some(&tag), None)?;
             (rows.keys, rows.ids, rows.cut)
         };
         for (i, row) in ids.chunks(w).enumerate() {
@@ -443,6 +557,7 @@ impl CudaEngine {
                 ids,
                 exact,
                 cut,
+                ..
             },
         ) = {
             let mut gpu = self
@@ -450,7 +565,10 @@ impl CudaEngine {
                 .lock()
                 .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
             let waited = t0.elapsed();
-            (waited, self.rows(&mut gpu, req, &info, want_exact, None)?)
+            (
+                waited,
+                self.rows(&mut gpu, req, &info, want_exact, None, None)?,
+            )
         };
         let t1 = std::time::Instant::now();
         // Every slot must have been written with a valid, allowed id.
@@ -474,11 +592,11 @@ impl CudaEngine {
         let floor = floors(
             req,
             &keys,
+            w,
             &cut,
             info.bn_max,
             info.centre.as_deref(),
-            u,
-            u_in,
+            (u, u_in),
         );
         if std::env::var_os("KNN_PROFILE").is_some() {
             eprintln!(

@@ -89,19 +89,21 @@ fn round_down(x: f64) -> f32 {
     }
 }
 
-/// Per-row floors for rows of `width` sorted keys computed with accumulation unit `u` and input
-/// rounding `u_in` (`F32_UNIT, 0.0` for the FP32 kernels; `TF32_ACC_UNIT, TF32_INPUT_UNIT`
-/// for the tensor-core ones), on data centred by `centre` when given (`bn_max` is then the
-/// largest norm of the centred base rows). Every point left out of row i has a computed key
-/// at least min(its W-th key, `cut[i]`).
+/// Per-row floors for rows of `req.width` sorted keys computed with accumulation unit `u` and
+/// input rounding `u_in` (`F32_UNIT, 0.0` for the FP32 kernels; `TF32_ACC_UNIT,
+/// TF32_INPUT_UNIT` for the tensor-core ones), on data centred by `centre` when given (`bn_max`
+/// is then the largest norm of the centred base rows). Row i's W-th key is
+/// `keys[i·stride + stride − 1]` (`stride` = the width for whole rows, 1 for the W-th keys
+/// alone). Every point left out of row i has a computed key at least min(its W-th key,
+/// `cut[i]`).
 pub fn floors(
     req: &CandidateRequest<'_>,
     keys: &[f32],
+    stride: usize,
     cut: &[f32],
     bn_max: f32,
     centre: Option<&[f32]>,
-    u: f64,
-    u_in: f64,
+    (u, u_in): (f64, f64),
 ) -> Vec<f32> {
     let w = req.width;
     let d = req.base.dim();
@@ -112,7 +114,7 @@ pub fn floors(
     (0..nq)
         .into_par_iter()
         .map(|i| {
-            let kth = keys[i * w + w - 1].min(cut[i]);
+            let kth = keys[i * stride + stride - 1].min(cut[i]);
             let qn = match req.kernel {
                 Kernel::SqL2 | Kernel::NegDot => norm(req.queries.row(i), centre),
                 _ => 0.0,

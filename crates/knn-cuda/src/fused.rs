@@ -218,6 +218,28 @@ pub(crate) struct BaseView<'a> {
     pub exact: Option<Exact<'a>>,
 }
 
+/// Copies of the base a call keeps: exact keys of a centred base, or Hellinger's, need the given
+/// rows beside the base's.
+fn copies(exact: Option<Exact<'_>>, centred: bool) -> usize {
+    match exact {
+        Some(Exact::Hellinger { .. }) => 2,
+        Some(Exact::Kernel) if centred => 2,
+        _ => 1,
+    }
+}
+
+/// Whether [`run`] keeps a base of `nb × d` resident under `budget` (it then gives exact keys
+/// and finishes rows): when its copies and norms take at most half the budget.
+pub(crate) fn base_fits(
+    nb: usize,
+    d: usize,
+    exact: Option<Exact<'_>>,
+    centred: bool,
+    budget: usize,
+) -> bool {
+    nb * ((d + 1) * 4 + (copies(exact, centred) - 1) * d * 4) <= budget / 2
+}
+
 /// Which exact keys a call computes besides its candidates.
 #[derive(Clone, Copy)]
 pub(crate) enum Exact<'a> {
@@ -236,6 +258,9 @@ pub(crate) struct Output {
     /// point missing from the row is at least min(its W-th composite, this).
     pub cut: Vec<u64>,
     pub exact: Option<Vec<f64>>,
+    /// Set when the rows were finished on the device (then `composites` and `exact` are
+    /// empty).
+    pub finished: Option<Finished>,
     pub kernel_ms: Option<f32>,
 }
 
@@ -248,6 +273,7 @@ pub(crate) fn run(
     budget: usize,
     base: BaseView<'_>,
     tag: &str,
+    mut finish: Option<Finish<'_>>,
 ) -> Result<Output> {
     let (nq, nb, d, w) = (
         req.queries.rows(),
@@ -279,13 +305,8 @@ pub(crate) fn run(
         // Free the old copy before a new base takes its place.
         *base.cache = None;
     }
-    // Exact keys of a centred base, or Hellinger's, need the given rows beside the base's.
-    let copies = match base.exact {
-        Some(Exact::Hellinger { .. }) => 2,
-        Some(Exact::Kernel) if base.centre.is_some() => 2,
-        _ => 1,
-    };
-    let fits = nb * (row_bytes + (copies - 1) * d * 4) <= budget / 2;
+    let fits = base_fits(nb, d, base.exact, base.centre.is_some(), budget);
+    let copies = copies(base.exact, base.centre.is_some());
     let bc = if cached || fits {
         nb
     } else {
@@ -357,28 +378,71 @@ pub(crate) fn run(
     };
     let resident = held.map(|r| (&r.b, &r.bn));
     let given_base = base.exact.zip(held).and_then(|(e, r)| r.given(e));
-    let mut exact = given_base.map(|_| vec![0.0f64; nq * w]);
+    // Rows finish here only with exact keys at hand.
+    let mut finish = finish.take().filter(|_| given_base.is_some());
+    let lists = if finish.is_some() { 0 } else { nq * w };
+    let mut exact = given_base.map(|_| vec![0.0f64; lists]);
     // Every row is written by a download below: zeroed (lazily mapped) memory, not a fill.
-    let mut out = vec![0u64; nq * w];
+    let mut out = vec![0u64; lists];
     let mut cut_all = vec![0u64; nq];
+    let mut finished = finish.as_ref().map(|_| Finished {
+        kth: vec![0.0; nq],
+        last: vec![0; nq],
+    });
+    let bad = gpu
+        .stream
+        .alloc_zeros::<u32>(1)
+        .map_err(dev_err("allocating device memory"))?;
     let mut kernel_ms = Some(0.0f32);
     phases.lap(gpu, "base up");
     for qs in (0..nq).step_by(qc) {
         let qe = (qs + qc).min(nq);
         let n = qe - qs;
-        let q = gpu.upload(&req.queries.as_slice()[qs * d..qe * d])?;
-        let q_given = match base.exact {
-            _ if given_base.is_none() => None,
-            Some(Exact::Hellinger { queries, .. }) => Some(gpu.upload(&queries[qs * d..qe * d])?),
-            _ if centre_ptr != 0 => Some(
-                gpu.stream
-                    .clone_dtod(&q)
-                    .map_err(dev_err("copying on the device"))?,
+        // Queries that are rows of the resident base (a graph's rounds) are read where the
+        // base lies: nothing to upload, centre or measure again.
+        let rows = &req.queries.as_slice()[qs * d..qe * d];
+        let alias = resident.and_then(|_| rows_within(req.base.as_slice(), rows, d));
+        // Buffers of this chunk's own, kept until its kernels are done.
+        let (mut q_own, mut _qn_own) = (None, None);
+        let mut given_own: Option<CudaSlice<f32>> = None;
+        let (q, qn) = match (alias, resident) {
+            (Some(at), Some((b, bn))) => (
+                gpu.ptr(b) + (at * d * 4) as u64,
+                gpu.ptr(bn) + (at * 4) as u64,
             ),
-            _ => None,
+            _ => {
+                let (own, norms) = (gpu.upload(rows)?, gpu.alloc::<f32>(n)?);
+                let ptrs = (gpu.ptr(&own), gpu.ptr(&norms));
+                (q_own, _qn_own) = (Some(own), Some(norms));
+                ptrs
+            }
         };
-        let qn = gpu.alloc::<f32>(n)?;
-        gpu.centre_sq_norms(gpu.ptr(&q), n, d, centre_ptr, gpu.ptr(&qn))?;
+        // The given query rows, for exact keys (uncentred; Hellinger's: not square-rooted).
+        let q_given = match (base.exact, given_base) {
+            (Some(Exact::Hellinger { base: hb, queries }), Some(gb)) => {
+                let rows = &queries[qs * d..qe * d];
+                match rows_within(hb, rows, d) {
+                    Some(at) => gpu.ptr(gb) + (at * d * 4) as u64,
+                    None => gpu.ptr(given_own.insert(gpu.upload(rows)?)),
+                }
+            }
+            (_, Some(gb)) if centre_ptr != 0 => match alias {
+                Some(at) => gpu.ptr(gb) + (at * d * 4) as u64,
+                None => {
+                    // Copied before the queries are centred in place below.
+                    let own = q_own.as_ref().expect("uploaded above");
+                    let copy = gpu
+                        .stream
+                        .clone_dtod(own)
+                        .map_err(dev_err("copying on the device"))?;
+                    gpu.ptr(given_own.insert(copy))
+                }
+            },
+            _ => q,
+        };
+        if alias.is_none() {
+            gpu.centre_sq_norms(q, n, d, centre_ptr, qn)?;
+        }
         phases.lap(gpu, "queries up");
         let excl = match req.exclude {
             Some(e) => Some(gpu.upload(&e[qs..qe])?),
@@ -435,7 +499,7 @@ pub(crate) fn run(
                     |rows: usize, split: (usize, i32, usize, i32), out: u64, thr: u64, cut: u64| {
                         let (split_len, strided, nsplit, ws) = split;
                         let args = (
-                            (gpu.ptr(&q), gpu.ptr(&qn), n as i64),
+                            (q, qn, n as i64),
                             (gpu.ptr(b), gpu.ptr(bn), rows as i64, bs as u32),
                             (d as i32, excl_ptr, w as i32, ws, split_len as i64, strided),
                             (out, thr, cut),
@@ -516,8 +580,8 @@ pub(crate) fn run(
                     d,
                     w,
                     cap,
-                    q: gpu.ptr(&q),
-                    qn: gpu.ptr(&qn),
+                    q,
+                    qn,
                     excl: excl_ptr,
                     b: gpu.ptr(b),
                     bn: gpu.ptr(bn),
@@ -541,26 +605,149 @@ pub(crate) fn run(
         let r = running.expect("the base is not empty");
         phases.lap(gpu, "kernels");
         if let (Some(gb), Some(ex)) = (given_base, exact.as_mut()) {
-            let qg = q_given.as_ref().unwrap_or(&q);
             let kind = match base.exact {
                 Some(Exact::Hellinger { .. }) => None,
                 _ => Some(req.kernel),
             };
-            let keys = exact_keys(gpu, kind, (gpu.ptr(qg), n), (gpu.ptr(gb), nb), &r.buf, w, d)?;
-            gpu.download_into(&keys, &mut ex[qs * w..qe * w])?;
+            let keys = exact_keys(gpu, kind, (q_given, n), (gpu.ptr(gb), nb), &r.buf, w, d)?;
+            if let (Some(f), Some(done)) = (finish.as_mut(), finished.as_mut()) {
+                let k = f.k;
+                let lists = (&r.buf, &keys, w);
+                let rows = FinishedChunk {
+                    ids: &mut f.ids[qs * k..qe * k],
+                    dists: &mut f.dists[qs * k..qe * k],
+                    kth: &mut done.kth[qs..qe],
+                    last: &mut done.last[qs..qe],
+                };
+                finish_lists(gpu, lists, (k, f.mode), (nb, excl_ptr), gpu.ptr(&bad), rows)?;
+            } else {
+                gpu.download_into(&keys, &mut ex[qs * w..qe * w])?;
+            }
         }
         phases.lap(gpu, "exact keys");
-        gpu.download_into(&r.buf, &mut out[qs * w..qe * w])?;
+        if finished.is_none() {
+            gpu.download_into(&r.buf, &mut out[qs * w..qe * w])?;
+        }
         gpu.download_into(&cut, &mut cut_all[qs..qe])?;
         phases.lap(gpu, "downloads");
     }
     phases.print(nq);
+    if gpu.download(&bad, 1)?[0] != 0 {
+        return Err(KnnError::Device(
+            "a candidate list holds an unwritten slot or an excluded id".into(),
+        ));
+    }
     Ok(Output {
         composites: out,
         cut: cut_all,
-        exact,
+        exact: exact.filter(|_| finished.is_none()),
+        finished,
         kernel_ms,
     })
+}
+
+/// Rows to finish on the device (see `knn_core::Engine::finish_rows`): the `k` best of each
+/// row's candidates by exact key, as distances of `mode` (see `finish_lists` in
+/// `common.cuh`), written into `ids` and `dists` (`nq × k`).
+pub(crate) struct Finish<'a> {
+    pub k: usize,
+    pub mode: i32,
+    pub ids: &'a mut [u32],
+    pub dists: &'a mut [f32],
+}
+
+impl Finish<'_> {
+    /// The same rows, borrowed again (for a retry of a call).
+    pub(crate) fn reborrow(&mut self) -> Finish<'_> {
+        Finish {
+            k: self.k,
+            mode: self.mode,
+            ids: self.ids,
+            dists: self.dists,
+        }
+    }
+}
+
+/// What the host needs besides the finished rows: per row, the k-th exact key and the W-th
+/// composite (whose key, with the row's `cut`, gives its floor).
+pub(crate) struct Finished {
+    pub kth: Vec<f64>,
+    pub last: Vec<u64>,
+}
+
+/// One query chunk's share of the finished rows.
+struct FinishedChunk<'a> {
+    ids: &'a mut [u32],
+    dists: &'a mut [f32],
+    kth: &'a mut [f64],
+    last: &'a mut [u64],
+}
+
+/// Launches `finish_lists` on the chunk's candidate lists (`lists`: composites, exact keys,
+/// width) and downloads its rows into `out`.
+fn finish_lists(
+    gpu: &Gpu,
+    lists: (&CudaSlice<u64>, &CudaSlice<f64>, usize),
+    (k, mode): (usize, i32),
+    (nb, excl): (usize, u64),
+    bad: u64,
+    out: FinishedChunk<'_>,
+) -> Result<()> {
+    let (comps, exact, w) = lists;
+    let n = out.kth.len();
+    let (p, pk) = (w.next_power_of_two(), k.next_power_of_two());
+    let ids = gpu.alloc::<u32>(n * k)?;
+    let dists = gpu.alloc::<f32>(n * k)?;
+    let kth = gpu.alloc::<f64>(n)?;
+    let last = gpu.alloc::<u64>(n)?;
+    let f = gpu.func("finish_lists")?;
+    let (ww, pp, kk, ppk, nb64) = (w as i32, p as i32, k as i32, pk as i32, nb as i64);
+    let (pc, pe, pi, pd, pkth, plast) = (
+        gpu.ptr(comps),
+        gpu.ptr(exact),
+        gpu.ptr(&ids),
+        gpu.ptr(&dists),
+        gpu.ptr(&kth),
+        gpu.ptr(&last),
+    );
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&pc)
+        .arg(&pe)
+        .arg(&ww)
+        .arg(&pp)
+        .arg(&kk)
+        .arg(&ppk)
+        .arg(&mode)
+        .arg(&nb64)
+        .arg(&excl)
+        .arg(&pi)
+        .arg(&pd)
+        .arg(&pkth)
+        .arg(&plast)
+        .arg(&bad);
+    // SAFETY: comps and exact hold n×w entries, excl n ids (or null), ids and dists n×k, kth
+    // and last n, bad one word; the shared memory is the 12·(p + pk) bytes the kernel uses.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid_dim: (n as u32, 1, 1),
+            block_dim: ((p / 2).clamp(32, 512) as u32, 1, 1),
+            shared_mem_bytes: (12 * (p + pk)) as u32,
+        })
+    }
+    .map_err(dev_err("finish_lists"))?;
+    gpu.download_into(&ids, out.ids)?;
+    gpu.download_into(&dists, out.dists)?;
+    gpu.download_into(&kth, out.kth)?;
+    gpu.download_into(&last, out.last)?;
+    Ok(())
+}
+
+/// The row of `base` (rows of `d` values) at which `part` starts when `part` is a run of whole
+/// rows of that very memory (a borrow of it), else `None`.
+fn rows_within(base: &[f32], part: &[f32], d: usize) -> Option<usize> {
+    let (b0, p0) = (base.as_ptr() as usize, part.as_ptr() as usize);
+    let inside = p0 >= b0 && p0 + std::mem::size_of_val(part) <= b0 + std::mem::size_of_val(base);
+    (inside && d > 0 && (p0 - b0) % (4 * d) == 0).then(|| (p0 - b0) / (4 * d))
 }
 
 /// Wall-clock phases of one [`run`], summed over its query chunks and printed to stderr when

@@ -838,6 +838,8 @@ impl Engine for CudaGridEngine {
         };
         if metric.kernel() != req.kernel
             || req.width != k
+            || req.exact_from.is_some()
+            || out.key_scale != 1.0
             || !Self::on_gpu(req)
             || out.ids.len() != nq * k
             || out.distances.len() != nq * k
