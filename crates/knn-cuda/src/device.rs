@@ -102,6 +102,28 @@ pub(crate) struct Gpu {
     pub blas: Option<cudarc::cublas::CudaBlas>,
     /// Page-locked memory for large copies, made on first use.
     staging: std::cell::OnceCell<Staging>,
+    /// The stream-ordered allocator's pool (its handle's address: a driver object usable from
+    /// any thread), when it keeps freed memory (see [`keep_pool_memory`]).
+    pool: Option<usize>,
+}
+
+/// Makes the device's stream-ordered allocator keep freed memory across synchronisations (by
+/// default it returns it to the driver at each one, and the next call's allocations map it
+/// again: several per fused call, for buffers of up to hundreds of MB). Returns the pool.
+fn keep_pool_memory(ctx: &CudaContext) -> Option<usize> {
+    use cudarc::driver::result::{device, mem_pool};
+    // SAFETY: the device comes from a live context; the attribute takes a u64.
+    unsafe {
+        let pool = device::get_default_mem_pool(ctx.cu_device()).ok()?;
+        let mut keep = u64::MAX;
+        mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut keep as *mut u64 as *mut std::ffi::c_void,
+        )
+        .ok()?;
+        Some(pool as usize)
+    }
 }
 
 /// Copies of at least this many bytes go through the page-locked staging memory.
@@ -131,6 +153,7 @@ impl Gpu {
             attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
                 as usize;
         let name = ctx.name().map_err(dev_err("device name"))?;
+        let pool = keep_pool_memory(&ctx);
         let ptx = compiled_ptx(major, minor)?;
         let module = ctx
             .load_module(ptx)
@@ -157,6 +180,7 @@ impl Gpu {
             expr_modules: HashMap::new(),
             blas: None,
             staging: std::cell::OnceCell::new(),
+            pool,
         })
     }
 
@@ -223,8 +247,29 @@ impl Gpu {
     }
 
     /// Free and total device memory in bytes.
+    /// (free, total) device bytes; free counts the memory our pool keeps unused.
     pub fn mem_info(&self) -> Result<(usize, usize)> {
-        self.ctx.mem_get_info().map_err(dev_err("memory info"))
+        let (free, total) = self.ctx.mem_get_info().map_err(dev_err("memory info"))?;
+        Ok((free + self.pool_idle(), total))
+    }
+
+    /// Bytes the stream-ordered pool holds but no allocation uses.
+    fn pool_idle(&self) -> usize {
+        use cudarc::driver::result::mem_pool;
+        let Some(pool) = self.pool else { return 0 };
+        let pool = pool as sys::CUmemoryPool;
+        let attr = |a| {
+            let mut v = 0u64;
+            // SAFETY: the pool is the device's own; these attributes are u64.
+            unsafe { mem_pool::get_attribute(pool, a, &mut v as *mut u64 as *mut std::ffi::c_void) }
+                .map(|_| v)
+                .unwrap_or(0)
+        };
+        use sys::CUmemPool_attribute::{
+            CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT as RESERVED,
+            CU_MEMPOOL_ATTR_USED_MEM_CURRENT as USED,
+        };
+        attr(RESERVED).saturating_sub(attr(USED)) as usize
     }
 
     /// Allocates `len` elements (contents undefined).

@@ -229,8 +229,9 @@ fn device_exact_keys_are_the_host_ones() {
 }
 
 /// Hellinger's device-side exact keys (from the given rows, the request holding their square
-/// roots) are the host's `Metric::exact_key`, bit for bit, with values from 0 to 4e6 and a
-/// dimension past one 512-coordinate stage of the kernel; and a search through the pipeline,
+/// roots) are the host's `Metric::exact_key`, bit for bit, with values from 0 to 4e6, at a
+/// dimension of the kernel's 16-byte loads (256), others, and one past a 512-coordinate stage
+/// of the kernel; and a search through the pipeline,
 /// which takes them, equals the CPU engine's.
 #[test]
 fn device_hellinger_keys_are_the_host_ones() {
@@ -239,7 +240,7 @@ fn device_hellinger_keys_are_the_host_ones() {
     }
     use knn_core::{base_key, CandidateRequest, ExactFrom, Kernel, Metric};
     let e = CudaEngine::new(0, Method::Fused).unwrap();
-    for d in [7, 515] {
+    for d in [7, 256, 515] {
         let spread = |m: Matrix, seed: u32| {
             let v: Vec<f32> = (m.view().as_slice().iter().enumerate())
                 .map(|(i, &x)| match (i as u32 ^ seed) % 7 {
