@@ -216,6 +216,17 @@ pub trait Engine: Sync {
         None
     }
 
+    /// Told before the rounds of a whole kNN graph of a symmetric metric when
+    /// [`Engine::graph_candidates`] declined: every row of the base keyed `base_key` (see
+    /// [`CandidateRequest::base_key`]) will be asked for, first tries `width` wide, each row
+    /// excluding itself. An engine may then compute every row's first candidates at once, each
+    /// unordered pair once, when the first of those requests arrives, and answer the first tries
+    /// (through any of its methods) from them, under the same contract as
+    /// [`Engine::candidates`]. Default: nothing.
+    fn expect_graph(&self, base_key: u64, width: usize) {
+        let _ = (base_key, width);
+    }
+
     /// Candidates under an expression metric ([`crate::Metric::Expr`]): the same contract as
     /// [`Engine::candidates`], with keys from `plan`'s program instead of `req.kernel` (which
     /// is meaningless here). `req.base` and `req.queries` hold the plan's features

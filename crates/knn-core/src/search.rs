@@ -838,6 +838,9 @@ fn run(
         ctx.symmetric = engine
             .graph_candidates(ctx.eb, kernel, width0, false)
             .transpose()?;
+        if ctx.symmetric.is_none() {
+            engine.expect_graph(ctx.base_key, width0);
+        }
         ctx.lap("engine (symmetric, all rows)", &mut since);
     }
     let first = rows.start;

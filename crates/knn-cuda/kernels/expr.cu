@@ -1,7 +1,8 @@
 // Expression metrics: the fused kernels with the per-coordinate operation replaced by a
 // generated program. Compiled per expression, in one NVRTC program made of common.cuh, the
 // generated prelude (EXPR_CH and expr_op, see src/expr.rs), fused.cu and this file, with
-// -DKNN_EXPR_ONLY so that only these kernels are instantiated.
+// -DKNN_EXPR_ONLY (the expression operation) and -DKNN_MODULE_ONLY (none of the main module's
+// kernels), so that only these kernels are instantiated.
 //
 // Rows hold EXPR_CH channel values per coordinate (d counts values: coordinates × EXPR_CH).
 // Each pair's key is expr_op applied coordinate after coordinate from acc = 0, in order: the

@@ -525,6 +525,141 @@ __device__ __forceinline__ u64 warp_kth(const u64 e[S], int W) {
     return __shfl_sync(0xffffffffu, v, t & 31);
 }
 
+// Folds the candidates cv (lane's entries j*32 + lane, SENTINEL for none) below min(the list's
+// Ws-th entry, g) into the sorted list e (index s*32 + lane) whose shared-memory copy is `row`
+// (32*S slots; slots >= Ws hold SENTINEL and stay so), keeping the Ws smallest. Afterwards `row`
+// holds e. Returns false, changing nothing, when no candidate is below.
+template <int S>
+__device__ __forceinline__ bool fold_row(u64 e[S], const u64 cv[BB / 32], u64 g, int Ws, int lane,
+                                         u64* row) {
+    u64 thr = min(warp_kth<S>(e, Ws), g);
+    unsigned m[BB / 32];
+    int total = 0;
+#pragma unroll
+    for (int j = 0; j < BB / 32; j++) {
+        m[j] = __ballot_sync(0xffffffffu, cv[j] < thr);
+        total += __popc(m[j]);
+    }
+    if (total == 0) return false;
+    if (S == 1 && TREE_FIRST && total > RANK_MAX && warp_kth<S>(e, 1) == SENTINEL) {
+        // An empty list (a split's first tile) and many candidates: the smallest 32 of the
+        // tile by four independent sorts and a merge tree, then truncated to Ws.
+        u64 c[BB / 32];
+#pragma unroll
+        for (int j = 0; j < BB / 32; j++) c[j] = cv[j] < thr ? cv[j] : SENTINEL;
+        warp_sort_n<BB / 32>(c, lane);
+        u64 lo = warp_lower(warp_lower(c[0], c[1], lane), warp_lower(c[2], c[3], lane), lane);
+        e[0] = lane < Ws ? lo : SENTINEL;
+        row[lane] = e[0];
+    } else if (total <= RANK_MAX) {
+        rank_insert<S>(e, cv, m, Ws, lane, row);
+    } else {
+        // Many candidates (the first tiles): chunk by chunk, batches by sorting networks,
+        // stragglers one by one, the threshold tightening as the list fills.
+#pragma unroll
+        for (int j = 0; j < BB / 32; j++) {
+            unsigned mask = __ballot_sync(0xffffffffu, cv[j] < thr);
+            if (__popc(mask) >= BATCH_MIN) {
+                warp_merge<S>(e, cv[j] < thr ? cv[j] : SENTINEL, Ws, lane);
+                thr = min(warp_kth<S>(e, Ws), g);
+                continue;
+            }
+            while (mask) {
+                int src = __ffs(mask) - 1;
+                u64 v = __shfl_sync(0xffffffffu, cv[j], src);
+                warp_insert<S>(e, v, Ws, lane);
+                thr = min(warp_kth<S>(e, Ws), g);
+                mask &= ~(1u << src);
+                mask &= __ballot_sync(0xffffffffu, cv[j] < thr);
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < S; s++) row[s * 32 + lane] = e[s];
+    }
+    return true;
+}
+
+// The float value of a composite's key (+inf for SENTINEL).
+__device__ __forceinline__ float composite_key(u64 c) {
+    u32 hi = (u32)(c >> 32);
+    if (hi == 0xFFFFFFFFu) return __int_as_float(0x7f800000);
+    return __uint_as_float((hi & 0x80000000u) ? (hi & 0x7FFFFFFFu) : ~hi);
+}
+
+// Folds the key tile `work` (row r: query q0 + r < nq; column c < ncols: base id
+// id0 + step * c; row stride TS) into the block's row lists (`lists`, 32*S slots per row, the
+// Ws smallest kept). Warp w takes rows r = w + 8i, first filtered against float thresholds (the
+// list's Ws-th, or the shared threshold gpre of lane i when lower) in one pass over the tile with
+// independent loads; rows with no key at or below skip the insertion step. A key equal to the
+// threshold (or NaN) passes the filter and is decided by the exact composite comparison. A row
+// never takes its own id: exclude[q] when exclude is set, else q itself when self_join. A list
+// that improves folds its new Ws-th into gthr[q] (may be null; not read under truncation).
+template <int S, int TS>
+__device__ __forceinline__ void fold_tile_rows(const float* work, u64* lists, long long q0,
+                                               long long nq, int ncols, u32 id0, u32 step,
+                                               const u32* __restrict__ exclude, bool self_join,
+                                               int Ws, u64 gpre, u64* gthr, bool trunc) {
+    const int LW = 32 * S;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned rows = 0xFFFFu;
+    if (ROW_FILTER) {
+        float thrf = __int_as_float(0x7f800000);  // +inf: an empty list takes anything
+        if (lane < BQ / 8) thrf = composite_key(min(lists[(warp + 8 * lane) * LW + Ws - 1], gpre));
+        unsigned mine = 0;
+#pragma unroll
+        for (int i = 0; i < BQ / 8; i++) {
+            float t = __shfl_sync(0xffffffffu, thrf, i);
+            const float* row = work + (warp + 8 * i) * TS;
+            bool pass;
+            if constexpr (TS % 4 == 0) {
+                float4 v = *(const float4*)&row[4 * lane];
+                pass = !(v.x > t) || !(v.y > t) || !(v.z > t) || !(v.w > t);
+            } else {
+                pass = !(row[lane] > t) || !(row[32 + lane] > t) || !(row[64 + lane] > t) ||
+                       !(row[96 + lane] > t);
+            }
+            mine |= pass ? 1u << i : 0u;
+        }
+#if __CUDA_ARCH__ >= 800
+        rows = __reduce_or_sync(0xffffffffu, mine);
+#else
+        rows = 0;
+#pragma unroll
+        for (int i = 0; i < BQ / 8; i++)
+            rows |= __ballot_sync(0xffffffffu, (mine >> i) & 1u) ? 1u << i : 0u;
+#endif
+    }
+    if (SELECT_OFF) rows = 0;
+    {
+        long long left = nq - q0 - warp;  // rows r = warp + 8i < nq - q0
+        if (left <= 0)
+            rows = 0;
+        else if (left < 8 * (BQ / 8))
+            rows &= (1u << (int)((left + 7) / 8)) - 1u;
+    }
+    while (rows) {
+        int ri = __ffs(rows) - 1;
+        rows &= rows - 1;
+        int r = warp + 8 * ri;
+        long long q = q0 + r;
+        u64 g = __shfl_sync(0xffffffffu, gpre, ri);
+        u32 skip = exclude ? exclude[q] : (self_join ? (u32)q : NO_ID);
+        u64 e[S];
+#pragma unroll
+        for (int s = 0; s < S; s++) e[s] = lists[r * LW + s * 32 + lane];
+        u64 cv[BB / 32];
+#pragma unroll
+        for (int j = 0; j < BB / 32; j++) {
+            int c = j * 32 + lane;
+            u32 id = id0 + step * (u32)c;
+            cv[j] = (c < ncols && id != skip) ? composite(work[r * TS + c], id) : SENTINEL;
+        }
+        if (!fold_row<S>(e, cv, g, Ws, lane, lists + r * LW)) continue;
+        u64 own = warp_kth<S>(e, Ws);
+        if (gthr && !trunc && lane == 0 && own < g) atomicMin(&gthr[q], own);
+    }
+}
+
 // One block: BQ queries x one split of the base. A split is the rows [y*split_len, +split_len)
 // of this chunk (y = blockIdx.y), or, when `strided`, the rows y, y + nsplit, y + 2·nsplit, ...
 // (nsplit = gridDim.y), so that neighbours stored next to each other spread over the splits.
@@ -579,117 +714,8 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
         keys_to_smem<KERNEL, TF>(Q, qn, nq, q0, Bs, bns, len, b0, d, (int)step, work);
         __syncthreads();
         int ncols = (int)min((long long)BB, len - b0);
-        // Filter: which of the warp's 16 rows (r = warp + 8i) have a key at or below their
-        // threshold (the list's Ws-th entry, or gthr when lower), compared as floats: one pass
-        // over the tile with independent loads, no composites; rows without any skip the
-        // insertion step. A key equal to the threshold (or NaN) passes here and is decided by
-        // the exact composite comparison below.
-        unsigned rows = 0xFFFFu;
-        if (ROW_FILTER) {
-            float thrf = __int_as_float(0x7f800000);  // +inf: an empty list takes anything
-            if (lane < BQ / 8) {
-                u64 t = min(lists[(warp + 8 * lane) * LW + Ws - 1], gpre);
-                u32 hi = (u32)(t >> 32);
-                if (hi != 0xFFFFFFFFu)
-                    thrf = __uint_as_float((hi & 0x80000000u) ? (hi & 0x7FFFFFFFu) : ~hi);
-            }
-            unsigned mine = 0;
-#pragma unroll
-            for (int i = 0; i < BQ / 8; i++) {
-                float t = __shfl_sync(0xffffffffu, thrf, i);
-                const float* row = work + (warp + 8 * i) * TS;
-                bool pass;
-                if constexpr (TS % 4 == 0) {
-                    float4 v = *(const float4*)&row[4 * lane];
-                    pass = !(v.x > t) || !(v.y > t) || !(v.z > t) || !(v.w > t);
-                } else {
-                    pass = !(row[lane] > t) || !(row[32 + lane] > t) || !(row[64 + lane] > t) ||
-                           !(row[96 + lane] > t);
-                }
-                mine |= pass ? 1u << i : 0u;
-            }
-#if __CUDA_ARCH__ >= 800
-            rows = __reduce_or_sync(0xffffffffu, mine);
-#else
-            rows = 0;
-#pragma unroll
-            for (int i = 0; i < BQ / 8; i++)
-                rows |= __ballot_sync(0xffffffffu, (mine >> i) & 1u) ? 1u << i : 0u;
-#endif
-        }
-        if (SELECT_OFF) rows = 0;
-        {
-            long long left = nq - q0 - warp;  // rows r = warp + 8i < nq - q0
-            if (left <= 0)
-                rows = 0;
-            else if (left < 8 * (BQ / 8))
-                rows &= (1u << (int)((left + 7) / 8)) - 1u;
-        }
-        while (rows) {
-            int ri = __ffs(rows) - 1;
-            rows &= rows - 1;
-            int r = warp + 8 * ri;
-            long long q = q0 + r;
-            u64 g = __shfl_sync(0xffffffffu, gpre, ri);
-            u32 skip = exclude ? exclude[q] : NO_ID;
-            u64 e[S];
-#pragma unroll
-            for (int s = 0; s < S; s++) e[s] = lists[r * LW + s * 32 + lane];
-            u64 cv[BB / 32];
-#pragma unroll
-            for (int j = 0; j < BB / 32; j++) {
-                int c = j * 32 + lane;
-                u32 id = id_base + (u32)(s0 + step * (b0 + c));
-                cv[j] = (c < ncols && id != skip) ? composite(work[r * TS + c], id) : SENTINEL;
-            }
-            u64 thr = min(warp_kth<S>(e, Ws), g);
-            unsigned m[BB / 32];
-            int total = 0;
-#pragma unroll
-            for (int j = 0; j < BB / 32; j++) {
-                m[j] = __ballot_sync(0xffffffffu, cv[j] < thr);
-                total += __popc(m[j]);
-            }
-            if (total == 0) continue;
-            if (S == 1 && TREE_FIRST && total > RANK_MAX && warp_kth<S>(e, 1) == SENTINEL) {
-                // An empty list (a split's first tile) and many candidates: the smallest 32 of
-                // the tile by four independent sorts and a merge tree, then truncated to Ws.
-                u64 c[BB / 32];
-#pragma unroll
-                for (int j = 0; j < BB / 32; j++) c[j] = cv[j] < thr ? cv[j] : SENTINEL;
-                warp_sort_n<BB / 32>(c, lane);
-                u64 lo = warp_lower(warp_lower(c[0], c[1], lane), warp_lower(c[2], c[3], lane),
-                                    lane);
-                e[0] = lane < Ws ? lo : SENTINEL;
-                lists[r * LW + lane] = e[0];
-            } else if (total <= RANK_MAX) {
-                rank_insert<S>(e, cv, m, Ws, lane, lists + r * LW);
-            } else {
-                // Many candidates (the first tiles): chunk by chunk, batches by sorting
-                // networks, stragglers one by one, the threshold tightening as the list fills.
-#pragma unroll
-                for (int j = 0; j < BB / 32; j++) {
-                    unsigned mask = __ballot_sync(0xffffffffu, cv[j] < thr);
-                    if (__popc(mask) >= BATCH_MIN) {
-                        warp_merge<S>(e, cv[j] < thr ? cv[j] : SENTINEL, Ws, lane);
-                        thr = min(warp_kth<S>(e, Ws), g);
-                        continue;
-                    }
-                    while (mask) {
-                        int src = __ffs(mask) - 1;
-                        u64 v = __shfl_sync(0xffffffffu, cv[j], src);
-                        warp_insert<S>(e, v, Ws, lane);
-                        thr = min(warp_kth<S>(e, Ws), g);
-                        mask &= ~(1u << src);
-                        mask &= __ballot_sync(0xffffffffu, cv[j] < thr);
-                    }
-                }
-#pragma unroll
-                for (int s = 0; s < S; s++) lists[r * LW + s * 32 + lane] = e[s];
-            }
-            u64 own = warp_kth<S>(e, Ws);
-            if (gthr && !trunc && lane == 0 && own < g) atomicMin(&gthr[q], own);
-        }
+        fold_tile_rows<S, TS>(work, lists, q0, nq, ncols, id_base + (u32)(s0 + step * b0),
+                              (u32)step, exclude, false, Ws, gpre, gthr, trunc);
         __syncthreads();  // the key tile becomes staging again
     }
     for (int r = warp; r < BQ; r += THREADS / 32) {
@@ -746,7 +772,7 @@ __device__ void merge_runs(const u64* __restrict__ a, int runs, const u64* __res
         u64* __restrict__ out) {                                                                   \
         merge_runs<S>(a, runs, b, n, W, out);                                                      \
     }
-#ifndef KNN_EXPR_ONLY  // expression modules use these from the main module
+#ifndef KNN_MODULE_ONLY  // expression modules use these from the main module
 MERGE(merge_w32, 1)
 MERGE(merge_w64, 2)
 MERGE(merge_w128, 4)
@@ -763,7 +789,7 @@ MERGE(merge_w128, 4)
         fused_topk<K, S, TF>(Q, qn, nq, B, bn, nb, id_base, d, exclude, W, Ws, split_len, strided, \
                              out, gthr, cut);                                                      \
     }
-#ifndef KNN_EXPR_ONLY  // expression modules instantiate their own (kernels/expr.cu)
+#ifndef KNN_MODULE_ONLY  // expression modules instantiate their own (kernels/expr.cu)
 FUSED(fused_sql2_w32, KERNEL_SQL2, 1, false)
 FUSED(fused_sql2_w64, KERNEL_SQL2, 2, false)
 FUSED(fused_sql2_w128, KERNEL_SQL2, 4, false)
@@ -815,7 +841,7 @@ __device__ void tile_keys(const float* __restrict__ Q, const float* __restrict__
         long long ld, float* __restrict__ keys) {                                                  \
         tile_keys<K>(Q, qn, nq, B, bn, nb, d, ld, keys);                                           \
     }
-#ifndef KNN_EXPR_ONLY  // expression modules instantiate their own (kernels/expr.cu)
+#ifndef KNN_MODULE_ONLY  // expression modules instantiate their own (kernels/expr.cu)
 TILE(tile_sql2, KERNEL_SQL2)
 TILE(tile_negdot, KERNEL_NEGDOT)
 TILE(tile_l1, KERNEL_L1)
@@ -886,7 +912,7 @@ __device__ void filter_keys(const float* __restrict__ Q, const float* __restrict
         filter_keys<K, TF>(Q, qn, nq, B, bn, nb, id_base, d, exclude, running, W, cap, buf,        \
                            count);                                                                 \
     }
-#ifndef KNN_EXPR_ONLY  // expression modules instantiate their own (kernels/expr.cu)
+#ifndef KNN_MODULE_ONLY  // expression modules instantiate their own (kernels/expr.cu)
 FILTER(filter_sql2, KERNEL_SQL2, false)
 FILTER(filter_negdot, KERNEL_NEGDOT, false)
 FILTER(filter_l1, KERNEL_L1, false)
@@ -895,7 +921,7 @@ FILTER(filter_tf32_sql2, KERNEL_SQL2, true)
 FILTER(filter_tf32_negdot, KERNEL_NEGDOT, true)
 #endif
 
-#ifndef KNN_EXPR_ONLY
+#ifndef KNN_MODULE_ONLY
 // Primes the shared thresholds: gthr[i] = W-th composite of row i of n sorted W-lists, plus one
 // (kept entries are strictly below it; an unfilled row keeps SENTINEL).
 extern "C" __global__ void prime_thresholds(const u64* __restrict__ lists, long long n, int W,

@@ -14,6 +14,9 @@ const COMMON: &str = include_str!("../kernels/common.cuh");
 const FUSED: &str = include_str!("../kernels/fused.cu");
 /// The expression kernels, compiled per program (see [`Gpu::expr_kernels`]).
 const EXPR: &str = include_str!("../kernels/expr.cu");
+/// The symmetric self-join kernels, a module of their own loaded on first use (see
+/// [`Gpu::sym_kernels`]).
+const SYM: &str = include_str!("../kernels/sym.cu");
 
 /// The kernel sources, concatenated in this order into one NVRTC program.
 const SOURCES: [&str; 5] = [
@@ -99,6 +102,8 @@ pub(crate) struct Gpu {
     _module: Arc<CudaModule>,
     /// Expression modules loaded so far, by tag.
     expr_modules: HashMap<String, Arc<CudaModule>>,
+    /// The symmetric self-join module, once loaded.
+    sym_module: Option<Arc<CudaModule>>,
     pub blas: Option<cudarc::cublas::CudaBlas>,
     /// Page-locked memory for large copies, made on first use.
     staging: std::cell::OnceCell<Staging>,
@@ -178,6 +183,7 @@ impl Gpu {
             functions,
             _module: module,
             expr_modules: HashMap::new(),
+            sym_module: None,
             blas: None,
             staging: std::cell::OnceCell::new(),
             pool,
@@ -211,6 +217,27 @@ impl Gpu {
         }
         self.expr_modules.insert(tag.clone(), module);
         Ok(tag)
+    }
+
+    /// Loads the symmetric self-join kernels (`sym_{tf32_}{tag}_w{32,64,128}`, see
+    /// `kernels/sym.cu`; compiled by NVRTC or taken from the disk cache) as [`Gpu::func`]s.
+    pub fn sym_kernels(&mut self) -> Result<()> {
+        if self.sym_module.is_some() {
+            return Ok(());
+        }
+        let ptx = compiled_sym_ptx(self.arch.0, self.arch.1)?;
+        let module = self
+            .ctx
+            .load_module(ptx)
+            .map_err(dev_err("loading the symmetric kernels"))?;
+        for name in kernel_names(SYM) {
+            let f = module
+                .load_function(&name)
+                .map_err(dev_err("loading a symmetric kernel"))?;
+            self.functions.insert(name, f);
+        }
+        self.sym_module = Some(module);
+        Ok(())
     }
 
     pub fn func(&self, name: &str) -> Result<&CudaFunction> {
@@ -411,7 +438,9 @@ fn kernel_names(src: &str) -> Vec<String> {
     let mut names = Vec::new();
     for line in src.lines() {
         let l = line.trim_start();
-        for mac in ["FUSED(", "TILE(", "DIST(", "FILTER(", "MERGE(", "GRIDQ("] {
+        for mac in [
+            "FUSED(", "TILE(", "DIST(", "FILTER(", "MERGE(", "GRIDQ(", "SYM(",
+        ] {
             if let Some(rest) = l.strip_prefix(mac) {
                 if let Some(n) = rest.split(',').next() {
                     if n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !n.is_empty() {
@@ -501,7 +530,18 @@ fn compiled_ptx(major: i32, minor: i32) -> Result<Ptx> {
 /// `kernels/expr.cu`), only the expression kernels instantiated.
 fn compiled_expr_ptx(prelude: &str, major: i32, minor: i32) -> Result<Ptx> {
     let src = [COMMON, prelude, FUSED, EXPR].concat();
-    compiled(&src, major, minor, &["-DKNN_EXPR_ONLY".to_string()])
+    let only = [
+        "-DKNN_MODULE_ONLY".to_string(),
+        "-DKNN_EXPR_ONLY".to_string(),
+    ];
+    compiled(&src, major, minor, &only)
+}
+
+/// The PTX of the symmetric self-join module: the fused kernels' parts and `kernels/sym.cu`,
+/// only the symmetric kernels instantiated.
+fn compiled_sym_ptx(major: i32, minor: i32) -> Result<Ptx> {
+    let src = [COMMON, FUSED, SYM].concat();
+    compiled(&src, major, minor, &["-DKNN_MODULE_ONLY".to_string()])
 }
 
 /// `src` compiled for compute capability `major.minor` with `extra` options, from the disk
@@ -666,6 +706,18 @@ mod tests {
                 "{expr}: built-ins compiled"
             );
         }
+        let text = compiled_sym_ptx(9, 0)
+            .expect("symmetric kernels compile")
+            .to_src();
+        let names = kernel_names(SYM);
+        assert_eq!(names.len(), 13, "{names:?}");
+        for n in names {
+            assert!(text.contains(&format!(".entry {n}(")), "{n} missing");
+        }
+        assert!(
+            !text.contains(".entry fused_l1_w32("),
+            "symmetric module: built-ins compiled"
+        );
         if keep.is_none() {
             let _ = std::fs::remove_dir_all(dir);
         }

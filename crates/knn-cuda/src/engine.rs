@@ -2,13 +2,14 @@
 
 use crate::device::{driver_device_count, is_oom, Gpu};
 use crate::floor::{centred_max_norm, floors, mean, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
-use crate::fused::{self, Resident, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX};
+use crate::fused::{self, GraphLists, Resident, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX};
 use knn_core::{
     CandidateRequest, Candidates, Engine, ExactFrom, ExprPlan, FinishedRows, Kernel, KnnError,
-    Metric, Result,
+    Metric, Result, Symmetry,
 };
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// How the candidates are computed.
@@ -76,6 +77,14 @@ pub struct CudaEngine {
     resident: Mutex<Option<Resident>>,
     /// What the host derived from the base of the last keyed request.
     base_info: Mutex<Option<BaseInfo>>,
+    /// Whether kNN graphs compute each unordered pair once (fused method).
+    symmetry: Symmetry,
+    /// The whole graph announced by [`Engine::expect_graph`]: base key and first-try width.
+    graph_ahead: Mutex<Option<(u64, usize)>>,
+    /// Its symmetric lists, once made.
+    graph: Mutex<Option<GraphLists>>,
+    /// Graphs whose first tries were made symmetrically so far.
+    graphs_made: AtomicUsize,
 }
 
 /// One call's rows: approximate keys and ids (`nq × W`), and the exact keys when computed.
@@ -126,6 +135,9 @@ struct BaseInfo {
 /// Smallest working budget tried before giving up with `OutOfMemory`.
 const MIN_BUDGET: usize = 16 << 20;
 
+/// Points from which [`Symmetry::Auto`] computes graphs symmetrically.
+const SYMMETRIC_MIN_POINTS: usize = 40_000;
+
 /// Widest candidate lists finished on the device (`finish_lists` sorts a row in shared memory).
 const FINISH_WIDTH_MAX: usize = 2048;
 
@@ -141,7 +153,30 @@ impl CudaEngine {
             last_kernel_ms: Mutex::new(None),
             resident: Mutex::new(None),
             base_info: Mutex::new(None),
+            symmetry: Symmetry::Auto,
+            graph_ahead: Mutex::new(None),
+            graph: Mutex::new(None),
+            graphs_made: AtomicUsize::new(0),
         })
+    }
+
+    /// The same engine with kNN graphs computed symmetrically `On`, `Off`, or where it pays
+    /// (`Auto`, the default: see [`CudaEngine::pays_symmetric`]): each unordered pair's key
+    /// computed once on the tensor cores (L1, L∞: FP32) and folded into both points' lists,
+    /// for first tries of width up to 128. The answer is the same either way.
+    pub fn with_symmetry(mut self, symmetry: Symmetry) -> Self {
+        self.symmetry = symmetry;
+        self
+    }
+
+    /// How many graphs' first tries this engine has made symmetrically (tests, benchmarks).
+    pub fn symmetric_graphs(&self) -> usize {
+        self.graphs_made.load(Ordering::Relaxed)
+    }
+
+    /// `Auto`'s rule for a graph of `n` points.
+    pub fn pays_symmetric(&self, n: usize) -> bool {
+        n >= SYMMETRIC_MIN_POINTS
     }
 
     /// Caps the device memory this engine's tiles may use (default: 70 % of free memory);
@@ -220,7 +255,9 @@ impl CudaEngine {
     fn budget(&self, gpu: &Gpu) -> Result<usize> {
         let (free, _) = gpu.mem_info()?;
         let resident = self.resident.lock().unwrap_or_else(|p| p.into_inner());
-        let held = resident.as_ref().map_or(0, Resident::bytes);
+        let graph = self.graph.lock().unwrap_or_else(|p| p.into_inner());
+        let held = resident.as_ref().map_or(0, Resident::bytes)
+            + graph.as_ref().map_or(0, GraphLists::bytes);
         Ok(self.budget.unwrap_or((free + held) / 10 * 7))
     }
 
@@ -240,6 +277,27 @@ impl CudaEngine {
             .map_err(crate::device::dev_err("binding the context"))?;
         let mut budget = self.budget(gpu)?;
         let mut resident = self.resident.lock().unwrap_or_else(|p| p.into_inner());
+        let mut graph = self.graph.lock().unwrap_or_else(|p| p.into_inner());
+        if graph
+            .as_ref()
+            .is_some_and(|g| Some(g.key()) != req.base_key)
+        {
+            *graph = None;
+        }
+        let ahead = *self.graph_ahead.lock().unwrap_or_else(|p| p.into_inner());
+        let symmetric = self.method == Method::Fused
+            && expr.is_none()
+            && req.base_key.is_some()
+            && ahead == req.base_key.map(|k| (k, req.width))
+            && match self.symmetry {
+                Symmetry::On => true,
+                Symmetry::Off => false,
+                Symmetry::Auto => self.pays_symmetric(req.base.rows()),
+            };
+        if symmetric {
+            gpu.sym_kernels()?;
+        }
+        let had_graph = graph.is_some();
         loop {
             let r = match (self.method, expr) {
                 (Method::Fused, _) | (_, Some(_)) => {
@@ -248,6 +306,7 @@ impl CudaEngine {
                         centre: info.centre.as_deref(),
                         cache: &mut resident,
                         exact: exact_view(req, exact && expr.is_none()),
+                        graph: symmetric.then_some(&mut *graph),
                     };
                     let finish = finish.as_mut().map(fused::Finish::reborrow);
                     fused::run(gpu, req, budget, base, tag, finish).map(|out| {
@@ -287,6 +346,7 @@ impl CudaEngine {
                 Err(e) if is_oom(&e) => {
                     let _ = gpu.sync();
                     *resident = None;
+                    *graph = None;
                     if budget / 2 < MIN_BUDGET {
                         let d = req.base.dim();
                         return Err(KnnError::OutOfMemory {
@@ -298,7 +358,12 @@ impl CudaEngine {
                     }
                     budget /= 2;
                 }
-                r => return r,
+                r => {
+                    if !had_graph && graph.is_some() {
+                        self.graphs_made.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return r;
+                }
             }
         }
     }
@@ -352,6 +417,12 @@ impl Engine for CudaEngine {
 
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
         self.candidates_inner(req, false).map(|(c, _)| c)
+    }
+
+    /// Remembered: the first try of that graph's first round makes every row's lists with the
+    /// symmetric kernels (when this engine's [`Symmetry`] says so), the rounds copy theirs.
+    fn expect_graph(&self, base_key: u64, width: usize) {
+        *self.graph_ahead.lock().unwrap_or_else(|p| p.into_inner()) = Some((base_key, width));
     }
 
     /// The fused method computes the candidates' exact keys on the device (f64, the host's

@@ -216,6 +216,226 @@ pub(crate) struct BaseView<'a> {
     /// Also compute each candidate's exact f64 key on the device (see
     /// [`knn_core::Engine::candidates_with_exact`]), when the base stays resident.
     pub exact: Option<Exact<'a>>,
+    /// Set when the request may be a first try of a whole graph the engine was told of
+    /// ([`knn_core::Engine::expect_graph`]): the symmetric lists kept for it, made on the
+    /// first such request (see [`GraphLists`]).
+    pub graph: Option<&'a mut Option<GraphLists>>,
+}
+
+/// Every row's first-try lists of a whole kNN graph, made at once with each unordered pair's
+/// key computed once (`kernels/sym.cu`), kept on the device while the graph's rounds copy their
+/// rows out of them.
+pub(crate) struct GraphLists {
+    key: u64,
+    width: usize,
+    kernel: String,
+    lists: CudaSlice<u64>,
+    /// Per row, the smallest entry a truncated list left out (as [`Output::cut`]).
+    cut: CudaSlice<u64>,
+}
+
+impl GraphLists {
+    /// Device bytes it holds.
+    pub(crate) fn bytes(&self) -> usize {
+        (self.lists.len() + self.cut.len()) * 8
+    }
+
+    /// The base key it belongs to.
+    pub(crate) fn key(&self) -> u64 {
+        self.key
+    }
+}
+
+/// The symmetric kernel for first tries of width `w` with the built-in kernel `tag` (TF32 for
+/// the GEMM kernels, FP32 for L1 and L∞), if there is one.
+fn sym_kernel(tag: &str, tf: bool, w: usize) -> Option<String> {
+    let slots = list_slots(w);
+    let ok = match tag {
+        "sql2" | "negdot" => tf,
+        "l1" | "linf" => !tf,
+        _ => false,
+    };
+    (ok && w <= SMALL_WIDTH_MAX)
+        .then(|| format!("sym_{}{tag}_w{}", if tf { "tf32_" } else { "" }, 32 * slots))
+}
+
+/// 32-entry slots per lane of an on-chip list of width `w`.
+fn list_slots(w: usize) -> usize {
+    if w <= 32 {
+        1
+    } else if w <= 64 {
+        2
+    } else {
+        4
+    }
+}
+
+/// The whole graph's lists for `req` (its base is the graph's points, resident at `b`, `bn`):
+/// the kept ones when they match, else made now. `None` when no symmetric kernel fits the
+/// request or its buffers do not fit `budget` (the call then runs as usual). Returns the
+/// lists and the device time spent making them.
+fn graph_lists<'g>(
+    gpu: &Gpu,
+    req: &CandidateRequest<'_>,
+    (tag, tf): (&str, bool),
+    (b, bn): (u64, u64),
+    slot: &'g mut Option<GraphLists>,
+    budget: usize,
+) -> Result<Option<(&'g GraphLists, f32)>> {
+    let (n, d, w) = (req.base.rows(), req.base.dim(), req.width);
+    let (Some(key), Some(_)) = (req.base_key, sym_kernel(tag, tf, w)) else {
+        return Ok(None);
+    };
+    if slot
+        .as_ref()
+        .is_some_and(|g| g.key == key && g.width == w && g.kernel.contains(&format!("{tag}_w")))
+    {
+        return Ok(slot.as_ref().map(|g| (g, 0.0)));
+    }
+    *slot = None;
+    let tiles = n.div_ceil(QUERY_TILE);
+    // Partner tiles per tile, its own included.
+    let partners = (tiles - 1) / 2 + 1;
+    // Each point's 2·nsplit lists (by row and by column per split) keep ws entries each when
+    // truncation is sound (see `split_width`), and enough splits that ws fits 32-entry lists.
+    // Sound: every list is offered at least two tiles (at most one of them short), so each
+    // holds ws entries, and the union at least w. Every tile has (tiles − 1) / 2 partners or
+    // more at distances 1, 2, ..., of which split s takes s, s + nsplit, ...
+    let trunc = |ns: usize| {
+        if n > w && 2 * ns <= (tiles - 1) / 2 {
+            split_width(w, 2 * ns)
+        } else {
+            w
+        }
+    };
+    let narrow = (1..=partners).find(|&ns| trunc(ns) <= 32).unwrap_or(1);
+    let fixed = std::env::var("KNN_CUDA_SPLITS") // measurements only
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
+    let plan = |per_sm: usize| {
+        fixed.map_or_else(
+            || split_count(tiles, gpu.sm_count * per_sm, partners).max(narrow),
+            |v| v.clamp(1, partners),
+        )
+    };
+    // Splits as for two blocks per SM; the kernel is chosen by the width each list keeps.
+    let ws = trunc(plan(2)).min(w);
+    let slots = list_slots(ws);
+    let Some(name) = sym_kernel(tag, tf, 32 * slots) else {
+        return Ok(None);
+    };
+    let f = gpu.func(&name)?;
+    let lists = QUERY_TILE * 32 * slots * 8;
+    let smem =
+        lists + if tf { TILE_SMEM_TF32 } else { TILE_SMEM } + lists / 16 + BASE_TILE * 4 + 128;
+    if smem > gpu.max_smem_optin {
+        return Ok(None);
+    }
+    f.set_attribute(
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .map_err(dev_err("shared memory limit"))?;
+    let per_sm = f
+        .occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
+        .unwrap_or(1)
+        .clamp(1, 2) as usize;
+    let nsplit = plan(per_sm);
+    let ws = trunc(nsplit).min(w).min(32 * slots);
+    if n * w * 8 * (2 * nsplit + 1) > budget / 2 {
+        return Ok(None);
+    }
+    let runs = gpu.alloc::<u64>(n * 2 * nsplit * w)?;
+    gpu.fill_u64(gpu.ptr(&runs), runs.len(), SENTINEL)?;
+    let locks = gpu
+        .stream
+        .alloc_zeros::<i32>(tiles * nsplit)
+        .map_err(dev_err("allocating device memory"))?;
+    let cut = gpu.alloc::<u64>(n)?;
+    gpu.fill_u64(gpu.ptr(&cut), n, SENTINEL)?;
+    let event = || {
+        gpu.ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .ok()
+    };
+    let t0 = event();
+    if let Some(e) = &t0 {
+        e.record(&gpu.stream).map_err(dev_err("event"))?;
+    }
+    let (n64, d32, w32, ws32, ns32) = (n as i64, d as i32, w as i32, ws as i32, nsplit as i32);
+    let (pr, pl, pc) = (gpu.ptr(&runs), gpu.ptr(&locks), gpu.ptr(&cut));
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&b)
+        .arg(&bn)
+        .arg(&n64)
+        .arg(&d32)
+        .arg(&w32)
+        .arg(&ws32)
+        .arg(&ns32)
+        .arg(&pr)
+        .arg(&pl)
+        .arg(&pc);
+    // SAFETY: b holds n×d floats and bn n, runs n×2·nsplit×w composites, locks tiles×nsplit
+    // zeroed words, cut n; ws ≤ 32·slots; the shared memory is what the kernel lays out
+    // (lists, key tile, a list row per warp, column thresholds and group masks).
+    unsafe {
+        l.launch(LaunchConfig {
+            grid_dim: ((tiles * nsplit) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: smem as u32,
+        })
+    }
+    .map_err(dev_err(&name))?;
+    if ws < w {
+        let f = gpu.func("sym_cut")?;
+        let mut l = gpu.stream.launch_builder(f);
+        l.arg(&pr)
+            .arg(&n64)
+            .arg(&ns32)
+            .arg(&w32)
+            .arg(&ws32)
+            .arg(&pc);
+        // SAFETY: runs holds n×2·nsplit×w composites, cut n; one thread per point.
+        unsafe {
+            l.launch(LaunchConfig {
+                grid_dim: (n.div_ceil(256) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(dev_err("sym_cut"))?;
+    }
+    let merged = merge_runs(gpu, n, w, 32 * list_slots(w), (pr, 2 * nsplit), 0)?;
+    let ms = match (t0, event()) {
+        (Some(t0), Some(t1)) => {
+            t1.record(&gpu.stream).map_err(dev_err("event"))?;
+            t1.synchronize().map_err(dev_err("event"))?;
+            t0.elapsed_ms(&t1).unwrap_or(0.0)
+        }
+        _ => {
+            gpu.sync()?;
+            0.0
+        }
+    };
+    if std::env::var_os("KNN_PROFILE").is_some() {
+        eprintln!(
+            "cuda symmetric graph: {n} rows, {tiles} tiles, {nsplit} splits keeping {ws} of \
+             {w} by row and by column, {ms:.2} ms"
+        );
+    }
+    *slot = Some(GraphLists {
+        key,
+        width: w,
+        kernel: name,
+        lists: merged.buf,
+        cut,
+    });
+    Ok(slot.as_ref().map(|g| (g, ms)))
+}
+
+/// Whether `exclude` excludes from each query its own row `at + i` of the base.
+fn excludes_itself(exclude: Option<&[u32]>, at: usize) -> bool {
+    exclude.is_some_and(|e| e.iter().enumerate().all(|(i, &x)| x as usize == at + i))
 }
 
 /// Copies of the base a call keeps: exact keys of a centred base, or Hellinger's, need the given
@@ -282,13 +502,7 @@ pub(crate) fn run(
         req.width,
     );
     let small = w <= SMALL_WIDTH_MAX;
-    let slots = if w <= 32 {
-        1
-    } else if w <= 64 {
-        2
-    } else {
-        4
-    };
+    let slots = list_slots(w);
     // Base: resident when it takes at most half the budget, else streamed in chunks.
     let row_bytes = (d + 1) * 4;
     let centre_dev = base.centre.map(|c| gpu.upload(c)).transpose()?;
@@ -377,6 +591,25 @@ pub(crate) fn run(
         None
     };
     let resident = held.map(|r| (&r.b, &r.bn));
+    // A first try of a whole graph the engine was told of: every row's lists made at once,
+    // each unordered pair once, then each call's rows copied out of them.
+    let graph = match (base.graph, resident) {
+        (Some(slot), Some((b, bn)))
+            if small
+                && rows_within(req.base.as_slice(), req.queries.as_slice(), d)
+                    .is_some_and(|at| excludes_itself(req.exclude, at)) =>
+        {
+            graph_lists(
+                gpu,
+                req,
+                (tag, uses_tf32(req)),
+                (gpu.ptr(b), gpu.ptr(bn)),
+                slot,
+                rest,
+            )?
+        }
+        _ => None,
+    };
     let given_base = base.exact.zip(held).and_then(|(e, r)| r.given(e));
     // Rows finish here only with exact keys at hand.
     let mut finish = finish.take().filter(|_| given_base.is_some());
@@ -393,7 +626,7 @@ pub(crate) fn run(
         .stream
         .alloc_zeros::<u32>(1)
         .map_err(dev_err("allocating device memory"))?;
-    let mut kernel_ms = Some(0.0f32);
+    let mut kernel_ms = Some(graph.map_or(0.0, |g| g.1));
     phases.lap(gpu, "base up");
     for qs in (0..nq).step_by(qc) {
         let qe = (qs + qc).min(nq);
@@ -449,7 +682,7 @@ pub(crate) fn run(
             None => None,
         };
         let excl_ptr = excl.as_ref().map_or(0, |e| gpu.ptr(e));
-        let cut = gpu.alloc::<u64>(n)?;
+        let mut cut = gpu.alloc::<u64>(n)?;
         gpu.fill_u64(gpu.ptr(&cut), n, SENTINEL)?;
         let mut running: Option<Lists> = None;
         let t0 = gpu
@@ -459,7 +692,23 @@ pub(crate) fn run(
         if let Some(e) = &t0 {
             e.record(&gpu.stream).map_err(dev_err("event"))?;
         }
-        for bs in (0..nb).step_by(bc) {
+        let copied = if let (Some((g, _)), Some(at)) = (graph, alias) {
+            // The graph's lists of these rows (the same candidates and floors as the kernels'
+            // below would give: every other point was met once, by row or by column).
+            let mut rows = gpu.alloc::<u64>(n * w)?;
+            gpu.stream
+                .memcpy_dtod(&g.lists.slice(at * w..(at + n) * w), &mut rows)
+                .map_err(dev_err("copying on the device"))?;
+            running = Some(Lists { buf: rows });
+            gpu.stream
+                .memcpy_dtod(&g.cut.slice(at..at + n), &mut cut)
+                .map_err(dev_err("copying on the device"))?;
+            true
+        } else {
+            false
+        };
+        let chunks = if copied { 0 } else { nb };
+        for bs in (0..chunks).step_by(bc) {
             let be = (bs + bc).min(nb);
             let chunk;
             let (b, bn) = match resident {

@@ -3,7 +3,7 @@
 //! (`KNN_REQUIRE_GPU=1` makes that a failure).
 
 use knn_core::synth::{generate, Distribution};
-use knn_core::{check, graph, search, Engine, Matrix, Metric, DEFAULT_TOLERANCE};
+use knn_core::{check, graph, search, Engine, Matrix, Metric, Symmetry, DEFAULT_TOLERANCE};
 use knn_cuda::{CudaEngine, Method};
 use knn_testkit as kit;
 
@@ -144,6 +144,69 @@ fn equals_cpu() {
     for e in engines() {
         same_as_cpu(&e, &g, None, 10, &Metric::L2);
     }
+}
+
+/// Graphs with each unordered pair computed once (`kernels/sym.cu`) equal the CPU engine's,
+/// on odd and even tile counts, one tile, splits, every metric and list width, and on points
+/// stored in runs of duplicates (all neighbours in the own tile, ties everywhere).
+#[test]
+fn symmetric_graphs() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "symmetric_graphs") {
+        return;
+    }
+    let e = CudaEngine::new(0, Method::Fused)
+        .unwrap()
+        .with_symmetry(Symmetry::On);
+    kit::check_tile_edges(&e, &TILES);
+    eprintln!("tile edges: {} symmetric graphs", e.symmetric_graphs());
+    kit::check_adversarial(&e);
+    eprintln!("adversarial: {} symmetric graphs", e.symmetric_graphs());
+    let metrics = [
+        Metric::SqL2,
+        Metric::L2,
+        Metric::InnerProduct,
+        Metric::Cosine,
+        Metric::L1,
+        Metric::Linf,
+        Metric::Hellinger,
+    ];
+    let mut graphs = 0;
+    for (n, d) in [
+        (2, 5),
+        (129, 16),
+        (383, 8),
+        (512, 33),
+        (1000, 64),
+        (7001, 24),
+    ] {
+        let b = uniform(n, d, n as u64);
+        for metric in &metrics {
+            for k in [1, 5, 30, 100].into_iter().filter(|&k| k < n) {
+                eprintln!("symmetric graph n={n} d={d} {metric} k={k}");
+                same_as_cpu(&e, &b, None, k, metric);
+                graphs += 1;
+            }
+        }
+    }
+    // 60 distinct points, each stored 50 times in a row.
+    let (n, d) = (3000, 12);
+    let distinct = uniform(60, d, 77);
+    let runs: Vec<f32> = (0..n)
+        .flat_map(|i| distinct.view().row(i / 50).to_vec())
+        .collect();
+    let runs = Matrix::new("runs", runs, d).unwrap();
+    for metric in &metrics {
+        for k in [5, 30, 100] {
+            eprintln!("symmetric graph of runs of duplicates {metric} k={k}");
+            same_as_cpu(&e, &runs, None, k, metric);
+            graphs += 1;
+        }
+    }
+    let made = e.symmetric_graphs();
+    eprintln!("{made} of {graphs} graphs made symmetrically");
+    // Every first try but those the pipeline asks precise at once (adaptive) or that go past the
+    // on-chip widths.
+    assert!(made >= graphs / 2, "{made} of {graphs}");
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | k nearest base points of each query | [`Knn::search`] or [`search`] |
 //! | kNN graph (self-join, own id excluded) | [`Knn::graph`] or [`graph`] |
-//! | a graph with each unordered pair computed once (CPU; on by default where it pays) | [`Options::symmetric`] |
+//! | a graph with each unordered pair computed once (on by default where it pays) | [`Options::symmetric`] |
 //! | a graph in pieces (checkpoints) | [`Knn::graph_rows`] |
 //! | low dimensions: the exact grid, on the CPU or a GPU | [`Options::method`] = [`Method::Grid`] (or `Auto`) |
 //! | several GPUs | [`Options::gpus`] |
@@ -172,9 +172,10 @@ pub struct Options {
     /// from a shared queue, one host thread per GPU. Empty: the single `device`. The answer is
     /// identical to one GPU's (every row is re-ranked exactly and ordered by (distance, id)).
     pub gpus: Vec<usize>,
-    /// kNN graphs on the CPU: compute each unordered pair's key once and fold it into both
+    /// kNN graphs: compute each unordered pair's key once and fold it into both
     /// points' lists (every metric here is symmetric). `Auto` (default) where it pays
-    /// ([`CpuEngine::pays_symmetric`]); the answer is the same either way. GPU engines ignore it.
+    /// ([`CpuEngine::pays_symmetric`], `CudaEngine::pays_symmetric`); the answer is the same
+    /// either way. With several GPUs each takes whole rounds, one-sided.
     pub symmetric: Symmetry,
 }
 
@@ -372,7 +373,7 @@ mod gpu {
             Method::Cublas => CudaMethod::Cublas,
             Method::Auto | Method::Brute | Method::Grid => CudaMethod::Fused,
         };
-        let mut engine = CudaEngine::new(ordinal, method)?;
+        let mut engine = CudaEngine::new(ordinal, method)?.with_symmetry(opts.symmetric);
         if let Some(bytes) = opts.gpu_memory {
             engine = engine.with_memory_budget(bytes);
         }
