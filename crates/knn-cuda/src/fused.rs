@@ -110,16 +110,7 @@ fn split_plan<'a>(
                 gpu.max_smem_optin
             )));
         }
-        f.set_attribute(
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(dev_err("shared memory limit"))?;
-        // At most 2 per SM counted: the memory plan of `run` assumes it.
-        let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
-            .unwrap_or(1)
-            .clamp(1, 2) as usize;
+        let per_sm = blocks_per_sm(f, smem)?;
         let nsplit = std::env::var("KNN_CUDA_SPLITS") // measurements only
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
@@ -144,6 +135,21 @@ fn split_plan<'a>(
         }
     }
     Err(KnnError::Device(format!("no list kernel for width {w}")))
+}
+
+/// Allows a list kernel `smem` bytes of dynamic shared memory and returns how many of its
+/// 256-thread blocks fit on one SM, counting at most 2 (the memory plan of `run` assumes it).
+fn blocks_per_sm(f: &CudaFunction, smem: usize) -> Result<usize> {
+    f.set_attribute(
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .map_err(dev_err("shared memory limit"))?;
+    Ok(
+        f.occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
+            .unwrap_or(1)
+            .clamp(1, 2) as usize,
+    )
 }
 
 const SENTINEL: u64 = u64::MAX;
@@ -331,16 +337,7 @@ fn graph_lists<'g>(
     if smem > gpu.max_smem_optin {
         return Ok(None);
     }
-    f.set_attribute(
-        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )
-    .map_err(dev_err("shared memory limit"))?;
-    let per_sm = f
-        .occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
-        .unwrap_or(1)
-        .clamp(1, 2) as usize;
-    let nsplit = plan(per_sm);
+    let nsplit = plan(blocks_per_sm(f, smem)?);
     let ws = trunc(nsplit).min(w).min(32 * slots);
     if n * w * 8 * (2 * nsplit + 1) > budget / 2 {
         return Ok(None);

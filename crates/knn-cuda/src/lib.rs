@@ -17,6 +17,11 @@
 //! - `global`, `texture`, `cublas`: the three implementations of seed 000, each followed by the
 //!   seed's modified insertion sort, with queries (and base) split under a memory budget.
 //!
+//! kNN graphs of a symmetric metric may be computed symmetrically ([`CudaEngine::with_symmetry`],
+//! `kernels/sym.cu`, its own NVRTC module): every unordered pair's key once, folded into the
+//! row's lists in shared memory and into the column's lists in device memory (under a lock per
+//! tile), for all rows at the first round; the rounds then copy their rows' lists.
+//!
 //! Expression metrics (`--metric-expr`) run the fused method with the generated per-coordinate
 //! program in place of the L1 operation: one NVRTC module per program (`kernels/expr.cu`,
 //! `src/expr.rs`), cached on disk like the others.
