@@ -216,6 +216,15 @@ pub trait Engine: Sync {
         None
     }
 
+    /// Whether first tries of `kernel` use keys of reduced precision (bf16, TF32) that a
+    /// request with [`CandidateRequest::precise`] replaces by full f32 ones. The pipeline then
+    /// asks the rows a first try did not prove again at the same width with precise keys
+    /// (most failed on the wider rounding bound, not on ties) before it widens. Default: false.
+    fn fast_first_tries(&self, kernel: Kernel) -> bool {
+        let _ = kernel;
+        false
+    }
+
     /// Told before the rounds of a whole kNN graph of a symmetric metric when
     /// [`Engine::graph_candidates`] declined: every row of the base keyed `base_key` (see
     /// [`CandidateRequest::base_key`]) will be asked for, first tries `width` wide, each row

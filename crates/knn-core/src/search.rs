@@ -618,9 +618,11 @@ impl Run<'_> {
         let mut pending: Vec<u32> = (start as u32..end as u32).collect();
         let mut width = self.width0;
         let loose = self.loose.load(Relaxed);
+        let fast = !loose && self.expr.is_none() && engine.fast_first_tries(self.metric.kernel());
+        let mut pass = 0usize;
         while !pending.is_empty() {
             // Gather the pending queries (contiguous on the first try: no copy).
-            let contiguous = pending.len() == end - start && width == self.width0;
+            let contiguous = pass == 0;
             let gathered;
             let qv = if contiguous {
                 self.eq.slice_rows(start, end)
@@ -743,7 +745,12 @@ impl Run<'_> {
             if pending.is_empty() {
                 break;
             }
-            width = (width * 4).min(available);
+            // Rows a fast first try left unproven are first asked again at the same width with
+            // precise keys, then wider.
+            if !(contiguous && fast) {
+                width = (width * 4).min(available);
+            }
+            pass += 1;
             if width > max_engine_width(available) {
                 // Ties or rounding too wide for candidate lists: scan these rows exactly.
                 let scanned: Vec<(Vec<u32>, Vec<f32>)> = pending

@@ -189,6 +189,11 @@ impl Engine for CpuEngine {
         })
     }
 
+    /// The bf16 (and int8) products of squared L2 first tries.
+    fn fast_first_tries(&self, kernel: Kernel) -> bool {
+        self.bf16_for(kernel)
+    }
+
     fn graph_candidates(
         &self,
         points: MatrixRef<'_>,

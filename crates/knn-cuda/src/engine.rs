@@ -425,6 +425,11 @@ impl Engine for CudaEngine {
         self.candidates_inner(req, false).map(|(c, _)| c)
     }
 
+    /// The fused method's first tries of GEMM kernels run on TF32 tensor cores.
+    fn fast_first_tries(&self, kernel: Kernel) -> bool {
+        self.method == Method::Fused && kernel.is_gemm()
+    }
+
     /// Remembered: the first try of that graph's first round makes every row's lists with the
     /// symmetric kernels (when this engine's [`Symmetry`] says so), the rounds copy theirs.
     fn expect_graph(&self, base_key: u64, width: usize) {

@@ -38,6 +38,10 @@ impl Engine for MultiEngine {
 
     /// The pipeline hands whole rounds to each engine (each overlapping its device work with
     /// the host's re-rank), instead of cutting every call in pieces.
+    fn fast_first_tries(&self, kernel: Kernel) -> bool {
+        self.engines.iter().any(|e| e.fast_first_tries(kernel))
+    }
+
     fn devices(&self) -> Vec<&dyn Engine> {
         self.engines
             .iter()
