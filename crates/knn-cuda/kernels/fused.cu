@@ -424,12 +424,11 @@ __device__ __forceinline__ u64 warp_lower(u64 a, u64 b, int lane) {
     return warp_clean(min(a, __shfl_sync(0xffffffffu, b, 31 - lane)), lane);
 }
 
-// Merges 32 candidates (one per lane, any order, SENTINEL for none) into the sorted list e
+// Merges 32 candidates ascending across the lanes (SENTINEL for none) into the sorted list e
 // (index s*32 + lane), keeping the W smallest: slot by slot, the lower half of (slot ∪ b) stays
 // and the upper half moves on (min / max of a sorted and a reversed sorted run are bitonic).
 template <int S>
-__device__ __forceinline__ void warp_merge(u64 e[S], u64 v, int W, int lane) {
-    u64 b = warp_sort(v, lane);
+__device__ __forceinline__ void warp_merge_sorted(u64 e[S], u64 b, int W, int lane) {
 #pragma unroll
     for (int s = 0; s < S; s++) {
         u64 br = __shfl_sync(0xffffffffu, b, 31 - lane);
@@ -440,6 +439,12 @@ __device__ __forceinline__ void warp_merge(u64 e[S], u64 v, int W, int lane) {
 #pragma unroll
     for (int s = 0; s < S; s++)
         if (s * 32 + lane >= W) e[s] = SENTINEL;
+}
+
+// warp_merge_sorted of 32 candidates in any order.
+template <int S>
+__device__ __forceinline__ void warp_merge(u64 e[S], u64 v, int W, int lane) {
+    warp_merge_sorted<S>(e, warp_sort(v, lane), W, lane);
 }
 
 // Row tiles are first filtered against float thresholds, all rows of a warp at once (0: every
@@ -752,8 +757,9 @@ __device__ void merge_runs(const u64* __restrict__ a, int runs, const u64* __res
                 u64 v = i < W ? run[i] : SENTINEL;
                 u64 thr = warp_kth<S>(e, W);
                 unsigned mask = __ballot_sync(0xffffffffu, v < thr);
+                // The chunk is ascending, so is its part below thr followed by SENTINELs.
                 if (mask)
-                    warp_merge<S>(e, v < thr ? v : SENTINEL, W, lane);
+                    warp_merge_sorted<S>(e, v < thr ? v : SENTINEL, W, lane);
                 else
                     go = false;
             }

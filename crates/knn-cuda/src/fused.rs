@@ -736,11 +736,20 @@ pub(crate) fn run(
                     (tiles.div_ceil(nsplit) * BASE_TILE, 0)
                 };
                 let nsplit = bl.div_ceil(split_len.max(1)).min(nsplit).max(1);
+                // Not filled: every (row, split) writes all its w slots.
                 let partial = gpu.alloc::<u64>(n * nsplit * w)?;
-                gpu.fill_u64(gpu.ptr(&partial), n * nsplit * w, SENTINEL)?;
-                let gthr = gpu.alloc::<u64>(n)?;
-                gpu.fill_u64(gpu.ptr(&gthr), n, SENTINEL)?;
-                let pg = gpu.ptr(&gthr);
+                // Shared thresholds: truncated splits only read them, and unprimed they would
+                // all be SENTINEL, so then the kernel gets none.
+                let prime = prime_rows(w);
+                let primed = running.is_some() || (prime > 0 && bl >= 4 * prime);
+                let gthr = if ws < w && !primed {
+                    None
+                } else {
+                    let g = gpu.alloc::<u64>(n)?;
+                    gpu.fill_u64(gpu.ptr(&g), n, SENTINEL)?;
+                    Some(g)
+                };
+                let pg = gthr.as_ref().map_or(0, |g| gpu.ptr(g));
                 let launch =
                     |rows: usize, split: (usize, i32, usize, i32), out: u64, thr: u64, cut: u64| {
                         let (split_len, strided, nsplit, ws) = split;
@@ -782,7 +791,6 @@ pub(crate) fn run(
                 // Prime each query's shared threshold with a proven bound on its W-th
                 // composite: the W-th of the lists so far (earlier base chunks), or of the
                 // first `prime` rows of this chunk (the same kernel: the same key bits).
-                let prime = prime_rows(w);
                 let prefix;
                 let source = match &running {
                     Some(r) => Some(gpu.ptr(&r.buf)),
@@ -816,7 +824,11 @@ pub(crate) fn run(
                         running.as_ref().map_or(0, |r| gpu.ptr(&r.buf)),
                     )?
                 };
-                gpu.sync()?;
+                // A streamed chunk's host staging is reused by the next upload; resident
+                // buffers are freed in stream order, so the host need not wait here.
+                if resident.is_none() {
+                    gpu.sync()?;
+                }
                 running = Some(next);
             } else {
                 let ctx = Large {
