@@ -1,6 +1,6 @@
 //! Expression metrics against the built-in metrics they spell, on the GPU, side by side on the
 //! same data (default: the seed-000 size, 16384 base × 4096 queries, d = 128, k = 16):
-//! `cargo run --release -p knn-cuda --example expr_bench [nb nq d k [reps]]`.
+//! `cargo run --release -p knn-cuda --example expr_bench_cuda [nb nq d k [reps]]`.
 //!
 //! For `acc + abs(x - y)` against the built-in L1: the fused kernels alone (CUDA events),
 //! `candidates` and the whole exact `search` (wall clock), medians after warm-up, and their
