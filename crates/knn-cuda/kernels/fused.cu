@@ -298,7 +298,10 @@ __device__ __forceinline__ void tile_compute_tf_async(const float* __restrict__ 
 // Computes the BQ x BB key tile of queries [q0, q0+BQ) x base rows [b0, b0+BB) (rows at or past
 // nb / nq hold garbage) into work[row * stride + col], stride TS_TF when TF else TSTRIDE.
 // Starts and ends with the staging area free (the caller syncs before reading the tile).
-template <int KERNEL, bool TF>
+// With CM (TF only), the tile is stored column-major instead, work[col * TSC + row]: the scalar
+// stores are conflict-free, and so are the thread-per-row reads of `fold_tile_thread`.
+#define TSC 132
+template <int KERNEL, bool TF, bool CM = false>
 __device__ __forceinline__ void keys_to_smem(const float* __restrict__ Q,
                                              const float* __restrict__ qn, long long nq,
                                              long long q0, const float* __restrict__ B,
@@ -334,7 +337,12 @@ __device__ __forceinline__ void keys_to_smem(const float* __restrict__ Q,
                     float2 v;
                     v.x = finish_key<KERNEL>(acc[i][j][2 * h], qv[2 * i + h], bv[2 * j]);
                     v.y = finish_key<KERNEL>(acc[i][j][2 * h + 1], qv[2 * i + h], bv[2 * j + 1]);
-                    *(float2*)&work[row * TS_TF + col] = v;
+                    if constexpr (CM) {
+                        work[col * TSC + row] = v.x;
+                        work[(col + 1) * TSC + row] = v.y;
+                    } else {
+                        *(float2*)&work[row * TS_TF + col] = v;
+                    }
                 }
             }
     } else {
@@ -665,6 +673,87 @@ __device__ __forceinline__ void fold_tile_rows(const float* work, u64* lists, lo
     }
 }
 
+// Lists of at most 32 entries (S == 1) are folded one thread per row (`fold_tile_thread`); 0:
+// one warp per row in turn (`fold_tile_rows`), as before 2026-11-23 (for A/B).
+#ifndef THREAD_ROWS
+#define THREAD_ROWS 1
+#endif
+
+// A row's list in the thread-per-row fold: its entries sit unsorted in shared memory at
+// lists[j * BQ + r] (j < fill <= Ws); once full, `worst` is the largest entry and `wslot` its
+// slot (SENTINEL while not full).
+struct RowList {
+    u64 worst;
+    int wslot;
+    int fill;
+};
+
+// The largest of the Ws entries of row r's list (independent loads, no chain through memory).
+__device__ __forceinline__ void rescan_worst(const u64* lists, int r, int Ws, RowList& L) {
+    u64 w = lists[r];
+    int ws = 0;
+#pragma unroll 4
+    for (int j = 1; j < Ws; j++) {
+        u64 v = lists[j * BQ + r];
+        if (v > w) {
+            w = v;
+            ws = j;
+        }
+    }
+    L.worst = w;
+    L.wslot = ws;
+}
+
+// Folds row r (query q) of the key tile into its list, one thread per row: the row's key of column
+// c sits at work[r * RS + c * CS] (RS = TSTRIDE, CS = 1 for the row-major FP32 tile; RS = 1,
+// CS = TSC for the column-major TF32 one: either way a warp's 32 rows hit 32 banks). Keys are
+// read 8 at a time and the columns of those not above the float threshold (the list's worst
+// entry when full, or g when lower; NaN passes) are collected in the row's buffer
+// (buf[i * BQ + r], CBUF columns); a full buffer, and the last one, are then decided by the exact
+// composite comparison, each taken key replacing the worst entry, which is found again.
+// Collecting first keeps the lanes in step: inserting as keys are met would serialise the warp
+// over every column any of its 32 rows takes. Column c's id is id0 + step * c; `skip` is never
+// taken. A list that improves folds its Ws-th into gthr[q] (may be null; not under truncation).
+#define CBUF 16
+template <int RS, int CS>
+__device__ __forceinline__ void fold_tile_thread(const float* work, u64* lists, unsigned char* buf,
+                                                 int r, long long q, int ncols, u32 id0, u32 step,
+                                                 u32 skip, int Ws, u64 g, u64* gthr, bool trunc,
+                                                 RowList& L) {
+    u64 lim = min(L.worst, g);
+    float thrf = composite_key(lim);
+    bool changed = false;
+    for (int c0 = 0; c0 < ncols;) {
+        int m = 0;
+        for (; c0 < ncols && m <= CBUF - 8; c0 += 8) {
+            float k[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) k[i] = work[r * RS + (c0 + i) * CS];  // c0 + i < BB
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (!(k[i] > thrf) && c0 + i < ncols) buf[m++ * BQ + r] = (unsigned char)(c0 + i);
+        }
+        for (int i = 0; i < m; i++) {
+            int c = buf[i * BQ + r];
+            u32 id = id0 + step * (u32)c;
+            u64 cv = composite(work[r * RS + c * CS], id);
+            if (cv < lim && id != skip) {
+                changed = true;
+                if (L.fill < Ws) {
+                    lists[L.fill * BQ + r] = cv;
+                    if (++L.fill == Ws) rescan_worst(lists, r, Ws, L);
+                } else {
+                    lists[L.wslot * BQ + r] = cv;
+                    rescan_worst(lists, r, Ws, L);
+                }
+                lim = min(L.worst, g);
+                thrf = composite_key(lim);
+            }
+        }
+    }
+    if (changed && gthr && !trunc && L.worst < g) atomicMin(&gthr[q], L.worst);
+}
+
 // One block: BQ queries x one split of the base. A split is the rows [y*split_len, +split_len)
 // of this chunk (y = blockIdx.y), or, when `strided`, the rows y, y + nsplit, y + 2·nsplit, ...
 // (nsplit = gridDim.y), so that neighbours stored next to each other spread over the splits.
@@ -706,6 +795,42 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
     const float* Bs = B + s0 * d;
     const float* bns = bn + s0;
     for (int i = tid; i < BQ * LW; i += THREADS) lists[i] = SENTINEL;
+
+    if constexpr (S == 1 && THREAD_ROWS) {
+        // One thread per row (threads tid < BQ); lists at lists[j * BQ + r], unsorted.
+        constexpr int RS = TF ? 1 : TSTRIDE, CS = TF ? TSC : 1;
+        // The rows' candidate buffers follow the key tile (the host allots them).
+        unsigned char* buf = (unsigned char*)(work + BQ * (TF ? TSC : TSTRIDE));
+        const int r = tid;
+        const long long q = q0 + r;
+        const bool mine = r < BQ && q < nq;
+        const u32 skip = mine && exclude ? exclude[q] : NO_ID;
+        RowList L = {SENTINEL, 0, 0};
+        for (long long b0 = 0; b0 < len; b0 += BB) {
+            // See below: the shared threshold, loaded before the product hides its latency.
+            u64 g = SENTINEL;
+            if (gthr && mine) g = *(volatile u64*)&gthr[q];
+            keys_to_smem<KERNEL, TF, TF>(Q, qn, nq, q0, Bs, bns, len, b0, d, (int)step, work);
+            __syncthreads();
+            int ncols = (int)min((long long)BB, len - b0);
+            if (mine)
+                fold_tile_thread<RS, CS>(work, lists, buf, r, q, ncols,
+                                         id_base + (u32)(s0 + step * b0), (u32)step, skip, Ws, g,
+                                         gthr, trunc, L);
+            __syncthreads();  // the key tile becomes staging again
+        }
+        // Each row's list, sorted by one warp, SENTINEL-padded to W.
+        for (int r2 = warp; r2 < BQ; r2 += THREADS / 32) {
+            long long q2 = q0 + r2;
+            if (q2 >= nq) break;
+            u64 v = warp_sort(lane < Ws ? lists[lane * BQ + r2] : SENTINEL, lane);
+            u64* o = out + (q2 * gridDim.y + blockIdx.y) * (long long)W;
+            for (int i = lane; i < W; i += 32) o[i] = i < 32 ? v : SENTINEL;
+            u64 last = __shfl_sync(0xffffffffu, v, Ws - 1);
+            if (trunc && cut && lane == 0 && last != SENTINEL) atomicMin(&cut[q2], last);
+        }
+        return;
+    }
 
     for (long long b0 = 0; b0 < len; b0 += BB) {
         // gthr[q]: the smallest W-th key any split of this query has reached (truncated

@@ -20,6 +20,9 @@ const FILTER_CAP: usize = 16384;
 /// Key tile bytes in shared memory: FP32 tiles (128 × 129 floats) and TF32 ones (128 × 136).
 const TILE_SMEM: usize = 128 * 129 * 4;
 const TILE_SMEM_TF32: usize = 128 * 136 * 4;
+/// The list kernels' row buffers of candidate columns (`CBUF` bytes per row) after the key
+/// tile: room is left in the TF32 tile (stored 128 × 132), the FP32 tile needs it added.
+const ROW_BUF_SMEM: usize = 128 * 16;
 
 /// `true` when the request runs on the tensor cores (TF32 inputs, see [`crate::floor`]): GEMM
 /// kernels on first tries. Retries (`precise`) and L1/L∞ use the FP32 kernels.
@@ -103,7 +106,12 @@ fn split_plan<'a>(
     for s in [1, 2, 4].into_iter().filter(|&s| s <= slots) {
         let name = format!("fused_{}{tag}_w{}", if tf { "tf32_" } else { "" }, 32 * s);
         let f = gpu.func(&name)?;
-        let smem = QUERY_TILE * 32 * s * 8 + if tf { TILE_SMEM_TF32 } else { TILE_SMEM };
+        let tile = if tf {
+            TILE_SMEM_TF32
+        } else {
+            TILE_SMEM + ROW_BUF_SMEM
+        };
+        let smem = QUERY_TILE * 32 * s * 8 + tile;
         if smem > gpu.max_smem_optin {
             return Err(KnnError::Device(format!(
                 "{name} needs {smem} bytes of shared memory, the device allows {}",
