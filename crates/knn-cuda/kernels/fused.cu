@@ -673,15 +673,21 @@ __device__ __forceinline__ void fold_tile_rows(const float* work, u64* lists, lo
     }
 }
 
-// Lists of at most 32 entries (S == 1) are folded one thread per row (`fold_tile_thread`); 0:
-// one warp per row in turn (`fold_tile_rows`), as before 2026-11-23 (for A/B).
+// Lists of 32·S entries with S <= THREAD_ROWS are folded one thread per row (`fold_tile_thread`),
+// larger ones one warp per row in turn (`fold_tile_rows`); 0: all by warps, as before 2026-11-23.
 #ifndef THREAD_ROWS
-#define THREAD_ROWS 1
+#define THREAD_ROWS 4
+#endif
+// Lists of 32·S entries with S >= ROW_HEAP are max-heaps in the thread-per-row fold (an
+// insertion sifts down from the root), smaller ones unsorted (the worst entry found again by a
+// scan after each insertion). Case 1 (lists of 32): scan 0.316 ms, heap 0.326-0.331 ms.
+#ifndef ROW_HEAP
+#define ROW_HEAP 2
 #endif
 
-// A row's list in the thread-per-row fold: its entries sit unsorted in shared memory at
-// lists[j * BQ + r] (j < fill <= Ws); once full, `worst` is the largest entry and `wslot` its
-// slot (SENTINEL while not full).
+// A row's list in the thread-per-row fold: its entries sit in shared memory at lists[j * BQ + r]
+// (j < fill <= Ws), in no order while filling, then as a max-heap (HEAP) or unsorted with
+// `wslot` the slot of the largest; `worst` is the largest entry once full (SENTINEL before).
 struct RowList {
     u64 worst;
     int wslot;
@@ -704,6 +710,48 @@ __device__ __forceinline__ void rescan_worst(const u64* lists, int r, int Ws, Ro
     L.wslot = ws;
 }
 
+// Places v at node j of row r's max-heap of n entries (children of j: 2j + 1, 2j + 2), moving
+// larger children up (the entries are distinct composites).
+__device__ __forceinline__ void heap_sift_down(u64* lists, int r, int n, int j, u64 v) {
+    for (;;) {
+        int c = 2 * j + 1;
+        if (c >= n) break;
+        u64 a = lists[c * BQ + r];
+        if (c + 1 < n) {
+            u64 b = lists[(c + 1) * BQ + r];
+            if (b > a) {
+                a = b;
+                c++;
+            }
+        }
+        if (a <= v) break;
+        lists[j * BQ + r] = a;
+        j = c;
+    }
+    lists[j * BQ + r] = v;
+}
+
+// Takes cv (below the list's worst entry, or the list not full) into row r's list of Ws.
+template <bool HEAP>
+__device__ __forceinline__ void row_take(u64* lists, int r, int Ws, u64 cv, RowList& L) {
+    if (L.fill < Ws) {
+        lists[L.fill * BQ + r] = cv;
+        if (++L.fill < Ws) return;
+        if (HEAP) {
+            for (int j = Ws / 2 - 1; j >= 0; j--) heap_sift_down(lists, r, Ws, j, lists[j * BQ + r]);
+            L.worst = lists[r];
+        } else {
+            rescan_worst(lists, r, Ws, L);
+        }
+    } else if (HEAP) {
+        heap_sift_down(lists, r, Ws, 0, cv);
+        L.worst = lists[r];
+    } else {
+        lists[L.wslot * BQ + r] = cv;
+        rescan_worst(lists, r, Ws, L);
+    }
+}
+
 // Folds row r (query q) of the key tile into its list, one thread per row: the row's key of column
 // c sits at work[r * RS + c * CS] (RS = TSTRIDE, CS = 1 for the row-major FP32 tile; RS = 1,
 // CS = TSC for the column-major TF32 one: either way a warp's 32 rows hit 32 banks). Keys are
@@ -715,7 +763,7 @@ __device__ __forceinline__ void rescan_worst(const u64* lists, int r, int Ws, Ro
 // over every column any of its 32 rows takes. Column c's id is id0 + step * c; `skip` is never
 // taken. A list that improves folds its Ws-th into gthr[q] (may be null; not under truncation).
 #define CBUF 16
-template <int RS, int CS>
+template <int RS, int CS, bool HEAP>
 __device__ __forceinline__ void fold_tile_thread(const float* work, u64* lists, unsigned char* buf,
                                                  int r, long long q, int ncols, u32 id0, u32 step,
                                                  u32 skip, int Ws, u64 g, u64* gthr, bool trunc,
@@ -739,13 +787,7 @@ __device__ __forceinline__ void fold_tile_thread(const float* work, u64* lists, 
             u64 cv = composite(work[r * RS + c * CS], id);
             if (cv < lim && id != skip) {
                 changed = true;
-                if (L.fill < Ws) {
-                    lists[L.fill * BQ + r] = cv;
-                    if (++L.fill == Ws) rescan_worst(lists, r, Ws, L);
-                } else {
-                    lists[L.wslot * BQ + r] = cv;
-                    rescan_worst(lists, r, Ws, L);
-                }
+                row_take<HEAP>(lists, r, Ws, cv, L);
                 lim = min(L.worst, g);
                 thrf = composite_key(lim);
             }
@@ -796,8 +838,8 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
     const float* bns = bn + s0;
     for (int i = tid; i < BQ * LW; i += THREADS) lists[i] = SENTINEL;
 
-    if constexpr (S == 1 && THREAD_ROWS) {
-        // One thread per row (threads tid < BQ); lists at lists[j * BQ + r], unsorted.
+    if constexpr (S <= THREAD_ROWS) {
+        // One thread per row (threads tid < BQ), its list as `RowList` says.
         constexpr int RS = TF ? 1 : TSTRIDE, CS = TF ? TSC : 1;
         // The rows' candidate buffers follow the key tile (the host allots them).
         unsigned char* buf = (unsigned char*)(work + BQ * (TF ? TSC : TSTRIDE));
@@ -814,7 +856,7 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
             __syncthreads();
             int ncols = (int)min((long long)BB, len - b0);
             if (mine)
-                fold_tile_thread<RS, CS>(work, lists, buf, r, q, ncols,
+                fold_tile_thread<RS, CS, (S >= ROW_HEAP)>(work, lists, buf, r, q, ncols,
                                          id_base + (u32)(s0 + step * b0), (u32)step, skip, Ws, g,
                                          gthr, trunc, L);
             __syncthreads();  // the key tile becomes staging again
@@ -823,10 +865,24 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
         for (int r2 = warp; r2 < BQ; r2 += THREADS / 32) {
             long long q2 = q0 + r2;
             if (q2 >= nq) break;
-            u64 v = warp_sort(lane < Ws ? lists[lane * BQ + r2] : SENTINEL, lane);
+            u64 e[S];
+            if constexpr (S == 1) {
+                e[0] = warp_sort(lane < Ws ? lists[lane * BQ + r2] : SENTINEL, lane);
+            } else {
+#pragma unroll
+                for (int s = 0; s < S; s++) e[s] = SENTINEL;
+#pragma unroll
+                for (int s = 0; s < S; s++) {
+                    int j = s * 32 + lane;
+                    if (s * 32 < Ws) warp_merge<S>(e, j < Ws ? lists[j * BQ + r2] : SENTINEL, Ws, lane);
+                }
+            }
             u64* o = out + (q2 * gridDim.y + blockIdx.y) * (long long)W;
-            for (int i = lane; i < W; i += 32) o[i] = i < 32 ? v : SENTINEL;
-            u64 last = __shfl_sync(0xffffffffu, v, Ws - 1);
+#pragma unroll
+            for (int s = 0; s < S; s++)
+                if (s * 32 + lane < W) o[s * 32 + lane] = e[s];
+            for (int i = 32 * S + lane; i < W; i += 32) o[i] = SENTINEL;
+            u64 last = warp_kth<S>(e, Ws);
             if (trunc && cut && lane == 0 && last != SENTINEL) atomicMin(&cut[q2], last);
         }
         return;
