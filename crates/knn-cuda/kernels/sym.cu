@@ -24,31 +24,13 @@
 // here, column lists by `sym_cut`): the union of a point's lists holds every key below
 // min(its W-th, cut[p]).
 
-// Rows of the key tile each warp gathers column keys of: lane l holds rows l + 32j.
-template <int TS>
-__device__ __forceinline__ void column_group(const float* work, int g, float kv[BQ / 32][4]) {
+// Column c of the key tile for the warp's column fold: lane l holds rows l + 32j (the tile's key
+// of row r, column c at work[r * RS + c * CS]: conflict-free in either layout).
+template <int RS, int CS>
+__device__ __forceinline__ void column_keys(const float* work, int c, float kv[BQ / 32]) {
     int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int j = 0; j < BQ / 32; j++) {
-        const float* row = work + (lane + 32 * j) * TS;
-        if constexpr (TS % 4 == 0) {
-            float4 v = *(const float4*)&row[4 * g];
-            kv[j][0] = v.x;
-            kv[j][1] = v.y;
-            kv[j][2] = v.z;
-            kv[j][3] = v.w;
-        } else {
-#pragma unroll
-            for (int x = 0; x < 4; x++) kv[j][x] = row[g + 32 * x];
-        }
-    }
-}
-
-// Column x of group g: groups are the columns a lane reads with one float4 (4g .. 4g+3) when
-// the tile stride allows it, else the columns g, g+32, g+64, g+96 (conflict-free scalar reads).
-template <int TS>
-__device__ __forceinline__ int group_column(int g, int x) {
-    return TS % 4 == 0 ? 4 * g + x : g + 32 * x;
+    for (int j = 0; j < BQ / 32; j++) kv[j] = work[(lane + 32 * j) * RS + c * CS];
 }
 
 // Point p's list by column of split s.
@@ -60,15 +42,18 @@ template <int KERNEL, int S, bool TF>
 __device__ void sym_topk(const float* __restrict__ P, const float* __restrict__ pn, long long n,
                          int d, int W, int Ws, int nsplit, u64* __restrict__ runs,
                          int* __restrict__ locks, u64* __restrict__ cut) {
-    constexpr int TS = TF ? TS_TF : TSTRIDE;
-    constexpr int TILE_FLOATS = BQ * (TF ? TS_TF : TSTRIDE);
+    // The key tile as the fused kernels' thread-per-row fold reads it (column-major for TF32),
+    // followed by the rows' candidate buffers.
+    constexpr int RS = TF ? 1 : TSTRIDE, CS = TF ? TSC : 1;
+    constexpr int TILE_FLOATS = BQ * (TF ? TS_TF : TSTRIDE + CBUF / 4);
     const int LW = 32 * S;
     extern __shared__ __align__(16) unsigned char smem[];
     u64* lists = (u64*)smem;
     float* work = (float*)(lists + BQ * LW);
+    unsigned char* buf = (unsigned char*)(work + BQ * (TF ? TSC : TSTRIDE));
     u64* scratch = (u64*)(work + TILE_FLOATS);  // a list row per warp, for column folds
     float* colthr = (float*)(scratch + (THREADS / 32) * LW);
-    unsigned* grp = (unsigned*)(colthr + BB);  // per column group: which columns pass
+    unsigned* grp = (unsigned*)(colthr + BB);  // per group of 4 columns: which columns pass
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     long long T = (n + BQ - 1) / BQ;
     long long b = blockIdx.x / nsplit;
@@ -78,6 +63,7 @@ __device__ void sym_topk(const float* __restrict__ P, const float* __restrict__ 
     long long H = (T - 1) / 2 + ((T % 2 == 0 && b < T / 2) ? 1 : 0);
     for (int i = tid; i < BQ * LW; i += THREADS) lists[i] = SENTINEL;
     for (int i = tid; i < (THREADS / 32) * LW; i += THREADS) scratch[i] = SENTINEL;
+    RowList L = {SENTINEL, 0, 0};  // row tid's list (threads tid < nrows)
 
     // Visits start at a different point of the range in each split: blocks (b, s) and
     // (b + 1, s - 1), which run at once, would otherwise want the same partner at every step.
@@ -87,7 +73,7 @@ __device__ void sym_topk(const float* __restrict__ P, const float* __restrict__ 
         long long J = (b + dist) % T;
         long long p0 = J * BB;
         int ncols = (int)min((long long)BB, n - p0);
-        // The partner rows' thresholds (their lists' W-th keys; -inf past n), read before the
+        // The partner rows' thresholds (their lists' Ws-th keys; -inf past n), read before the
         // product hides the latency.
         if (dist != 0 && tid < BB) {
             float t = __int_as_float(0xff800000);
@@ -95,90 +81,94 @@ __device__ void sym_topk(const float* __restrict__ P, const float* __restrict__ 
             colthr[tid] = t;
         }
         if (tid < 32) grp[tid] = 0;
-        keys_to_smem<KERNEL, TF>(P, pn, n, q0, P, pn, n, p0, d, 1, work);
+        keys_to_smem<KERNEL, TF, TF>(P, pn, n, q0, P, pn, n, p0, d, 1, work);
         __syncthreads();
-        fold_tile_rows<S, TS>(work, lists, q0, n, ncols, (u32)p0, 1u, nullptr, true, Ws,
-                              SENTINEL, nullptr, Ws < W);
-        if (dist != 0) {
-            // Column filter: lane l checks its column group l over the warp's 16 rows.
-            float th[4];
+        bool pass = false;
+        if (tid < BQ) {
+            // Rows, one thread each (a point never takes itself).
+            if (tid < nrows)
+                fold_tile_thread<RS, CS, (S >= ROW_HEAP)>(work, lists, buf, tid, q0 + tid, ncols,
+                                                          (u32)p0, 1u, (u32)(q0 + tid), Ws,
+                                                          SENTINEL, nullptr, Ws < W, L);
+        } else if (dist != 0) {
+            // Column filter, one thread per column meanwhile: does any of the tile's rows pass
+            // the partner's threshold? (Columns past n never pass: a NaN key would.)
+            int c = tid - BQ;
+            if (c < ncols) {
+                float th = colthr[c];
+                for (int r = 0; r < nrows && !pass; r += 8) {
 #pragma unroll
-            for (int x = 0; x < 4; x++) th[x] = colthr[group_column<TS>(lane, x)];
-            unsigned mine = 0;
-#pragma unroll
-            for (int i = 0; i < BQ / 8; i++) {
-                int r = warp + 8 * i;
-                if (r < nrows) {
-                    const float* row = work + r * TS;
-                    float v[4];
-                    if constexpr (TS % 4 == 0) {
-                        float4 f = *(const float4*)&row[4 * lane];
-                        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-                    } else {
-#pragma unroll
-                        for (int x = 0; x < 4; x++) v[x] = row[lane + 32 * x];
-                    }
-#pragma unroll
-                    for (int x = 0; x < 4; x++) mine |= !(v[x] > th[x]) ? 1u << x : 0u;
+                    for (int i = 0; i < 8; i++)
+                        pass |= r + i < nrows && !(work[(r + i) * RS + c * CS] > th);
                 }
+                if (pass) atomicOr(&grp[c >> 2], 1u << (c & 3));
             }
-            // Columns past n never pass (a NaN key would pass the comparison).
+        }
+        if (dist != 0 && __syncthreads_or(pass)) {
+            if (tid == 0) {
+                while (atomicCAS(&locks[J * nsplit + s], 0, 1) != 0) __nanosleep(64);
+                __threadfence();
+            }
+            __syncthreads();
+            u64* mine_row = scratch + warp * LW;
+            for (int g = warp; g < 32; g += THREADS / 32) {
+                unsigned gm = grp[g];
+                for (int x = 0; x < 4; x++) {
+                    if (!((gm >> x) & 1u)) continue;
+                    int c = 4 * g + x;
+                    float kv[BQ / 32];
+                    column_keys<RS, CS>(work, c, kv);
+                    u64* pl = col_list(runs, p0 + c, nsplit, s, W);
+                    u64 e[S];
 #pragma unroll
-            for (int x = 0; x < 4; x++)
-                if (group_column<TS>(lane, x) >= ncols) mine &= ~(1u << x);
-            if (mine) atomicOr(&grp[lane], mine);
-            if (__syncthreads_or(mine != 0)) {
-                if (tid == 0) {
-                    while (atomicCAS(&locks[J * nsplit + s], 0, 1) != 0) __nanosleep(64);
-                    __threadfence();
-                }
-                __syncthreads();
-                u64* mine_row = scratch + warp * LW;
-                for (int g = warp; g < 32; g += THREADS / 32) {
-                    unsigned gm = grp[g];
-                    if (!gm) continue;
-                    float kv[BQ / 32][4];
-                    column_group<TS>(work, g, kv);
+                    for (int t = 0; t < S; t++) {
+                        int i = t * 32 + lane;
+                        e[t] = i < W ? __ldcg(&pl[i]) : SENTINEL;
+                    }
+                    u64 cv[BQ / 32];
 #pragma unroll
-                    for (int x = 0; x < 4; x++) {
-                        if (!((gm >> x) & 1u)) continue;
-                        int c = group_column<TS>(g, x);
-                        u64* pl = col_list(runs, p0 + c, nsplit, s, W);
-                        u64 e[S];
+                    for (int j = 0; j < BQ / 32; j++) {
+                        int r = lane + 32 * j;
+                        cv[j] = r < nrows ? composite(kv[j], (u32)(q0 + r)) : SENTINEL;
+                    }
+                    if (fold_row<S>(e, cv, SENTINEL, Ws, lane, mine_row)) {
 #pragma unroll
                         for (int t = 0; t < S; t++) {
                             int i = t * 32 + lane;
-                            e[t] = i < W ? __ldcg(&pl[i]) : SENTINEL;
-                        }
-                        u64 cv[BQ / 32];
-#pragma unroll
-                        for (int j = 0; j < BQ / 32; j++) {
-                            int r = lane + 32 * j;
-                            cv[j] = r < nrows ? composite(kv[j][x], (u32)(q0 + r)) : SENTINEL;
-                        }
-                        if (fold_row<S>(e, cv, SENTINEL, Ws, lane, mine_row)) {
-#pragma unroll
-                            for (int t = 0; t < S; t++) {
-                                int i = t * 32 + lane;
-                                if (i < W) __stcg(&pl[i], e[t]);
-                            }
+                            if (i < W) __stcg(&pl[i], e[t]);
                         }
                     }
                 }
-                __syncthreads();
-                if (tid == 0) {
-                    __threadfence();
-                    atomicExch(&locks[J * nsplit + s], 0);
-                }
+            }
+            __syncthreads();
+            if (tid == 0) {
+                __threadfence();
+                atomicExch(&locks[J * nsplit + s], 0);
             }
         }
         __syncthreads();  // the key tile becomes staging again
     }
+    // Each row's list, sorted by one warp, SENTINEL-padded to W.
     for (int r = warp; r < nrows; r += THREADS / 32) {
+        u64 e[S];
+        if constexpr (S == 1) {
+            e[0] = warp_sort(lane < Ws ? lists[lane * BQ + r] : SENTINEL, lane);
+        } else {
+#pragma unroll
+            for (int t = 0; t < S; t++) e[t] = SENTINEL;
+#pragma unroll
+            for (int t = 0; t < S; t++) {
+                int j = t * 32 + lane;
+                if (t * 32 < Ws) warp_merge<S>(e, j < Ws ? lists[j * BQ + r] : SENTINEL, Ws, lane);
+            }
+        }
         u64* o = runs + ((q0 + r) * 2 * nsplit + s) * (long long)W;
-        for (int i = lane; i < W; i += 32) o[i] = i < LW ? lists[r * LW + i] : SENTINEL;
-        if (Ws < W && lane == 0 && lists[r * LW + Ws - 1] != SENTINEL)
-            atomicMin(&cut[q0 + r], lists[r * LW + Ws - 1]);
+#pragma unroll
+        for (int t = 0; t < S; t++)
+            if (t * 32 + lane < W) o[t * 32 + lane] = e[t];
+        for (int i = 32 * S + lane; i < W; i += 32) o[i] = SENTINEL;
+        u64 last = warp_kth<S>(e, Ws);
+        if (Ws < W && lane == 0 && last != SENTINEL) atomicMin(&cut[q0 + r], last);
     }
 }
 
@@ -195,8 +185,9 @@ extern "C" __global__ void sym_cut(const u64* __restrict__ runs, long long n, in
     cut[p] = c;
 }
 
-// Shared memory: BQ*32*S u64 lists, the key tile (BQ*TS floats), 8 warps' list rows, BB
-// column thresholds and 32 group masks.
+// Shared memory: BQ*32*S u64 lists, the key tile and the rows' candidate buffers (TF32: BQ*TS_TF
+// floats; FP32: BQ*TSTRIDE floats and BQ*CBUF bytes), 8 warps' list rows, BB column thresholds
+// and 32 group masks.
 #define SYM(NAME, K, S, TF)                                                                        \
     extern "C" __global__ void __launch_bounds__(THREADS, (S) == 1 && (TF) ? 2 : 1) NAME(         \
         const float* __restrict__ P, const float* __restrict__ pn, long long n, int d, int W,      \

@@ -340,8 +340,12 @@ fn graph_lists<'g>(
     };
     let f = gpu.func(&name)?;
     let lists = QUERY_TILE * 32 * slots * 8;
-    let smem =
-        lists + if tf { TILE_SMEM_TF32 } else { TILE_SMEM } + lists / 16 + BASE_TILE * 4 + 128;
+    let tile = if tf {
+        TILE_SMEM_TF32
+    } else {
+        TILE_SMEM + ROW_BUF_SMEM
+    };
+    let smem = lists + tile + lists / 16 + BASE_TILE * 4 + 128;
     if smem > gpu.max_smem_optin {
         return Ok(None);
     }
