@@ -7,6 +7,7 @@
 use crate::error::{KnnError, Result};
 use crate::expr::MetricExpr;
 use crate::matrix::{Matrix, MatrixRef};
+use rayon::prelude::*;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -240,7 +241,18 @@ impl Metric {
     pub fn check_domain(&self, what: &str, m: MatrixRef<'_>) -> Result<()> {
         match self {
             Metric::Hellinger => {
-                if let Some(i) = m.as_slice().iter().position(|&v| v < 0.0) {
+                // Block by block, a branch-free test each (it vectorises), then the first
+                // negative value of the first bad block: an early-exit scan of every value
+                // cost ~10 ms on 80 000 × 256.
+                const BLOCK: usize = 1 << 14;
+                let x = m.as_slice();
+                let bad = x
+                    .par_chunks(BLOCK)
+                    .position_first(|c| c.iter().fold(false, |a, &v| a | (v < 0.0)));
+                if let Some(i) = bad.and_then(|b| {
+                    let at = b * BLOCK;
+                    x[at..].iter().position(|&v| v < 0.0).map(|i| at + i)
+                }) {
                     return Err(KnnError::Negative {
                         what: what.into(),
                         row: i / m.dim(),
@@ -299,5 +311,41 @@ impl FromStr for Metric {
                 )))
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The block-wise domain check names the first negative value, in any block.
+    #[test]
+    fn hellinger_domain_names_the_first_negative_value() {
+        let d = 7;
+        let mut v = vec![0.5f32; 9500 * d]; // five blocks of 2^14 values
+        assert!(Metric::Hellinger
+            .check_domain("base", MatrixRef::new("base", &v, d).unwrap())
+            .is_ok());
+        for at in [0, 6, (1 << 14) - 1, 3 * (1 << 14) + 17, v.len() - 1] {
+            let mut w = v.clone();
+            w[at] = -1.0;
+            w[v.len() - 1] = -2.0; // a later one, never the answer unless `at` is it
+            let err = Metric::Hellinger
+                .check_domain("base", MatrixRef::new("base", &w, d).unwrap())
+                .unwrap_err();
+            match err {
+                KnnError::Negative {
+                    row, col, value, ..
+                } => {
+                    assert_eq!((row, col), (at / d, at % d), "at {at}");
+                    assert_eq!(value, if at == v.len() - 1 { -2.0 } else { -1.0 });
+                }
+                e => panic!("{e}"),
+            }
+        }
+        v[5] = -0.0; // not negative
+        assert!(Metric::Hellinger
+            .check_domain("base", MatrixRef::new("base", &v, d).unwrap())
+            .is_ok());
     }
 }
