@@ -119,6 +119,11 @@ __device__ __forceinline__ float tf32_round(float x) {
     return __uint_as_float(r);
 }
 
+template <bool PRE>
+__device__ __forceinline__ float tf32_pre(float x) {
+    return PRE ? x : tf32_round(x);
+}
+
 __device__ __forceinline__ void mma_tf32(float c[4], const u32 a[4], const u32 b[2]) {
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
@@ -243,6 +248,9 @@ __device__ __forceinline__ void issue_stage_as(const float* __restrict__ Q, long
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
+// PRE: Q and B already hold TF32 values (rounded once, by `round_tf32`), so the fragments are
+// taken as they are (the same bits as rounding them here).
+template <bool PRE = false>
 __device__ __forceinline__ void tile_compute_tf_async(const float* __restrict__ Q, long long nq,
                                                       long long q0, const float* __restrict__ B,
                                                       long long nb, long long b0, int d,
@@ -278,16 +286,16 @@ __device__ __forceinline__ void tile_compute_tf_async(const float* __restrict__ 
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const float* p = Bs + (bc + 8 * j) * SROW_AS + kk + t;
-                bf[j][0] = __float_as_uint(tf32_round(p[0]));
-                bf[j][1] = __float_as_uint(tf32_round(p[4]));
+                bf[j][0] = __float_as_uint(tf32_pre<PRE>(p[0]));
+                bf[j][1] = __float_as_uint(tf32_pre<PRE>(p[4]));
             }
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const float* p = As + (qr + 16 * i) * SROW_AS + kk + t;
-                u32 af[4] = {__float_as_uint(tf32_round(p[0])),
-                             __float_as_uint(tf32_round(p[8 * SROW_AS])),
-                             __float_as_uint(tf32_round(p[4])),
-                             __float_as_uint(tf32_round(p[8 * SROW_AS + 4]))};
+                u32 af[4] = {__float_as_uint(tf32_pre<PRE>(p[0])),
+                             __float_as_uint(tf32_pre<PRE>(p[8 * SROW_AS])),
+                             __float_as_uint(tf32_pre<PRE>(p[4])),
+                             __float_as_uint(tf32_pre<PRE>(p[8 * SROW_AS + 4]))};
 #pragma unroll
                 for (int j = 0; j < 4; j++) mma_tf32(acc[i][j], af, bf[j]);
             }
@@ -301,7 +309,7 @@ __device__ __forceinline__ void tile_compute_tf_async(const float* __restrict__ 
 // With CM (TF only), the tile is stored column-major instead, work[col * TSC + row]: the scalar
 // stores are conflict-free, and so are the thread-per-row reads of `fold_tile_thread`.
 #define TSC 132
-template <int KERNEL, bool TF, bool CM = false>
+template <int KERNEL, bool TF, bool CM = false, bool PRE = false>
 __device__ __forceinline__ void keys_to_smem(const float* __restrict__ Q,
                                              const float* __restrict__ qn, long long nq,
                                              long long q0, const float* __restrict__ B,
@@ -312,7 +320,7 @@ __device__ __forceinline__ void keys_to_smem(const float* __restrict__ Q,
     if constexpr (TF) {
         float acc[4][4][4];
         if (TF_ASYNC && (d & 3) == 0 && ((((unsigned long long)Q) | ((unsigned long long)B)) & 15) == 0)
-            tile_compute_tf_async(Q, nq, q0, B, nb, b0, d, ldb, work, acc);
+            tile_compute_tf_async<PRE>(Q, nq, q0, B, nb, b0, d, ldb, work, acc);
         else
             tile_compute_tf(Q, nq, q0, B, nb, b0, d, ldb, work, acc);
         int lane = tid & 31, warp = tid >> 5;

@@ -207,3 +207,275 @@ SYM(sym_l1_w128, KERNEL_L1, 4, false)
 SYM(sym_linf_w32, KERNEL_LINF, 1, false)
 SYM(sym_linf_w64, KERNEL_LINF, 2, false)
 SYM(sym_linf_w128, KERNEL_LINF, 4, false)
+
+// ---- Collect form (TF32 GEMM kernels): no lists while the pairs are met ----
+// The fold above spends its time in insertions (each of a point's lists meets its candidates
+// one by one, under locks for the columns). Here every point p first gets a threshold hi[p]
+// from a sample of the points (`*_thr`); then each unordered pair's key is computed once (the
+// schedule above) and appended to the buffer of each of its two points whose threshold it does
+// not exceed, through a queue in shared memory; then a warp per point sorts its buffer
+// (`sym_collect_finish`). Appends are rare (about r·q of n per point), so the pass costs about
+// the product. Whatever the data, the result is sound: a point's buffer holds every key at
+// most hi[p] unless it overflowed, and `cut` says what its list may miss.
+
+#define NEG_INF __int_as_float(0xff800000)
+#define POS_INF __int_as_float(0x7f800000)
+
+// Copies x (len floats) rounded to nearest TF32 values: the collect kernels' product then
+// takes its fragments as they are (`tile_compute_tf_async<true>`), the same bits as rounding
+// each fragment where it is loaded, without the conversions in the product's loop.
+extern "C" __global__ void round_tf32(const float* __restrict__ x, long long len,
+                                      float* __restrict__ out) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (; i < len; i += stride) out[i] = tf32_round(x[i]);
+}
+
+// hi[p] = the r-th smallest key of point p (< n) against the sample points m·q (m < S, m·q ≠ p),
+// +inf when there are fewer. One block per tile of BQ points; thread (half, row) keeps the r
+// smallest keys of its row against the tile's columns of that half, unsorted in shared memory
+// (the largest is its threshold); the two halves' lists are joined at the end. P̃: the points
+// rounded to TF32. Shared memory: BQ·TS_TF floats (staging, then the key tile), 2·r·BQ floats.
+template <int KERNEL>
+__device__ void sample_thresholds(const float* __restrict__ Pt, const float* __restrict__ pn,
+                                  long long n, int d, int q, long long S, int r,
+                                  float* __restrict__ hi) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* work = (float*)smem;
+    int tid = threadIdx.x, row = tid & (BQ - 1), half = tid >> 7;
+    float* kept = work + BQ * TS_TF + half * r * BQ + row;  // kept[j * BQ], j < r
+    long long q0 = (long long)blockIdx.x * BQ, p = q0 + row;
+    bool mine = p < n;
+    float thr = POS_INF;
+    int arg = 0;
+    for (int j = 0; j < r; j++) kept[j * BQ] = POS_INF;
+    for (long long m0 = 0; m0 < S; m0 += BB) {
+        keys_to_smem<KERNEL, true, true, true>(Pt, pn, n, q0, Pt, pn, S, m0, d, q, work);
+        __syncthreads();
+        if (mine) {
+            int c0 = half * (BB / 2), c1 = (int)min((long long)c0 + BB / 2, S - m0);
+            for (int c = c0; c < c1; c++) {
+                float k = work[c * TSC + row];
+                if (k < thr && (m0 + c) * q != p) {
+                    kept[arg * BQ] = k;
+                    thr = kept[0];
+                    arg = 0;
+                    for (int j = 1; j < r; j++) {
+                        float v = kept[j * BQ];
+                        if (v > thr) {
+                            thr = v;
+                            arg = j;
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();  // the key tile becomes staging again
+    }
+    if (mine && half == 0) {
+        // The r-th smallest of both halves' 2r keys: the v with #(< v) < r ≤ #(≤ v).
+        float best = POS_INF;
+        for (int a = 0; a < 2 * r; a++) {
+            float v = kept[a * BQ];  // half 1's list follows half 0's
+            int lt = 0, le = 0;
+            for (int j = 0; j < 2 * r; j++) {
+                float u = kept[j * BQ];
+                lt += u < v;
+                le += u <= v;
+            }
+            if (lt < r && r <= le) best = v;
+        }
+        hi[p] = best;
+    }
+}
+
+// Appends composite c to point p's buffer (cap slots; the count goes on past cap, so that an
+// overflow is seen). Not inlined: the queue's overflow path, rarely taken.
+__device__ __noinline__ void collect(u32* __restrict__ cnt, u64* __restrict__ buf, int cap,
+                                     long long p, u64 c) {
+    u32 slot = atomicAdd(&cnt[p], 1u);
+    if (slot < (u32)cap) buf[p * cap + slot] = c;
+}
+
+// The block's queue of appends in shared memory: taking a slot is a shared atomic (the global
+// ones, whose round trips would stall the product's warps, wait for `flush`).
+#ifndef COLLECT_QUEUE
+#define COLLECT_QUEUE 2048
+#endif
+struct Queue {
+    u64* comp;
+    u32* point;
+    int* count;
+};
+
+__device__ __forceinline__ void push(Queue q, u32* __restrict__ cnt, u64* __restrict__ buf,
+                                     int cap, long long p, u64 c) {
+    int s = atomicAdd(q.count, 1);
+    if (s < COLLECT_QUEUE) {
+        q.comp[s] = c;
+        q.point[s] = (u32)p;
+    } else {
+        collect(cnt, buf, cap, p, c);
+    }
+}
+
+// Moves the queue into the buffers (all threads; the caller syncs before and after). Four
+// appends per thread and step, so that their atomics' round trips overlap.
+__device__ __forceinline__ void flush(Queue q, u32* __restrict__ cnt, u64* __restrict__ buf,
+                                      int cap) {
+    int m = min(*q.count, COLLECT_QUEUE);
+    for (int i0 = threadIdx.x; i0 < m; i0 += 4 * THREADS) {
+        u32 slot[4], pt[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = i0 + u * THREADS;
+            pt[u] = i < m ? q.point[i] : 0u;
+            slot[u] = i < m ? atomicAdd(&cnt[pt[u]], 1u) : (u32)cap;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (slot[u] < (u32)cap) buf[(long long)pt[u] * cap + slot[u]] = q.comp[i0 + u * THREADS];
+    }
+}
+
+// Every unordered pair {i, j} of the n points once (tile b meets tiles b + dist, dist = s,
+// s + nsplit, ... ≤ H_b, as `sym_topk`), its key appended to i's buffer when ≤ hi[i] and to
+// j's when ≤ hi[j]; a diagonal tile's pairs i ≠ j by row only. P̃: the points rounded to TF32
+// (d % 4 == 0, 16-byte aligned: the staging is cp.async's). Shared memory: the staging and key
+// tile (BQ · TS_TF floats), the rows' and columns' thresholds (2 · BQ floats), the queue
+// (COLLECT_QUEUE u64 and u32) and its count.
+template <int KERNEL>
+__device__ void collect_pairs(const float* __restrict__ Pt, const float* __restrict__ pn,
+                              long long n, int d, int nsplit, const float* __restrict__ hi,
+                              u32* __restrict__ cnt, int cap, u64* __restrict__ buf) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* work = (float*)smem;
+    float* rh = work + BQ * TS_TF;  // after the staging and key tile
+    float* ch = rh + BQ;
+    Queue queue = {(u64*)(ch + BB), nullptr, nullptr};
+    queue.point = (u32*)(queue.comp + COLLECT_QUEUE);
+    queue.count = (int*)(queue.point + COLLECT_QUEUE);
+    int tid = threadIdx.x;
+    long long T = (n + BQ - 1) / BQ;
+    long long b = blockIdx.x / nsplit;
+    int s = blockIdx.x % nsplit;
+    long long q0 = b * BQ;
+    long long H = (T - 1) / 2 + ((T % 2 == 0 && b < T / 2) ? 1 : 0);
+    if (tid < BQ) {
+        bool ok = q0 + tid < n;
+        rh[tid] = ok ? hi[q0 + tid] : NEG_INF;  // rows past n take nothing
+    }
+    if (tid == 0) *queue.count = 0;
+    for (long long dist = s; dist <= H; dist += nsplit) {
+        long long J = (b + dist) % T, p0 = J * BB;
+        if (tid >= BQ) {
+            int c = tid - BQ;
+            bool ok = p0 + c < n;
+            ch[c] = ok ? hi[p0 + c] : NEG_INF;  // columns past n take nothing
+        }
+        // The key tile (column-major), then a thread per row and half of the columns.
+        keys_to_smem<KERNEL, true, true, true>(Pt, pn, n, q0, Pt, pn, n, p0, d, 1, work);
+        __syncthreads();
+        {
+            int row = tid & (BQ - 1), c0 = (tid >> 7) * (BB / 2);
+            float tr = rh[row];
+            bool live = q0 + row < n;
+            for (int c = c0; c < c0 + BB / 2; c++) {
+                float key = work[c * TSC + row];
+                // Rows and columns past n have -inf thresholds and give nothing.
+                if (key <= tr && p0 + c < n && (dist != 0 || row != c))
+                    push(queue, cnt, buf, cap, q0 + row, composite(key, (u32)(p0 + c)));
+                if (dist != 0 && key <= ch[c] && live)
+                    push(queue, cnt, buf, cap, p0 + c, composite(key, (u32)(q0 + row)));
+            }
+        }
+        __syncthreads();  // the staging, the column values and the queue's count are taken again
+        // Flushed when half full (a tile adds about 2·BQ·BB·r·q/n: ~130 at n = 80 000).
+        if (*queue.count >= COLLECT_QUEUE / 2 || dist + nsplit > H) {
+            flush(queue, cnt, buf, cap);
+            __syncthreads();
+            if (tid == 0) *queue.count = 0;
+        }
+    }
+}
+
+// Sorts x[0..len) (len a power of two ≥ 32) ascending, by the calling warp.
+__device__ __forceinline__ void warp_bitonic(u64* x, int len, int lane) {
+    for (int size = 2; size <= len; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int u = lane; u < len / 2; u += 32) {
+                int lo = 2 * u - (u & (stride - 1)), up = lo + stride;
+                u64 a = x[lo], v = x[up];
+                if ((a > v) == ((lo & size) == 0)) {
+                    x[lo] = v;
+                    x[up] = a;
+                }
+            }
+            __syncwarp();
+        }
+}
+
+// Point p's list (blockDim.x / 32 points per block, one warp each): the W smallest of its
+// buffer, sorted (a bitonic sort in shared memory, cap u64 per warp), SENTINEL-padded; and
+// cut[p], a lower bound of every composite the list misses: none (SENTINEL) when the buffer
+// held every key ≤ hi[p] and at least W of them, (hi[p], NO_ID) when it held fewer (a key it
+// missed is above hi[p], or NaN), (-inf, 0) (nothing proven; the pipeline retries the point)
+// when it overflowed.
+extern "C" __global__ void sym_collect_finish(const u64* __restrict__ buf,
+                                              const u32* __restrict__ cnt, int cap, long long n,
+                                              int W, const float* __restrict__ hi,
+                                              u64* __restrict__ lists, u64* __restrict__ cut) {
+    extern __shared__ u64 sorted[];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    long long p = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
+    if (p >= n) return;
+    u64* x = sorted + (long long)warp * cap;
+    u32 c = cnt[p];
+    int m = (int)min(c, (u32)cap);
+    int len = 32;
+    while (len < m) len <<= 1;
+    for (int i = lane; i < len; i += 32) x[i] = i < m ? buf[p * cap + i] : SENTINEL;
+    __syncwarp();
+    warp_bitonic(x, len, lane);
+    // Fewer than W (rare): the list is filled up with other points at key +inf, so that every
+    // slot holds a real point for the exact keys (their TF32 keys are unknown; +inf keeps the
+    // W-th key from bounding anything, and the cut below gives the floor).
+    int want = (int)min((long long)W, n - 1);
+    if (m < want) {
+        if (lane == 0) {
+            int f = m;
+            for (long long id = (p + 1) % n; f < want; id = (id + 1) % n) {
+                bool taken = id == p;
+                for (int j = 0; j < m && !taken; j++) taken = (u32)x[j] == (u32)id;
+                if (!taken) x[f++] = composite(POS_INF, (u32)id);
+            }
+        }
+        __syncwarp();
+        while (len < want) {
+            for (int i = len + lane; i < 2 * len; i += 32) x[i] = i < want ? x[i] : SENTINEL;
+            len <<= 1;
+        }
+        warp_bitonic(x, len, lane);
+        m = want;
+    }
+    for (int i = lane; i < W; i += 32) lists[p * W + i] = i < m ? x[i] : SENTINEL;
+    if (lane == 0) {
+        float h = hi[p];
+        cut[p] = c > (u32)cap ? composite(NEG_INF, 0u) : c >= (u32)W ? SENTINEL : composite(h, NO_ID);
+    }
+}
+
+#define COLLECT(NAME, K)                                                                           \
+    extern "C" __global__ void __launch_bounds__(THREADS, 2) NAME##_thr(                          \
+        const float* __restrict__ Pt, const float* __restrict__ pn, long long n, int d, int q,     \
+        long long S, int r, float* __restrict__ hi) {                                              \
+        sample_thresholds<K>(Pt, pn, n, d, q, S, r, hi);                                           \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(THREADS, 2) NAME(                                \
+        const float* __restrict__ Pt, const float* __restrict__ pn, long long n, int d,            \
+        int nsplit, const float* __restrict__ hi, u32* __restrict__ cnt, int cap,                  \
+        u64* __restrict__ buf) {                                                                   \
+        collect_pairs<K>(Pt, pn, n, d, nsplit, hi, cnt, cap, buf);                                 \
+    }
+COLLECT(sym_collect_tf32_sql2, KERNEL_SQL2)
+COLLECT(sym_collect_tf32_negdot, KERNEL_NEGDOT)

@@ -439,12 +439,15 @@ fn kernel_names(src: &str) -> Vec<String> {
     for line in src.lines() {
         let l = line.trim_start();
         for mac in [
-            "FUSED(", "TILE(", "DIST(", "FILTER(", "MERGE(", "GRIDQ(", "SYM(",
+            "FUSED(", "TILE(", "DIST(", "FILTER(", "MERGE(", "GRIDQ(", "SYM(", "COLLECT(",
         ] {
             if let Some(rest) = l.strip_prefix(mac) {
                 if let Some(n) = rest.split(',').next() {
                     if n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !n.is_empty() {
                         names.push(n.to_string());
+                        if mac == "COLLECT(" {
+                            names.push(format!("{n}_thr"));
+                        }
                     }
                 }
             }
@@ -710,7 +713,7 @@ mod tests {
             .expect("symmetric kernels compile")
             .to_src();
         let names = kernel_names(SYM);
-        assert_eq!(names.len(), 13, "{names:?}");
+        assert_eq!(names.len(), 19, "{names:?}");
         for n in names {
             assert!(text.contains(&format!(".entry {n}(")), "{n} missing");
         }

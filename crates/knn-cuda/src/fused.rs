@@ -307,6 +307,14 @@ fn graph_lists<'g>(
         return Ok(slot.as_ref().map(|g| (g, 0.0)));
     }
     *slot = None;
+    let fold = std::env::var("KNN_CUDA_SYM").is_ok_and(|v| v == "fold"); // A/B only
+                                                                         // The collect form stages by cp.async: rows of a multiple of 4 floats.
+    if tf && !fold && d % 4 == 0 {
+        if let Some((lists, ms)) = collected_lists(gpu, (n, d, w), tag, (b, bn), budget)? {
+            *slot = Some(GraphLists { key, ..lists });
+            return Ok(slot.as_ref().map(|g| (g, ms)));
+        }
+    }
     let tiles = n.div_ceil(QUERY_TILE);
     // Partner tiles per tile, its own included.
     let partners = (tiles - 1) / 2 + 1;
@@ -362,15 +370,7 @@ fn graph_lists<'g>(
         .map_err(dev_err("allocating device memory"))?;
     let cut = gpu.alloc::<u64>(n)?;
     gpu.fill_u64(gpu.ptr(&cut), n, SENTINEL)?;
-    let event = || {
-        gpu.ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .ok()
-    };
-    let t0 = event();
-    if let Some(e) = &t0 {
-        e.record(&gpu.stream).map_err(dev_err("event"))?;
-    }
+    let timer = KernelTimer::start(gpu)?;
     let (n64, d32, w32, ws32, ns32) = (n as i64, d as i32, w as i32, ws as i32, nsplit as i32);
     let (pr, pl, pc) = (gpu.ptr(&runs), gpu.ptr(&locks), gpu.ptr(&cut));
     let mut l = gpu.stream.launch_builder(f);
@@ -415,17 +415,7 @@ fn graph_lists<'g>(
         .map_err(dev_err("sym_cut"))?;
     }
     let merged = merge_runs(gpu, n, w, 32 * list_slots(w), (pr, 2 * nsplit), 0)?;
-    let ms = match (t0, event()) {
-        (Some(t0), Some(t1)) => {
-            t1.record(&gpu.stream).map_err(dev_err("event"))?;
-            t1.synchronize().map_err(dev_err("event"))?;
-            t0.elapsed_ms(&t1).unwrap_or(0.0)
-        }
-        _ => {
-            gpu.sync()?;
-            0.0
-        }
-    };
+    let (ms, _) = timer.stop(gpu, "")?;
     if std::env::var_os("KNN_PROFILE").is_some() {
         eprintln!(
             "cuda symmetric graph: {n} rows, {tiles} tiles, {nsplit} splits keeping {ws} of \
@@ -440,6 +430,286 @@ fn graph_lists<'g>(
         cut,
     });
     Ok(slot.as_ref().map(|g| (g, ms)))
+}
+
+/// How the collect form (`kernels/sym.cu`, TF32 GEMM kernels) keeps a graph's candidates:
+/// each point's threshold is the `r`-th smallest of its keys to the sample of every `stride`-th
+/// point (none: every point keeps every other), and its buffer holds `cap` keys.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct CollectPlan {
+    stride: usize,
+    r: usize,
+    cap: usize,
+}
+
+/// Sample stride of the collect form: the sample's pass costs about 2/stride of the pairs'.
+const COLLECT_STRIDE: usize = 12;
+/// Graphs of at most this many points + 1 keep every pair (no sample).
+const COLLECT_ALL: usize = 1024;
+
+impl CollectPlan {
+    /// For `n` points and lists `w` wide. A point's w nearest hold about λ = w / stride sample
+    /// points (Poisson), so the r-th smallest sample key bounds its w-th key unless r of them
+    /// are sample points: r = ⌈λ + 4√λ + 3⌉ makes that rare (≈ 1e-5 at w = 128, and such a
+    /// point keeps fewer than w, with a `cut` that usually still proves it). About r·stride
+    /// keys (Gamma-like, sd √r·stride) pass the threshold; `cap` leaves 8 sd above that.
+    fn new(n: usize, w: usize) -> Self {
+        // Tests and measurements: `KNN_CUDA_COLLECT=stride,r,cap` (cap a power of two, raised
+        // to 2w; any plan gives the same graph, only the retries differ).
+        if let Some(p) = std::env::var("KNN_CUDA_COLLECT").ok().and_then(|v| {
+            let f: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+            (f.len() == 3 && f[0] >= 1 && f[1] >= 1 && f[2].is_power_of_two() && f[2] >= 32).then(
+                || CollectPlan {
+                    stride: f[0],
+                    r: f[1].min(64),
+                    cap: f[2].max((2 * w).next_power_of_two()),
+                },
+            )
+        }) {
+            return p;
+        }
+        if n <= COLLECT_ALL + 1 {
+            return CollectPlan {
+                stride: 0,
+                r: 0,
+                cap: n.saturating_sub(1).next_power_of_two().max(32),
+            };
+        }
+        let stride = COLLECT_STRIDE;
+        let lambda = w as f64 / stride as f64;
+        let r = (lambda + 4.0 * lambda.sqrt() + 3.0).ceil() as usize;
+        let spread = 8.0 * (r as f64).sqrt() * stride as f64;
+        let cap = ((r * stride) as f64 + spread).ceil() as usize;
+        CollectPlan {
+            stride,
+            r,
+            cap: cap.next_power_of_two().max(2 * w).max(32),
+        }
+    }
+}
+
+/// Every point's lists of a graph in the collect form (see `kernels/sym.cu`): thresholds from
+/// the sample, each unordered pair's key once into the buffers of the points it does not
+/// exceed, then each buffer sorted. `None` when its buffers do not fit half the `budget`.
+/// Returns the lists (`key` left 0) and their device time.
+fn collected_lists(
+    gpu: &Gpu,
+    (n, d, w): (usize, usize, usize),
+    tag: &str,
+    (b, bn): (u64, u64),
+    budget: usize,
+) -> Result<Option<(GraphLists, f32)>> {
+    let plan = CollectPlan::new(n, w);
+    let CollectPlan { stride, r, cap } = plan;
+    if n * ((cap + w + 2) * 8 + d * 4) > budget / 2 {
+        return Ok(None);
+    }
+    let name = format!("sym_collect_tf32_{tag}");
+    let tiles = n.div_ceil(QUERY_TILE);
+    let partners = (tiles - 1) / 2 + 1;
+    let nsplit = partners.min(8);
+    let (n64, d32) = (n as i64, d as i32);
+    let mut timer = KernelTimer::start(gpu)?;
+    let profile = std::env::var_os("KNN_PROFILE").is_some();
+    // The points rounded to TF32 once (the product's fragments are then taken as they are).
+    let rounded = gpu.alloc::<f32>(n * d)?;
+    let pt = gpu.ptr(&rounded);
+    {
+        let f = gpu.func("round_tf32")?;
+        let len = (n * d) as i64;
+        let mut l = gpu.stream.launch_builder(f);
+        l.arg(&b).arg(&len).arg(&pt);
+        // SAFETY: b and rounded hold n×d floats.
+        unsafe {
+            l.launch(LaunchConfig {
+                grid_dim: (((n * d).div_ceil(256)).min(gpu.sm_count * 16) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(dev_err("round_tf32"))?;
+    }
+    let hi = if stride == 0 {
+        gpu.upload(&vec![f32::INFINITY; n])?
+    } else {
+        let hi = gpu.alloc::<f32>(n)?;
+        let f = gpu.func(&format!("{name}_thr"))?;
+        let smem = TILE_SMEM_TF32 + 2 * r * QUERY_TILE * 4;
+        blocks_per_sm(f, smem)?;
+        let (q32, s64, r32, ph) = (
+            stride as i32,
+            n.div_ceil(stride) as i64,
+            r as i32,
+            gpu.ptr(&hi),
+        );
+        let mut l = gpu.stream.launch_builder(f);
+        l.arg(&pt)
+            .arg(&bn)
+            .arg(&n64)
+            .arg(&d32)
+            .arg(&q32)
+            .arg(&s64)
+            .arg(&r32)
+            .arg(&ph);
+        // SAFETY: pt holds n×d floats and bn n, hi n; the sample rows m·stride < n; the shared
+        // memory is the key tile and 2·r keys per row.
+        unsafe {
+            l.launch(LaunchConfig {
+                grid_dim: (tiles as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: smem as u32,
+            })
+        }
+        .map_err(dev_err(&name))?;
+        hi
+    };
+    timer.mark(gpu, "thresholds", profile)?;
+    let cnt = gpu
+        .stream
+        .alloc_zeros::<u32>(n)
+        .map_err(dev_err("allocating device memory"))?;
+    let buf = gpu.alloc::<u64>(n * cap)?;
+    let (ph, pc, pb, cap32) = (gpu.ptr(&hi), gpu.ptr(&cnt), gpu.ptr(&buf), cap as i32);
+    let f = gpu.func(&name)?;
+    let smem = COLLECT_SMEM;
+    blocks_per_sm(f, smem)?;
+    let ns32 = nsplit as i32;
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&pt)
+        .arg(&bn)
+        .arg(&n64)
+        .arg(&d32)
+        .arg(&ns32)
+        .arg(&ph)
+        .arg(&pc)
+        .arg(&cap32)
+        .arg(&pb);
+    // SAFETY: pt holds n×d floats, bn, hi and cnt n, buf n×cap; the shared memory is laid
+    // out as `COLLECT_SMEM` says.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid_dim: ((tiles * nsplit) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: smem as u32,
+        })
+    }
+    .map_err(dev_err(&name))?;
+    timer.mark(gpu, "pairs", profile)?;
+    let lists = gpu.alloc::<u64>(n * w)?;
+    let cut = gpu.alloc::<u64>(n)?;
+    let f = gpu.func("sym_collect_finish")?;
+    let smem = FINISH_WARPS * cap * 8;
+    if smem > gpu.max_smem_optin {
+        return Err(KnnError::Device(format!(
+            "collect buffers of {cap} do not fit shared memory"
+        )));
+    }
+    blocks_per_sm(f, smem)?;
+    let (w32, pl, pcut) = (w as i32, gpu.ptr(&lists), gpu.ptr(&cut));
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&pb)
+        .arg(&pc)
+        .arg(&cap32)
+        .arg(&n64)
+        .arg(&w32)
+        .arg(&ph)
+        .arg(&pl)
+        .arg(&pcut);
+    // SAFETY: buf n×cap, cnt and hi n, lists n×w, cut n; cap u64 of shared memory per warp.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid_dim: (n.div_ceil(FINISH_WARPS) as u32, 1, 1),
+            block_dim: (32 * FINISH_WARPS as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        })
+    }
+    .map_err(dev_err("sym_collect_finish"))?;
+    let (ms, parts) = timer.stop(gpu, "sort")?;
+    if profile {
+        let over = count_over(gpu, &cnt, cap)?;
+        eprintln!(
+            "cuda symmetric graph (collect): {n} rows, {tiles} tiles, {nsplit} splits, {plan:?}, \
+             {over} buffers overflowed, {ms:.2} ms: {parts}"
+        );
+    }
+    let lists = GraphLists {
+        key: 0,
+        width: w,
+        kernel: format!("{name}_w{w}"),
+        lists,
+        cut,
+    };
+    Ok(Some((lists, ms)))
+}
+
+/// Appends queued in shared memory per block of the collect kernel (`COLLECT_QUEUE`).
+const COLLECT_QUEUE: usize = 2048;
+/// Shared memory of the collect kernel: the staging and key tile, 2 × 128 floats, the queue (a
+/// composite and a point per entry) and its count.
+const COLLECT_SMEM: usize = TILE_SMEM_TF32 + 2 * 128 * 4 + COLLECT_QUEUE * 12 + 16;
+/// Points (warps) per block of `sym_collect_finish`.
+const FINISH_WARPS: usize = 4;
+
+/// Buffers of the collect form that overflowed (profiling only: a download).
+fn count_over(gpu: &Gpu, cnt: &CudaSlice<u32>, cap: usize) -> Result<usize> {
+    let c = gpu.download(cnt, cnt.len())?;
+    Ok(c.iter().filter(|&&x| x as usize > cap).count())
+}
+
+/// Device time between its start and [`KernelTimer::stop`] (CUDA events; 0 after a plain
+/// sync when events are not available), with the parts between its marks.
+struct KernelTimer {
+    start: Option<cudarc::driver::CudaEvent>,
+    marks: Vec<(&'static str, cudarc::driver::CudaEvent)>,
+}
+
+impl KernelTimer {
+    fn event(gpu: &Gpu) -> Result<Option<cudarc::driver::CudaEvent>> {
+        let e = gpu
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .ok();
+        if let Some(e) = &e {
+            e.record(&gpu.stream).map_err(dev_err("event"))?;
+        }
+        Ok(e)
+    }
+
+    fn start(gpu: &Gpu) -> Result<Self> {
+        Ok(KernelTimer {
+            start: Self::event(gpu)?,
+            marks: Vec::new(),
+        })
+    }
+
+    /// Ends the part `what` here (when `on`: profiling).
+    fn mark(&mut self, gpu: &Gpu, what: &'static str, on: bool) -> Result<()> {
+        if let (true, Some(e)) = (on, Self::event(gpu)?) {
+            self.marks.push((what, e));
+        }
+        Ok(())
+    }
+
+    /// The total ms and "part ms, ..." of the marked parts (the rest is `last`).
+    fn stop(self, gpu: &Gpu, last: &str) -> Result<(f32, String)> {
+        let (Some(t0), Some(t1)) = (self.start, Self::event(gpu)?) else {
+            gpu.sync()?;
+            return Ok((0.0, String::new()));
+        };
+        t1.synchronize().map_err(dev_err("event"))?;
+        let ms = |e: &cudarc::driver::CudaEvent| t0.elapsed_ms(e).unwrap_or(0.0);
+        let mut parts = String::new();
+        let mut at = 0.0;
+        for (what, e) in &self.marks {
+            parts += &format!("{what} {:.2}, ", ms(e) - at);
+            at = ms(e);
+        }
+        let total = ms(&t1);
+        if !self.marks.is_empty() {
+            parts += &format!("{last} {:.2}", total - at);
+        }
+        Ok((total, parts))
+    }
 }
 
 /// Whether `exclude` excludes from each query its own row `at + i` of the base.

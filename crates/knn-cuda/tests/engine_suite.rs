@@ -202,6 +202,24 @@ fn symmetric_graphs() {
             graphs += 1;
         }
     }
+    // The collect form (TF32 kernels) under plans that go wrong on purpose: a threshold that
+    // keeps fewer than the width (the lists' cut must then prove or retry the rows), and
+    // buffers that overflow (every row retried). The same graphs either way.
+    let wide = uniform(7001, 24, 5);
+    for plan in ["12,2,1024", "3,40,32"] {
+        std::env::set_var("KNN_CUDA_COLLECT", plan);
+        for (metric, k) in [
+            (Metric::SqL2, 30),
+            (Metric::Hellinger, 100),
+            (Metric::Cosine, 5),
+        ] {
+            eprintln!("symmetric graph, collect plan {plan}, {metric} k={k}");
+            same_as_cpu(&e, &wide, None, k, &metric);
+            same_as_cpu(&e, &runs, None, k, &metric);
+            graphs += 2;
+        }
+        std::env::remove_var("KNN_CUDA_COLLECT");
+    }
     let made = e.symmetric_graphs();
     eprintln!("{made} of {graphs} graphs made symmetrically");
     // Every first try but those the pipeline asks precise at once (adaptive) or that go past the
