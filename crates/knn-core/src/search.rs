@@ -338,6 +338,11 @@ struct Rerank<'m, 'x> {
     /// Per-base values that make the exact keys cheaper (see [`BaseAux`]), taken on the first
     /// row that needs them: none when the engine gives every exact key.
     aux: &'x OnceLock<Option<BaseAux>>,
+    /// Whether this call's rows are many enough to pay for `aux` (a pass over the whole base)
+    /// when it is not made yet: the few rows a first try left unproven are re-ranked pair by
+    /// pair instead (making Hellinger's roots of 80 000 × 256 values for two such rows, and
+    /// freeing them, took ~30 ms of a 75 ms GPU graph).
+    aux_pays: bool,
     /// The queries are the base rows (a graph): a query's values are its base row's.
     self_join: bool,
     /// Queries of the exact space (read only when the engine gives no exact keys).
@@ -350,9 +355,12 @@ struct Rerank<'m, 'x> {
 
 impl Rerank<'_, '_> {
     fn aux(&self) -> Option<&BaseAux> {
-        self.aux
-            .get_or_init(|| BaseAux::new(self.metric, self.xb))
-            .as_ref()
+        if self.aux_pays {
+            self.aux.get_or_init(|| BaseAux::new(self.metric, self.xb))
+        } else {
+            self.aux.get()?
+        }
+        .as_ref()
     }
 
     /// Re-ranks the row of query `qi` exactly into `ids_out` / `dists_out` (`k` each) and returns `true`
@@ -662,6 +670,9 @@ impl Run<'_> {
                 metric: self.metric,
                 xb: self.xb,
                 aux: &self.aux,
+                // Pair by pair, each candidate costs a row of the base's work (its roots or
+                // its norm) once more: more than the pass over the base only for many rows.
+                aux_pays: pending.len() * width >= self.xb.rows(),
                 self_join: self.self_join,
                 xq: self.xq,
                 k,

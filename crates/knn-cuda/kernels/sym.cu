@@ -371,7 +371,8 @@ __device__ void collect_pairs(const float* __restrict__ Pt, const float* __restr
         if (tid >= BQ) {
             int c = tid - BQ;
             bool ok = p0 + c < n;
-            ch[c] = ok ? hi[p0 + c] : NEG_INF;  // columns past n take nothing
+            // Columns past n take nothing, nor do a diagonal tile's (its pairs go by row).
+            ch[c] = ok && dist != 0 ? hi[p0 + c] : NEG_INF;
         }
         // The key tile (column-major), then a thread per row and half of the columns.
         keys_to_smem<KERNEL, true, true, true>(Pt, pn, n, q0, Pt, pn, n, p0, d, 1, work);
@@ -380,13 +381,18 @@ __device__ void collect_pairs(const float* __restrict__ Pt, const float* __restr
             int row = tid & (BQ - 1), c0 = (tid >> 7) * (BB / 2);
             float tr = rh[row];
             bool live = q0 + row < n;
+#pragma unroll 8
             for (int c = c0; c < c0 + BB / 2; c++) {
-                float key = work[c * TSC + row];
-                // Rows and columns past n have -inf thresholds and give nothing.
-                if (key <= tr && p0 + c < n && (dist != 0 || row != c))
-                    push(queue, cnt, buf, cap, q0 + row, composite(key, (u32)(p0 + c)));
-                if (dist != 0 && key <= ch[c] && live)
-                    push(queue, cnt, buf, cap, p0 + c, composite(key, (u32)(q0 + row)));
+                float key = work[c * TSC + row], tc = ch[c];
+                // One test for both sides (almost every key fails it), then each side's.
+                if (key <= fmaxf(tr, tc)) {
+                    // A row past n has a -inf threshold; a column past n, or of the diagonal
+                    // tile, too.
+                    if (key <= tr && p0 + c < n && (dist != 0 || row != c))
+                        push(queue, cnt, buf, cap, q0 + row, composite(key, (u32)(p0 + c)));
+                    if (key <= tc && live)
+                        push(queue, cnt, buf, cap, p0 + c, composite(key, (u32)(q0 + row)));
+                }
             }
         }
         __syncthreads();  // the staging, the column values and the queue's count are taken again

@@ -442,17 +442,21 @@ struct CollectPlan {
     cap: usize,
 }
 
-/// Sample stride of the collect form: the sample's pass costs about 2/stride of the pairs'.
-const COLLECT_STRIDE: usize = 12;
+/// Sample stride of the collect form: the sample's pass costs about 2/stride of the pairs'
+/// (n = 80 000, d = 256, w = 128 on an H100, thresholds / pairs / sort: stride 12, r = 27:
+/// 5.0 / 17.2 / 1.3 ms; stride 16: 3.4 / 17.0 / 1.2; stride 20: 2.6 / 17.3 / 1.4).
+const COLLECT_STRIDE: usize = 16;
 /// Graphs of at most this many points + 1 keep every pair (no sample).
 const COLLECT_ALL: usize = 1024;
 
 impl CollectPlan {
     /// For `n` points and lists `w` wide. A point's w nearest hold about λ = w / stride sample
     /// points (Poisson), so the r-th smallest sample key bounds its w-th key unless r of them
-    /// are sample points: r = ⌈λ + 4√λ + 3⌉ makes that rare (≈ 1e-5 at w = 128, and such a
-    /// point keeps fewer than w, with a `cut` that usually still proves it). About r·stride
-    /// keys (Gamma-like, sd √r·stride) pass the threshold; `cap` leaves 8 sd above that.
+    /// are sample points: r = ⌈λ + 4√λ + 3⌉ makes that rare (≈ 2e-5 at w = 128; such a point
+    /// keeps fewer than w, with a `cut` that proves it unless too few are below its threshold,
+    /// and the pipeline asks those again). With ⌈λ + 3√λ + 2⌉ two rows of 80 000 were asked
+    /// again each time, which cost more than the smaller buffers saved. About r·stride keys
+    /// (Gamma-like, sd √r·stride) pass the threshold; `cap` leaves 8 sd above that.
     fn new(n: usize, w: usize) -> Self {
         // Tests and measurements: `KNN_CUDA_COLLECT=stride,r,cap` (cap a power of two, raised
         // to 2w; any plan gives the same graph, only the retries differ).
@@ -1150,6 +1154,7 @@ pub(crate) fn run(
                 _ => Some(req.kernel),
             };
             let keys = exact_keys(gpu, kind, (q_given, n), (gpu.ptr(gb), nb), &r.buf, w, d)?;
+            phases.lap(gpu, "exact keys");
             if let (Some(f), Some(done)) = (finish.as_mut(), finished.as_mut()) {
                 let k = f.k;
                 let lists = (&r.buf, &keys, w);
@@ -1164,7 +1169,7 @@ pub(crate) fn run(
                 gpu.download_into(&keys, &mut ex[qs * w..qe * w])?;
             }
         }
-        phases.lap(gpu, "exact keys");
+        phases.lap(gpu, "finished or keys down");
         if finished.is_none() {
             gpu.download_into(&r.buf, &mut out[qs * w..qe * w])?;
         }
