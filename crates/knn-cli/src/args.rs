@@ -148,8 +148,10 @@ pub struct GraphArgs {
     pub input_format: Option<String>,
     /// Compute each unordered pair once and fold it into both points' lists: auto (wherever
     /// it was measured faster: on the CPU 64 points or more, its lists under 1 GiB, and not
-    /// l2-type metrics at d <= 64 on CPUs with the int8 kernel; on one GPU 40 000 points or
-    /// more with k above about 25, or l1/linf), on, or off. Same answer either way. A graph computed with
+    /// l2-type metrics at d <= 64 on CPUs with the int8 kernel; on one GPU 10 000 points or
+    /// more for the l2-type, inner-product, cosine and hellinger metrics with d a multiple of
+    /// 4, else 40 000 points or more with k above about 25, or l1/linf), on, or off. Same
+    /// answer either way. A graph computed with
     /// --checkpoint goes in pieces, one-sided; with several GPUs each takes whole rounds,
     /// one-sided.
     #[arg(long, default_value = "auto", value_name = "auto|on|off")]

@@ -138,6 +138,9 @@ const MIN_BUDGET: usize = 16 << 20;
 /// Points from which [`Symmetry::Auto`] computes graphs symmetrically (see
 /// [`CudaEngine::pays_symmetric`]).
 const SYMMETRIC_MIN_POINTS: usize = 40_000;
+/// Points from which [`Symmetry::Auto`] computes graphs of the TF32 GEMM kernels in the
+/// collect form.
+const COLLECT_MIN_POINTS: usize = 10_000;
 
 /// Widest candidate lists finished on the device (`finish_lists` sorts a row in shared memory).
 const FINISH_WIDTH_MAX: usize = 2048;
@@ -175,14 +178,20 @@ impl CudaEngine {
         self.graphs_made.load(Ordering::Relaxed)
     }
 
-    /// `Auto`'s rule for a graph of `n` points with first tries of `kernel`, `width` wide:
-    /// from 40 000 points, with lists wider than 32 or the direct kernels
-    /// (L1, L∞), whose FP32 product is the larger share. Measured on an H100 (graph times,
-    /// one-sided / symmetric): d = 256, k = 100: Hellinger 0.89× at n = 10 000, 1.03× at 20 000,
-    /// 1.07× at 40 000, 1.16× at 80 000; L2 1.19× at 80 000 and 1.68× at 10⁶; d = 128,
-    /// n = 80 000: L2 k = 10 0.91×, k = 30 0.99×, L1 k = 10 1.28×.
-    pub fn pays_symmetric(&self, n: usize, kernel: Kernel, width: usize) -> bool {
-        n >= SYMMETRIC_MIN_POINTS && (width > 32 || !kernel.is_gemm())
+    /// `Auto`'s rule for a graph of `n` points of dimension `d` with first tries of `kernel`,
+    /// `width` wide. The TF32 GEMM kernels (d a multiple of 4) take the collect form from
+    /// 10 000 points; the folds (L1, L∞, and GEMM kernels of other d) from 40 000 points, with
+    /// lists wider than 32 or the direct kernels. Measured on an H100 (end to end, one-sided /
+    /// symmetric, same graphs): collect form, d = 256, k = 100: Hellinger 1.08× at n = 10 000,
+    /// 1.18× at 20 000, 1.25× at 40 000, 1.32× at 80 000; L2 1.40×, cosine 1.04× at 80 000;
+    /// d = 128, n = 80 000: L2 k = 10 1.38×, k = 30 1.38×. Fold: L1 d = 128, k = 10, n =
+    /// 80 000 1.37×; Hellinger d = 256, k = 100: 0.89× at 10 000, 1.07× at 40 000.
+    pub fn pays_symmetric(&self, n: usize, d: usize, kernel: Kernel, width: usize) -> bool {
+        if kernel.is_gemm() && d.is_multiple_of(4) {
+            n >= COLLECT_MIN_POINTS
+        } else {
+            n >= SYMMETRIC_MIN_POINTS && (width > 32 || !kernel.is_gemm())
+        }
     }
 
     /// Caps the device memory this engine's tiles may use (default: 70 % of free memory);
@@ -298,7 +307,9 @@ impl CudaEngine {
             && match self.symmetry {
                 Symmetry::On => true,
                 Symmetry::Off => false,
-                Symmetry::Auto => self.pays_symmetric(req.base.rows(), req.kernel, req.width),
+                Symmetry::Auto => {
+                    self.pays_symmetric(req.base.rows(), req.base.dim(), req.kernel, req.width)
+                }
             };
         if symmetric {
             gpu.sym_kernels()?;
