@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU-machine measurements for the grid (issue 5), multi-GPU graphs and streaming (issue 6).
+# GPU-machine measurements for the grid (issue 5), multi-GPU graphs, streaming and symmetric
+# graphs (issue 6).
 # Runs the packed `knn` binary (../shared/tools/gpu-pack puts it in .gpu/) on generated data in
 # a scratch folder; every timing is `knn --repeat R`'s median of the library call (files are
 # read once), and results of compared runs are checked byte for byte with cmp.
@@ -7,6 +8,7 @@
 #   bash bench/gpu/bars.sh grid      # 2^23 uniform / clustered points, k = 1 and 16, GPU grid
 #   bash bench/gpu/bars.sh multi     # kNN graph n = 1e6, d = 256, k = 100, L2: 1 GPU vs all
 #   bash bench/gpu/bars.sh stream    # graph n = 4e6 (STREAM_N), d = 128, k = 10: no cap vs --gpu-memory 2GiB
+#   bash bench/gpu/bars.sh sym       # graphs n = 80 000: symmetric (collect form / fold) vs one-sided
 #
 # KNN (default .gpu/knn) and SCRATCH (default /tmp/knn-bars) may be set.
 set -euo pipefail
@@ -41,6 +43,29 @@ stream() {
     "$KNN" graph -p "p128-$n.npy" -k 10 --device cuda -o free.npy --force
     "$KNN" graph -p "p128-$n.npy" -k 10 --device cuda --gpu-memory 2GiB -o capped.npy --force
     cmp free.npy capped.npy && cmp free.dist.npy capped.dist.npy && echo "stream: identical graphs"
+}
+
+# Median ms of `knn graph` (the rest of the arguments), from --timing-json.
+graph_ms() {
+    "$KNN" graph --device cuda --repeat 5 --quiet --timing-json t.json --force "$@" >/dev/null
+    python3 -c "import json; print(round(json.load(open('t.json'))['median_ms'], 1))"
+}
+
+# Symmetric graphs on one GPU: the collect form (TF32 metrics), the fold it replaced
+# (KNN_CUDA_SYM=fold) and the one-sided path, same graphs required. KNN_PROFILE=1 in the
+# environment shows the collect form's parts (thresholds, pairs, sort).
+sym() {
+    gen u128.npy -n 80000 -d 128 --seed 7 --distribution gaussian
+    gen u256.npy -n 80000 -d 256 --seed 3 --distribution gaussian
+    for c in "u128 l2 10" "u128 l2 30" "u256 l2 100" "u256 cosine 100" "u128 l1 10"; do
+        set -- $c
+        local on fold off
+        on=$(graph_ms -p "$1.npy" --metric "$2" -k "$3" --symmetric on -o on.npy)
+        fold=$(KNN_CUDA_SYM=fold graph_ms -p "$1.npy" --metric "$2" -k "$3" --symmetric on -o fold.npy)
+        off=$(graph_ms -p "$1.npy" --metric "$2" -k "$3" --symmetric off -o off.npy)
+        cmp on.npy off.npy && cmp on.npy fold.npy && cmp on.dist.npy off.dist.npy
+        echo "$1 $2 k=$3: symmetric $on ms (fold $fold ms), one-sided $off ms; same graphs"
+    done
 }
 
 for what in "${@:-grid}"; do "$what"; done
