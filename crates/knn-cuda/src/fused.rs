@@ -1694,7 +1694,33 @@ fn key_blocks(
 
 #[cfg(test)]
 mod tests {
-    use super::{split_count, split_width};
+    use super::{split_count, split_width, CollectPlan};
+
+    #[test]
+    fn collect_plans_leave_margins() {
+        // The seed-002 graph: λ = 128 / 16 = 8 sample points among a point's 128 nearest,
+        // r = ⌈8 + 4√8 + 3⌉ = 23, about 23·16 = 368 keys kept (sd 77): 1024 slots.
+        let p = CollectPlan::new(80_000, 128);
+        assert_eq!((p.stride, p.r, p.cap), (16, 23, 1024));
+        // k = 10 (w = 16): r = ⌈1 + 4 + 3⌉ = 8, 128 kept (sd 45), 512 slots.
+        let p = CollectPlan::new(80_000, 16);
+        assert_eq!((p.stride, p.r, p.cap), (16, 8, 512));
+        for (n, w) in [(1026, 128), (7001, 32), (1_000_000, 128), (5000, 1)] {
+            let p = CollectPlan::new(n, w);
+            assert!(
+                p.cap.is_power_of_two() && p.cap >= 2 * w && p.cap >= 32,
+                "{p:?}"
+            );
+            // The sample has more than r points besides the point itself.
+            assert!(n.div_ceil(p.stride) > p.r + 1, "{n} {w} {p:?}");
+            // Margin: the expected keys kept, r·stride, at least twice the width.
+            assert!(p.r * p.stride >= 2 * w, "{n} {w} {p:?}");
+        }
+        // Up to COLLECT_ALL + 1 points, every point keeps every other: no sample.
+        let p = CollectPlan::new(1025, 128);
+        assert_eq!((p.stride, p.cap), (0, 1024));
+        assert_eq!(CollectPlan::new(2, 1).cap, 32);
+    }
 
     #[test]
     fn truncated_splits_keep_a_binomial_margin() {
