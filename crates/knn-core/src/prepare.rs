@@ -3,7 +3,7 @@
 
 use crate::error::{KnnError, Result};
 use crate::expr::ExprPlan;
-use crate::matrix::{Matrix, MatrixRef};
+use crate::matrix::{CentredRoots, Matrix, MatrixRef};
 use crate::metric::{Covariance, Kernel, Metric};
 use rayon::prelude::*;
 
@@ -25,6 +25,25 @@ impl Data<'_> {
     }
 }
 
+/// Engine-space rows: a copy made here, or Hellinger's centred roots, made only when read
+/// (see [`CentredRoots`]).
+pub enum EngineRows<'a> {
+    /// Transformed values.
+    Owned(Matrix),
+    /// Derived from given rows on first read.
+    Roots(CentredRoots<'a>),
+}
+
+impl EngineRows<'_> {
+    /// The rows.
+    pub fn view(&self) -> MatrixRef<'_> {
+        match self {
+            EngineRows::Owned(m) => m.view(),
+            EngineRows::Roots(r) => r.view(),
+        }
+    }
+}
+
 /// Prepared data for one search. Queries are `None` for a self-join (the base is used).
 pub struct Prepared<'a> {
     /// Data the exact re-rank sees: the original data, or whitened for Mahalanobis.
@@ -33,7 +52,7 @@ pub struct Prepared<'a> {
     pub exact_queries: Option<Data<'a>>,
     /// Data the engine sees when it differs from the exact space (normalised, square-rooted,
     /// centred, scaled): base, then queries.
-    pub engine: Option<(Matrix, Option<Matrix>)>,
+    pub engine: Option<(EngineRows<'a>, Option<Matrix>)>,
     /// Engine keys are exact-space keys times this (a power of two; 1 unless the data was
     /// scaled to keep f32 arithmetic away from overflow and underflow).
     pub key_scale: f64,
@@ -53,7 +72,7 @@ impl Prepared<'_> {
     /// Queries of the engine space (the engine base for a self-join).
     pub fn engine_queries(&self) -> MatrixRef<'_> {
         match &self.engine {
-            Some((b, q)) => q.as_ref().unwrap_or(b).view(),
+            Some((b, q)) => q.as_ref().map_or_else(|| b.view(), |q| q.view()),
             None => self.exact_queries().unwrap_or(self.exact_base.view()),
         }
     }
@@ -72,51 +91,80 @@ fn map_rows(m: MatrixRef<'_>, f: impl Fn(&[f32], &mut [f32]) + Sync) -> Matrix {
     Matrix::from_trusted(out, d)
 }
 
-/// The mean of `f(base)`, when that data sits far from the origin relative to its spread
+/// Rows from which [`far_centre`] takes the mean of a sample (every 2nd to 8th row).
+const SAMPLE_ROWS: usize = 16384;
+
+/// What [`far_centre`] finds in its pass over the base.
+struct CentreScan {
+    /// The mean of `f(base)` when the data sits far from the origin (see [`far_centre`]).
+    centre: Option<Vec<f64>>,
+    /// The largest |f(value)|, as f32.
+    top: f32,
+    /// Each column's smallest and largest value (as given, before `f`).
+    range: Vec<(f32, f32)>,
+}
+
+/// The mean of `f(base)` (of every 2nd to 8th row from [`SAMPLE_ROWS`] rows on), when that data
+/// sits far from the origin relative to its spread
 /// (squared mean above `ratio` times the spread): the GEMM form's rounding grows with ‖x‖², so
 /// subtracting it keeps candidate keys tight for data such as points near 4e6 with small
 /// jitter. `None` when the data is already near the origin. Also returns the largest |f(value)|
-/// (as f32; `f` must grow with |x| on the data). One pass over the data (sums and sums of squares per axis): the spread
-/// E[x²] − mean² loses digits only when it is far below the squared mean, where the answer is
-/// "centre" either way.
-fn far_centre(
-    base: MatrixRef<'_>,
-    f: impl Fn(f32) -> f64 + Sync,
-    ratio: f64,
-) -> (Option<Vec<f64>>, f32) {
+/// (as f32; `f` must grow with |x| on the data) and each column's range. One pass over the data
+/// (sums and sums of squares per axis): the spread E[x²] − mean² loses digits only when it is
+/// far below the squared mean, where the answer is "centre" either way.
+fn far_centre(base: MatrixRef<'_>, f: impl Fn(f32) -> f64 + Sync, ratio: f64) -> CentreScan {
     let d = base.dim();
-    let n = base.rows() as f64;
+    type Part = (Vec<f64>, Vec<f64>, u32, Vec<(f32, f32)>);
+    let empty = || -> Part {
+        (
+            vec![0.0f64; d],
+            vec![0.0f64; d],
+            0u32,
+            vec![(f32::INFINITY, f32::NEG_INFINITY); d],
+        )
+    };
     // The largest |value| is taken as bits (non-negative floats order like them; NaN
     // ignored), apart from the sums: a float max in the same loop kept it from vectorising
     // (scalar square roots, 177 ms for 80 000 × 256 on two cores).
-    let (sums, squares, top) = base
+    // The mean and spread of every `step`-th row: the centre is only a translation that keeps
+    // norms small, and `f` (square roots) is most of the pass's cost (80 000 × 256 on 16
+    // cores: 5.8 ms for every row, the range alone about 1 ms).
+    let step = (base.rows() / SAMPLE_ROWS).clamp(1, 8);
+    let (sums, squares, top, range) = base
         .as_slice()
         .par_chunks(d * 1024)
-        .map(|c| {
-            let (mut s, mut q, mut top) = (vec![0.0f64; d], vec![0.0f64; d], 0u32);
-            for r in c.chunks(d) {
-                for ((s, q), &v) in s.iter_mut().zip(q.iter_mut()).zip(r) {
-                    let v = f(v);
-                    *s += v;
-                    *q += v * v;
+        .enumerate()
+        .map(|(i, c)| {
+            let (mut s, mut q, mut top, mut range) = empty();
+            for (j, r) in c.chunks(d).enumerate() {
+                if (i * 1024 + j) % step == 0 {
+                    for ((s, q), &v) in s.iter_mut().zip(q.iter_mut()).zip(r) {
+                        let v = f(v);
+                        *s += v;
+                        *q += v * v;
+                    }
+                }
+                for (m, &v) in range.iter_mut().zip(r) {
+                    *m = (m.0.min(v), m.1.max(v));
                 }
                 top = r.iter().fold(top, |a, v| {
                     let b = v.to_bits() & 0x7fff_ffff;
                     a.max(if b > 0x7f80_0000 { 0 } else { b })
                 });
             }
-            (s, q, top)
+            (s, q, top, range)
         })
-        .reduce(
-            || (vec![0.0f64; d], vec![0.0f64; d], 0u32),
-            |(mut s, mut q, t), (s2, q2, t2)| {
-                s.iter_mut().zip(s2).for_each(|(x, y)| *x += y);
-                q.iter_mut().zip(q2).for_each(|(x, y)| *x += y);
-                (s, q, t.max(t2))
-            },
-        );
+        .reduce(empty, |(mut s, mut q, t, mut m), (s2, q2, t2, m2)| {
+            s.iter_mut().zip(s2).for_each(|(x, y)| *x += y);
+            q.iter_mut().zip(q2).for_each(|(x, y)| *x += y);
+            m.iter_mut()
+                .zip(m2)
+                .for_each(|(x, y)| *x = (x.0.min(y.0), x.1.max(y.1)));
+            (s, q, t.max(t2), m)
+        });
     // f grows with |x| on the data it is given (the identity, square roots of values ≥ 0).
     let top = (f(f32::from_bits(top)) as f32).abs();
+    let n = base.rows().div_ceil(step) as f64;
     let mean: Vec<f64> = sums.iter().map(|s| s / n).collect();
     let spread: f64 = squares
         .iter()
@@ -124,7 +172,26 @@ fn far_centre(
         .map(|(q, m)| (q / n - m * m).max(0.0))
         .sum();
     let mean_sq: f64 = mean.iter().map(|m| m * m).sum();
-    ((mean_sq > ratio * spread).then_some(mean), top)
+    CentreScan {
+        centre: (mean_sq > ratio * spread).then_some(mean),
+        top,
+        range,
+    }
+}
+
+/// The largest |√x − c| of the centred roots of columns whose given values span `range`: the
+/// derived value grows with x (every step of [`CentredRoots::derive`] is monotone), so each
+/// column's extremes come from its smallest and largest values.
+fn roots_top(range: &[(f32, f32)], centre: &[f64]) -> f32 {
+    range
+        .iter()
+        .zip(centre)
+        .map(|(&(lo, hi), &c)| {
+            CentredRoots::derive(lo, c)
+                .abs()
+                .max(CentredRoots::derive(hi, c).abs())
+        })
+        .fold(0.0, f32::max)
 }
 
 /// `f(x) − centre` row by row, computed in f64 and rounded to f32 once: the only rounding is
@@ -262,7 +329,7 @@ pub fn prepare<'a>(
         return Ok(Prepared {
             exact_base: borrowed(base),
             exact_queries: queries.map(borrowed),
-            engine,
+            engine: engine.map(|(b, q)| (EngineRows::Owned(b), q)),
             key_scale: 1.0,
             expr: Some(plan),
         });
@@ -280,7 +347,7 @@ pub fn prepare<'a>(
     };
     // Engine space: normalised or square-rooted copies where the metric needs them, then
     // centred when far from the origin (SqL2 kernel only: translation changes nothing there).
-    let mut engine: Option<(Matrix, Option<Matrix>)> = match metric {
+    let mut engine: Option<(EngineRows<'a>, Option<Matrix>)> = match metric {
         Metric::Cosine => {
             let norm = |x: &[f32], o: &mut [f32]| {
                 let n = x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>().sqrt();
@@ -288,7 +355,10 @@ pub fn prepare<'a>(
                     *o = (v as f64 / n) as f32;
                 }
             };
-            Some((map_rows(base, norm), queries.map(|q| map_rows(q, norm))))
+            Some((
+                EngineRows::Owned(map_rows(base, norm)),
+                queries.map(|q| map_rows(q, norm)),
+            ))
         }
         // Square roots: made below, centred or not.
         _ => None,
@@ -314,19 +384,27 @@ pub fn prepare<'a>(
         };
         let root = |v: f32| (v as f64).sqrt();
         let same = |v: f32| v as f64;
-        let (centre, top) = if hellinger {
+        let scan = if hellinger {
             far_centre(b, root, 1.0)
         } else {
             far_centre(b, same, 16.0)
         };
-        base_top = Some(top);
-        if let Some(c) = centre {
-            base_top = None;
+        base_top = Some(scan.top);
+        if let Some(c) = scan.centre {
             // From the exact values through the metric's transform, one rounding in all.
             engine = Some(if hellinger {
-                (centred(b, &c, root), q.map(|q| centred(q, &c, root)))
+                // The base's roots are made when first read (an engine that derives them
+                // itself never makes the host pay for them); their largest magnitude follows
+                // from the columns' ranges.
+                base_top = Some(roots_top(&scan.range, &c));
+                let q = q.map(|q| centred(q, &c, root));
+                (EngineRows::Roots(CentredRoots::new(base, c)), q)
             } else {
-                (centred(b, &c, same), q.map(|q| centred(q, &c, same)))
+                base_top = None;
+                (
+                    EngineRows::Owned(centred(b, &c, same)),
+                    q.map(|q| centred(q, &c, same)),
+                )
             });
         } else if hellinger {
             let root = |x: &[f32], o: &mut [f32]| {
@@ -334,7 +412,10 @@ pub fn prepare<'a>(
                     *o = v.sqrt();
                 }
             };
-            engine = Some((map_rows(base, root), queries.map(|q| map_rows(q, root))));
+            engine = Some((
+                EngineRows::Owned(map_rows(base, root)),
+                queries.map(|q| map_rows(q, root)),
+            ));
         }
     }
     // Scale by a power of two (exact) when squares or sums could overflow or underflow f32.
@@ -373,7 +454,7 @@ pub fn prepare<'a>(
                     .for_each(|(o, &v)| *o = (v as f64 * s) as f32)
             })
         };
-        engine = Some((scale(eb), eq.map(scale)));
+        engine = Some((EngineRows::Owned(scale(eb)), eq.map(scale)));
         key_scale = match metric.kernel() {
             Kernel::SqL2 | Kernel::NegDot => s * s,
             Kernel::L1 | Kernel::Linf => s,
@@ -386,4 +467,42 @@ pub fn prepare<'a>(
         key_scale,
         expr: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hellinger's centred roots are left for the engines to make, and their largest magnitude
+    /// (which decides the scaling) is the made values' own.
+    #[test]
+    fn hellinger_roots_are_derived_with_their_top() {
+        let d = 9;
+        for (scale, offset) in [(1.0f32, 0.0f32), (1e-30, 0.0), (1.0, 4e6), (1e-3, 1e-25)] {
+            let v: Vec<f32> = (0..500 * d)
+                .map(|i| offset + scale * ((i * 7919) % 997) as f32)
+                .collect();
+            let b = MatrixRef::new("b", &v, d).unwrap();
+            let prep = prepare(&Metric::Hellinger, b, None).unwrap();
+            let eb = prep.engine_base();
+            let scan = far_centre(b, |x| (x as f64).sqrt(), 1.0);
+            let c = scan.centre.expect("these data sit far from the origin");
+            let top = roots_top(&scan.range, &c);
+            let made: Vec<f32> = v
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| CentredRoots::derive(x, c[i % d]))
+                .collect();
+            let max = made.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            assert_eq!(top.to_bits(), max.to_bits(), "scale {scale}");
+            if prep.key_scale == 1.0 {
+                assert!(!eb.centred_roots().unwrap().made);
+                assert_eq!(eb.as_slice(), &made[..]);
+            } else {
+                // Scaled data is a copy made here.
+                assert!(eb.centred_roots().is_none());
+                assert!(!(2f32.powi(-40)..=2f32.powi(40)).contains(&max));
+            }
+        }
+    }
 }

@@ -8,7 +8,7 @@ use crate::error::{KnnError, Result};
 use crate::matrix::{Matrix, MatrixRef};
 use crate::metric::Metric;
 use crate::neighbors::Neighbors;
-use crate::prepare::{prepare, Data, Prepared};
+use crate::prepare::{prepare, Data, EngineRows, Prepared};
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
@@ -625,7 +625,8 @@ impl Run<'_> {
                 let d = self.eq.dim();
                 let mut v = Vec::with_capacity(pending.len() * d);
                 for &i in &pending {
-                    v.extend_from_slice(self.eq.row(i as usize));
+                    // Derived rows not made on the host are derived alone (same bits).
+                    self.eq.extend_with_row(i as usize, &mut v);
                 }
                 gathered = Matrix::from_trusted(v, d);
                 gathered.view()
@@ -930,6 +931,14 @@ fn run(
         });
     }
     ctx.lap("output checked", &mut since);
+    if profile {
+        if let Some(r) = ctx.eb.centred_roots() {
+            eprintln!(
+                "pipeline: engine rows (centred roots) made on the host: {}",
+                if r.made { "yes" } else { "no" }
+            );
+        }
+    }
     drop(ctx);
     release(prep);
     if profile {
@@ -944,7 +953,7 @@ fn run(
 /// Frees the copies `prep` made, on a thread of their own when large: unmapping the pages of
 /// 80 000 × 256 square roots took 6 ms of a 124 ms GPU graph.
 fn release(prep: Prepared<'_>) {
-    let mut owned: Vec<Matrix> = Vec::new();
+    let mut owned: Vec<Vec<f32>> = Vec::new();
     let Prepared {
         exact_base,
         exact_queries,
@@ -953,14 +962,18 @@ fn release(prep: Prepared<'_>) {
     } = prep;
     for d in std::iter::once(exact_base).chain(exact_queries) {
         if let Data::Owned(m) = d {
-            owned.push(m);
+            owned.push(m.into_vec());
         }
     }
     if let Some((b, q)) = engine {
-        owned.push(b);
-        owned.extend(q);
+        match b {
+            EngineRows::Owned(b) => owned.push(b.into_vec()),
+            // The values, if the host made them: the borrow of the given rows ends here.
+            EngineRows::Roots(r) => owned.extend(r.into_values()),
+        }
+        owned.extend(q.map(Matrix::into_vec));
     }
-    let bytes: usize = owned.iter().map(|m| m.view().as_slice().len() * 4).sum();
+    let bytes: usize = owned.iter().map(|v| v.len() * 4).sum();
     if bytes >= 16 << 20 {
         // Should the thread not start, the closure and the copies are dropped here.
         let _ = std::thread::Builder::new()

@@ -50,6 +50,28 @@ extern "C" __global__ void sq_norms(float* __restrict__ x, long long rows, int d
     if (lane == 0) out[row] = s;
 }
 
+// Hellinger's engine rows made on the device from the given rows, bit for bit as the host's
+// `CentredRoots`: (sqrt(x) - c_j) in f64, correctly rounded, then rounded once to f32. Also each
+// row's norm, rounded up (an f64 sum of squares in any order, times 1 + 1e-6, rounded up to
+// f32): the floors' bound on the row's norm. One warp per row.
+extern "C" __global__ void hellinger_roots(const float* __restrict__ given, long long rows, int d,
+                                           const double* __restrict__ centre,
+                                           float* __restrict__ out, float* __restrict__ norm_up) {
+    long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const float* g = given + row * (long long)d;
+    float* o = out + row * (long long)d;
+    double s = 0.0;
+    for (int j = lane; j < d; j += 32) {
+        float v = __double2float_rn(__dsub_rn(__dsqrt_rn((double)g[j]), centre[j]));
+        o[j] = v;
+        s = __fma_rn((double)v, (double)v, s);
+    }
+    for (int m = 16; m; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    if (lane == 0) norm_up[row] = __double2float_ru(__dmul_ru(__dsqrt_ru(s), 1.0 + 1e-6));
+}
+
 // Fills n 64-bit words with a value (for sentinels and for poisoning outputs).
 extern "C" __global__ void fill_u64(u64* __restrict__ p, long long n, u64 v) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -360,6 +360,33 @@ impl Gpu {
         Ok(())
     }
 
+    /// Values `at..at + dst.len()` of `src` into `dst` (large ones through the staging memory).
+    /// `T` is a plain number type (every bit pattern valid).
+    pub fn download_range<T: cudarc::driver::DeviceRepr + Copy>(
+        &self,
+        src: &CudaSlice<T>,
+        at: usize,
+        dst: &mut [T],
+    ) -> Result<()> {
+        let end = at + dst.len();
+        if end > src.len() {
+            return Err(KnnError::Device(format!(
+                "download of {at}..{end} from a buffer of {}",
+                src.len()
+            )));
+        }
+        if std::mem::size_of_val(dst) >= STAGED_MIN {
+            let from = self.ptr(src) + (at * std::mem::size_of::<T>()) as u64;
+            self.staging()?
+                .download_own_threads(self, from, bytes_of_mut(dst))?;
+        } else if !dst.is_empty() {
+            self.stream
+                .memcpy_dtoh(&src.slice(at..end), dst)
+                .map_err(dev_err("copying from the device"))?;
+        }
+        Ok(())
+    }
+
     pub fn sync(&self) -> Result<()> {
         self.stream
             .synchronize()
@@ -392,6 +419,42 @@ impl Gpu {
             })
         }
         .map_err(dev_err("fill"))?;
+        Ok(())
+    }
+
+    /// Hellinger's centred roots of the `rows × d` given rows at `given` into `out` (bit for bit
+    /// the host's [`knn_core::CentredRoots`]; `centre` a device address of `d` f64), and each
+    /// row's norm rounded up into `norm_up`.
+    pub fn hellinger_roots(
+        &self,
+        given: u64,
+        rows: usize,
+        d: usize,
+        centre: u64,
+        (out, norm_up): (u64, u64),
+    ) -> Result<()> {
+        use cudarc::driver::{LaunchConfig, PushKernelArg};
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.func("hellinger_roots")?;
+        let (r, dd) = (rows as i64, d as i32);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&given)
+            .arg(&r)
+            .arg(&dd)
+            .arg(&centre)
+            .arg(&out)
+            .arg(&norm_up);
+        // SAFETY: given and out hold rows×d floats, centre d doubles, norm_up rows floats.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: ((rows * 32).div_ceil(256) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(dev_err("hellinger_roots"))?;
         Ok(())
     }
 

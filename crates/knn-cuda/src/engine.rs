@@ -249,10 +249,14 @@ impl CudaEngine {
         // `CandidateRequest::exact_data`); the baselines keep the data as given.
         let centre = (self.method == Method::Fused && req.kernel == Kernel::SqL2 && req.exact_data)
             .then(|| mean(req.base));
-        let bn_max = if req.kernel.is_gemm() {
-            centred_max_norm(req.base, centre.as_deref())
-        } else {
+        let bn_max = if !req.kernel.is_gemm() {
             0.0
+        } else if self.method == Method::Fused && req.base.centred_roots().is_some_and(|r| !r.made)
+        {
+            // Rows the device derives and measures itself (see `CudaEngine::device_norms`).
+            f32::NAN
+        } else {
+            centred_max_norm(req.base, centre.as_deref())
         };
         let info = BaseInfo {
             key: req.base_key,
@@ -263,6 +267,32 @@ impl CudaEngine {
         };
         *self.base_info.lock().unwrap_or_else(|p| p.into_inner()) = Some(info.clone());
         info
+    }
+
+    /// After a call on `req`: the norm bound of its base when the device measured the rows it
+    /// derived (`info.bn_max` is NaN until then; measured on the host if the device did not
+    /// keep them), and the norms of the queries when they are rows of that base.
+    fn device_norms(&self, req: &CandidateRequest<'_>, info: &mut BaseInfo) -> Option<Vec<f32>> {
+        let resident = self.resident.lock().unwrap_or_else(|p| p.into_inner());
+        let norms = resident
+            .as_ref()
+            .filter(|r| Some(r.key) == req.base_key)
+            .and_then(|r| r.norm_up.as_deref());
+        if info.bn_max.is_nan() {
+            info.bn_max = match norms {
+                Some(n) => n.iter().copied().fold(0.0, f32::max),
+                None => centred_max_norm(req.base, info.centre.as_deref()),
+            };
+            let mut kept = self.base_info.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(k) = kept
+                .as_mut()
+                .filter(|k| k.key == info.key && k.bn_max.is_nan())
+            {
+                k.bn_max = info.bn_max;
+            }
+        }
+        let at = req.queries.row_offset_in(&req.base)?;
+        norms.map(|n| n[at..at + req.queries.rows()].to_vec())
     }
 
     /// Device bytes a call may use: the cap given, else 70 % of the free memory, counting the
@@ -492,7 +522,7 @@ impl Engine for CudaEngine {
         {
             return Ok(false);
         }
-        let info = self.base_info(req);
+        let mut info = self.base_info(req);
         let (finished, cut) = {
             let mut gpu = self
                 .gpu
@@ -503,7 +533,8 @@ impl Engine for CudaEngine {
                 .map_err(crate::device::dev_err("binding the context"))?;
             let (nb, d) = (req.base.rows(), req.base.dim());
             let budget = self.budget(&gpu)?;
-            if !fused::base_fits(nb, d, Some(exact), info.centre.is_some(), budget) {
+            let derived = req.base.centred_roots().is_some();
+            if !fused::base_fits(nb, d, Some(exact), (info.centre.is_some(), derived), budget) {
                 // Streamed bases give no exact keys: the pipeline re-ranks on the host.
                 return Ok(false);
             }
@@ -526,12 +557,12 @@ impl Engine for CudaEngine {
             (F32_UNIT, 0.0)
         };
         let last: Vec<f32> = finished.last.iter().map(|&c| fused::decode(c).0).collect();
+        let qn = self.device_norms(req, &mut info);
         let floor = floors(
             req,
-            &last,
-            1,
+            (&last, 1),
             &cut,
-            info.bn_max,
+            (info.bn_max, qn.as_deref()),
             info.centre.as_deref(),
             (u, u_in),
         );
@@ -642,7 +673,7 @@ impl CudaEngine {
             return Ok((knn_cpu::CpuEngine::default().candidates(req)?, None));
         }
         let t0 = std::time::Instant::now();
-        let info = self.base_info(req);
+        let mut info = self.base_info(req);
         let (
             waited,
             Rows {
@@ -682,12 +713,12 @@ impl CudaEngine {
         } else {
             (F32_UNIT, 0.0)
         };
+        let qn = self.device_norms(req, &mut info);
         let floor = floors(
             req,
-            &keys,
-            w,
+            (&keys, w),
             &cut,
-            info.bn_max,
+            (info.bn_max, qn.as_deref()),
             info.centre.as_deref(),
             (u, u_in),
         );

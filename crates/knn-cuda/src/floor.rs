@@ -95,13 +95,13 @@ fn round_down(x: f64) -> f32 {
 /// is then the largest norm of the centred base rows). Row i's W-th key is
 /// `keys[i·stride + stride − 1]` (`stride` = the width for whole rows, 1 for the W-th keys
 /// alone). Every point left out of row i has a computed key at least min(its W-th key,
-/// `cut[i]`).
+/// `cut[i]`). `qn`, when given, bounds each query row's norm from above (measured where the
+/// rows were made, see `hellinger_roots`); else the norms are taken of the rows here.
 pub fn floors(
     req: &CandidateRequest<'_>,
-    keys: &[f32],
-    stride: usize,
+    (keys, stride): (&[f32], usize),
     cut: &[f32],
-    bn_max: f32,
+    (bn_max, qn): (f32, Option<&[f32]>),
     centre: Option<&[f32]>,
     (u, u_in): (f64, f64),
 ) -> Vec<f32> {
@@ -115,8 +115,9 @@ pub fn floors(
         .into_par_iter()
         .map(|i| {
             let kth = keys[i * stride + stride - 1].min(cut[i]);
-            let qn = match req.kernel {
-                Kernel::SqL2 | Kernel::NegDot => norm(req.queries.row(i), centre),
+            let qn = match (req.kernel, qn) {
+                (Kernel::SqL2 | Kernel::NegDot, Some(n)) => n[i],
+                (Kernel::SqL2 | Kernel::NegDot, None) => norm(req.queries.row(i), centre),
                 _ => 0.0,
             };
             let bound = req.kernel.error_bound(d, qn, bn_max, kth, u, u_in);

@@ -192,7 +192,7 @@ struct Lists {
 /// squared norms, for the base the pipeline identifies by `key` (see
 /// [`CandidateRequest::base_key`]).
 pub(crate) struct Resident {
-    key: u64,
+    pub(crate) key: u64,
     centre: Option<Vec<f32>>,
     b: CudaSlice<f32>,
     bn: CudaSlice<f32>,
@@ -200,6 +200,10 @@ pub(crate) struct Resident {
     /// centred, or Hellinger's given rows (`hellinger`; `b` holds their square roots).
     orig: Option<CudaSlice<f32>>,
     hellinger: bool,
+    /// When the device derived `b` from the given rows (Hellinger's centred roots, see
+    /// [`knn_core::CentredRoots`]): each row's norm rounded up, for the floors, which then never
+    /// make the host derive the rows.
+    pub(crate) norm_up: Option<Vec<f32>>,
 }
 
 impl Resident {
@@ -246,6 +250,85 @@ pub(crate) struct GraphLists {
     lists: CudaSlice<u64>,
     /// Per row, the smallest entry a truncated list left out (as [`Output::cut`]).
     cut: CudaSlice<u64>,
+    /// Every row finished at once (exact keys and final rows), made by the first call that
+    /// finishes rows; later calls only download theirs.
+    finished: std::cell::OnceCell<GraphFinished>,
+}
+
+/// Every row of a graph finished on the device (see `finish_lists`): `n × k` ids and
+/// distances, and per row the k-th exact key and the W-th composite.
+struct GraphFinished {
+    k: usize,
+    mode: i32,
+    ids: CudaSlice<u32>,
+    dists: CudaSlice<f32>,
+    kth: CudaSlice<f64>,
+    last: CudaSlice<u64>,
+}
+
+/// Rows per launch when a whole graph is finished at once (bounds the exact keys' buffer).
+const FINISH_ROWS: usize = 16384;
+
+/// The finished rows of graph `g` for `k` neighbours as distances of `mode`, made now if they
+/// were not (exact keys of `kind` of the given base at `given`, `n × d`), or `None` when their
+/// buffers do not fit `budget` or `g` was finished for another `k` or `mode`.
+fn graph_finished<'g>(
+    gpu: &Gpu,
+    g: &'g GraphLists,
+    (k, mode): (usize, i32),
+    (kind, given, d): (Option<Kernel>, u64, usize),
+    budget: usize,
+) -> Result<Option<&'g GraphFinished>> {
+    if let Some(f) = g.finished.get() {
+        return Ok((f.k == k && f.mode == mode).then_some(f));
+    }
+    let (n, w) = (g.cut.len(), g.width);
+    if n * (8 * k + 16) + FINISH_ROWS * w * 8 > budget / 4 {
+        return Ok(None);
+    }
+    let f = GraphFinished {
+        k,
+        mode,
+        ids: gpu.alloc::<u32>(n * k)?,
+        dists: gpu.alloc::<f32>(n * k)?,
+        kth: gpu.alloc::<f64>(n)?,
+        last: gpu.alloc::<u64>(n)?,
+    };
+    // Each row excludes itself.
+    let own: Vec<u32> = (0..n as u32).collect();
+    let own = gpu.upload(&own)?;
+    let bad = gpu
+        .stream
+        .alloc_zeros::<u32>(1)
+        .map_err(dev_err("allocating device memory"))?;
+    for at in (0..n).step_by(FINISH_ROWS) {
+        let m = FINISH_ROWS.min(n - at);
+        let lists = gpu.ptr(&g.lists) + (at * w * 8) as u64;
+        let q = given + (at * d * 4) as u64;
+        let keys = exact_keys(gpu, kind, (q, m), (given, n), lists, w, d)?;
+        let out = (
+            gpu.ptr(&f.ids) + (at * k * 4) as u64,
+            gpu.ptr(&f.dists) + (at * k * 4) as u64,
+            gpu.ptr(&f.kth) + (at * 8) as u64,
+            gpu.ptr(&f.last) + (at * 8) as u64,
+        );
+        let excl = gpu.ptr(&own) + (at * 4) as u64;
+        launch_finish(
+            gpu,
+            (lists, gpu.ptr(&keys), w),
+            (k, mode),
+            (n, excl),
+            gpu.ptr(&bad),
+            out,
+            m,
+        )?;
+    }
+    if gpu.download(&bad, 1)?[0] != 0 {
+        return Err(KnnError::Device(
+            "a graph's list holds an unwritten slot or the row's own id".into(),
+        ));
+    }
+    Ok(Some(g.finished.get_or_init(|| f)))
 }
 
 impl GraphLists {
@@ -423,6 +506,7 @@ fn graph_lists<'g>(
         );
     }
     *slot = Some(GraphLists {
+        finished: std::cell::OnceCell::new(),
         key,
         width: w,
         kernel: name,
@@ -637,6 +721,7 @@ fn collected_lists(
         );
     }
     let lists = GraphLists {
+        finished: std::cell::OnceCell::new(),
         key: 0,
         width: w,
         kernel: format!("{name}_w{w}"),
@@ -722,9 +807,10 @@ fn excludes_itself(exclude: Option<&[u32]>, at: usize) -> bool {
 }
 
 /// Copies of the base a call keeps: exact keys of a centred base, or Hellinger's, need the given
-/// rows beside the base's.
-fn copies(exact: Option<Exact<'_>>, centred: bool) -> usize {
+/// rows beside the base's, and so does a base the device derives (`derived`: from given rows).
+fn copies(exact: Option<Exact<'_>>, centred: bool, derived: bool) -> usize {
     match exact {
+        _ if derived => 2,
         Some(Exact::Hellinger { .. }) => 2,
         Some(Exact::Kernel) if centred => 2,
         _ => 1,
@@ -737,10 +823,10 @@ pub(crate) fn base_fits(
     nb: usize,
     d: usize,
     exact: Option<Exact<'_>>,
-    centred: bool,
+    (centred, derived): (bool, bool),
     budget: usize,
 ) -> bool {
-    nb * ((d + 1) * 4 + (copies(exact, centred) - 1) * d * 4) <= budget / 2
+    nb * ((d + 1) * 4 + (copies(exact, centred, derived) - 1) * d * 4) <= budget / 2
 }
 
 /// Which exact keys a call computes besides its candidates.
@@ -802,8 +888,10 @@ pub(crate) fn run(
         // Free the old copy before a new base takes its place.
         *base.cache = None;
     }
-    let fits = base_fits(nb, d, base.exact, base.centre.is_some(), budget);
-    let copies = copies(base.exact, base.centre.is_some());
+    let centred = base.centre.is_some();
+    let derived = req.base.centred_roots().is_some() && !centred;
+    let fits = base_fits(nb, d, base.exact, (centred, derived), budget);
+    let copies = copies(base.exact, centred, derived);
     let bc = if cached || fits {
         nb
     } else {
@@ -842,25 +930,47 @@ pub(crate) fn run(
     let mut phases = Phases::new();
     let mut own = None;
     if bc == nb && !cached {
-        let given = gpu.upload(req.base.as_slice())?;
-        let orig = match base.exact {
-            Some(Exact::Hellinger { base: rows, .. }) => Some(gpu.upload(rows)?),
-            _ if copies == 2 => Some(
-                gpu.stream
-                    .clone_dtod(&given)
-                    .map_err(dev_err("copying on the device"))?,
-            ),
-            _ => None,
-        };
-        let bn = gpu.alloc::<f32>(nb)?;
-        gpu.centre_sq_norms(gpu.ptr(&given), nb, d, centre_ptr, gpu.ptr(&bn))?;
-        let r = Resident {
-            key: req.base_key.unwrap_or(0),
-            centre: base.centre.map(<[f32]>::to_vec),
-            b: given,
-            bn,
-            orig,
-            hellinger: matches!(base.exact, Some(Exact::Hellinger { .. })),
+        let r = if let Some(roots) = req.base.centred_roots().filter(|_| derived) {
+            // Hellinger's centred roots, derived here from the given rows (uploaded once, and
+            // kept for the exact keys) with the host's centre: the same bits as the host's.
+            let orig = gpu.upload(roots.given.as_slice())?;
+            let centre = gpu.upload(roots.centre)?;
+            let (b, norm_up) = (gpu.alloc::<f32>(nb * d)?, gpu.alloc::<f32>(nb)?);
+            let ptrs = (gpu.ptr(&b), gpu.ptr(&norm_up));
+            gpu.hellinger_roots(gpu.ptr(&orig), nb, d, gpu.ptr(&centre), ptrs)?;
+            let bn = gpu.alloc::<f32>(nb)?;
+            gpu.sq_norms(gpu.ptr(&b), nb, d, gpu.ptr(&bn))?;
+            Resident {
+                key: req.base_key.unwrap_or(0),
+                centre: None,
+                b,
+                bn,
+                orig: Some(orig),
+                hellinger: true,
+                norm_up: Some(gpu.download(&norm_up, nb)?),
+            }
+        } else {
+            let given = gpu.upload(req.base.as_slice())?;
+            let orig = match base.exact {
+                Some(Exact::Hellinger { base: rows, .. }) => Some(gpu.upload(rows)?),
+                _ if copies == 2 => Some(
+                    gpu.stream
+                        .clone_dtod(&given)
+                        .map_err(dev_err("copying on the device"))?,
+                ),
+                _ => None,
+            };
+            let bn = gpu.alloc::<f32>(nb)?;
+            gpu.centre_sq_norms(gpu.ptr(&given), nb, d, centre_ptr, gpu.ptr(&bn))?;
+            Resident {
+                key: req.base_key.unwrap_or(0),
+                centre: base.centre.map(<[f32]>::to_vec),
+                b: given,
+                bn,
+                orig,
+                hellinger: matches!(base.exact, Some(Exact::Hellinger { .. })),
+                norm_up: None,
+            }
         };
         if req.base_key.is_some() {
             *base.cache = Some(r);
@@ -879,7 +989,9 @@ pub(crate) fn run(
     let graph = match (base.graph, resident) {
         (Some(slot), Some((b, bn)))
             if small
-                && rows_within(req.base.as_slice(), req.queries.as_slice(), d)
+                && req
+                    .queries
+                    .row_offset_in(&req.base)
                     .is_some_and(|at| excludes_itself(req.exclude, at)) =>
         {
             graph_lists(
@@ -910,14 +1022,19 @@ pub(crate) fn run(
         .alloc_zeros::<u32>(1)
         .map_err(dev_err("allocating device memory"))?;
     let mut kernel_ms = Some(graph.map_or(0.0, |g| g.1));
+    // Which exact keys the given rows give: Hellinger's, or the kernel's.
+    let exact_kind = match base.exact {
+        Some(Exact::Hellinger { .. }) => None,
+        _ => Some(req.kernel),
+    };
     phases.lap(gpu, "base up");
     for qs in (0..nq).step_by(qc) {
         let qe = (qs + qc).min(nq);
         let n = qe - qs;
         // Queries that are rows of the resident base (a graph's rounds) are read where the
         // base lies: nothing to upload, centre or measure again.
-        let rows = &req.queries.as_slice()[qs * d..qe * d];
-        let alias = resident.and_then(|_| rows_within(req.base.as_slice(), rows, d));
+        let rows = req.queries.slice_rows(qs, qe);
+        let alias = resident.and_then(|_| rows.row_offset_in(&req.base));
         // Buffers of this chunk's own, kept until its kernels are done.
         let (mut q_own, mut _qn_own) = (None, None);
         let mut given_own: Option<CudaSlice<f32>> = None;
@@ -927,7 +1044,7 @@ pub(crate) fn run(
                 gpu.ptr(bn) + (at * 4) as u64,
             ),
             _ => {
-                let (own, norms) = (gpu.upload(rows)?, gpu.alloc::<f32>(n)?);
+                let (own, norms) = (gpu.upload(rows.as_slice())?, gpu.alloc::<f32>(n)?);
                 let ptrs = (gpu.ptr(&own), gpu.ptr(&norms));
                 (q_own, _qn_own) = (Some(own), Some(norms));
                 ptrs
@@ -960,6 +1077,23 @@ pub(crate) fn run(
             gpu.centre_sq_norms(q, n, d, centre_ptr, qn)?;
         }
         phases.lap(gpu, "queries up");
+        // Rows of a graph whose lists are made: every row is finished at once, by the first
+        // call, and each call downloads its own.
+        if let (Some((g, _)), Some(at), Some(f), Some(done), Some(gb)) =
+            (graph, alias, finish.as_mut(), finished.as_mut(), given_base)
+        {
+            let given = (exact_kind, gpu.ptr(gb), d);
+            if let Some(all) = graph_finished(gpu, g, (f.k, f.mode), given, rest)? {
+                let k = f.k;
+                gpu.download_range(&all.ids, at * k, &mut f.ids[qs * k..qe * k])?;
+                gpu.download_range(&all.dists, at * k, &mut f.dists[qs * k..qe * k])?;
+                gpu.download_range(&all.kth, at, &mut done.kth[qs..qe])?;
+                gpu.download_range(&all.last, at, &mut done.last[qs..qe])?;
+                gpu.download_range(&g.cut, at, &mut cut_all[qs..qe])?;
+                phases.lap(gpu, "finished or keys down");
+                continue;
+            }
+        }
         let excl = match req.exclude {
             Some(e) => Some(gpu.upload(&e[qs..qe])?),
             None => None,
@@ -1149,11 +1283,8 @@ pub(crate) fn run(
         let r = running.expect("the base is not empty");
         phases.lap(gpu, "kernels");
         if let (Some(gb), Some(ex)) = (given_base, exact.as_mut()) {
-            let kind = match base.exact {
-                Some(Exact::Hellinger { .. }) => None,
-                _ => Some(req.kernel),
-            };
-            let keys = exact_keys(gpu, kind, (q_given, n), (gpu.ptr(gb), nb), &r.buf, w, d)?;
+            let (gb, rb) = (gpu.ptr(gb), gpu.ptr(&r.buf));
+            let keys = exact_keys(gpu, exact_kind, (q_given, n), (gb, nb), rb, w, d)?;
             phases.lap(gpu, "exact keys");
             if let (Some(f), Some(done)) = (finish.as_mut(), finished.as_mut()) {
                 let k = f.k;
@@ -1240,24 +1371,43 @@ fn finish_lists(
 ) -> Result<()> {
     let (comps, exact, w) = lists;
     let n = out.kth.len();
-    let (p, pk) = (w.next_power_of_two(), k.next_power_of_two());
     let ids = gpu.alloc::<u32>(n * k)?;
     let dists = gpu.alloc::<f32>(n * k)?;
     let kth = gpu.alloc::<f64>(n)?;
     let last = gpu.alloc::<u64>(n)?;
-    let f = gpu.func("finish_lists")?;
-    let (ww, pp, kk, ppk, nb64) = (w as i32, p as i32, k as i32, pk as i32, nb as i64);
-    let (pc, pe, pi, pd, pkth, plast) = (
-        gpu.ptr(comps),
-        gpu.ptr(exact),
+    let rows = (
         gpu.ptr(&ids),
         gpu.ptr(&dists),
         gpu.ptr(&kth),
         gpu.ptr(&last),
     );
+    let lists = (gpu.ptr(comps), gpu.ptr(exact), w);
+    launch_finish(gpu, lists, (k, mode), (nb, excl), bad, rows, n)?;
+    gpu.download_into(&ids, out.ids)?;
+    gpu.download_into(&dists, out.dists)?;
+    gpu.download_into(&kth, out.kth)?;
+    gpu.download_into(&last, out.last)?;
+    Ok(())
+}
+
+/// Launches `finish_lists` (see `common.cuh`) on `n` rows: composites and exact keys at
+/// `lists` (`n × w` each), the rows' excluded ids at `excl` (or 0), into the device addresses
+/// `out` (ids and distances `n × k`, k-th keys and W-th composites `n`).
+fn launch_finish(
+    gpu: &Gpu,
+    (comps, exact, w): (u64, u64, usize),
+    (k, mode): (usize, i32),
+    (nb, excl): (usize, u64),
+    bad: u64,
+    (ids, dists, kth, last): (u64, u64, u64, u64),
+    n: usize,
+) -> Result<()> {
+    let (p, pk) = (w.next_power_of_two(), k.next_power_of_two());
+    let f = gpu.func("finish_lists")?;
+    let (ww, pp, kk, ppk, nb64) = (w as i32, p as i32, k as i32, pk as i32, nb as i64);
     let mut l = gpu.stream.launch_builder(f);
-    l.arg(&pc)
-        .arg(&pe)
+    l.arg(&comps)
+        .arg(&exact)
         .arg(&ww)
         .arg(&pp)
         .arg(&kk)
@@ -1265,10 +1415,10 @@ fn finish_lists(
         .arg(&mode)
         .arg(&nb64)
         .arg(&excl)
-        .arg(&pi)
-        .arg(&pd)
-        .arg(&pkth)
-        .arg(&plast)
+        .arg(&ids)
+        .arg(&dists)
+        .arg(&kth)
+        .arg(&last)
         .arg(&bad);
     // SAFETY: comps and exact hold n×w entries, excl n ids (or null), ids and dists n×k, kth
     // and last n, bad one word; the shared memory is the 12·(p + pk) bytes the kernel uses.
@@ -1280,10 +1430,6 @@ fn finish_lists(
         })
     }
     .map_err(dev_err("finish_lists"))?;
-    gpu.download_into(&ids, out.ids)?;
-    gpu.download_into(&dists, out.dists)?;
-    gpu.download_into(&kth, out.kth)?;
-    gpu.download_into(&last, out.last)?;
     Ok(())
 }
 
@@ -1373,7 +1519,7 @@ fn exact_keys(
     kernel: Option<Kernel>,
     q: (u64, usize),
     b: (u64, usize),
-    comps: &CudaSlice<u64>,
+    comps: u64,
     w: usize,
     d: usize,
 ) -> Result<CudaSlice<f64>> {
@@ -1396,7 +1542,7 @@ fn exact_keys(
         n as i64,
         w as i32,
         d as i32,
-        gpu.ptr(comps),
+        comps,
         gpu.ptr(&out),
     );
     let mut l = gpu.stream.launch_builder(f);

@@ -373,6 +373,71 @@ fn device_hellinger_keys_are_the_host_ones() {
     }
 }
 
+/// Hellinger's centred roots derived on the device (from the given rows it uploads) are the
+/// host's bit for bit: FP32 candidates of a derived base equal those of the same rows made on
+/// the host, for queries of their own and for the base's own rows (whose norms the device
+/// measures), and the host never makes the derived rows.
+#[test]
+fn device_derived_roots_are_the_host_ones() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "device_derived_roots") {
+        return;
+    }
+    use knn_core::{base_key, CandidateRequest, CentredRoots, Kernel};
+    let e = CudaEngine::new(0, Method::Fused).unwrap();
+    for d in [7, 256, 515] {
+        let b = uniform(3001, d, 81);
+        let v: Vec<f32> = b
+            .view()
+            .as_slice()
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| if i % 5 == 0 { x * 4e6 } else { x })
+            .collect();
+        let b = Matrix::new("b", v, d).unwrap();
+        let centre: Vec<f64> = (0..d).map(|j| 0.3 + j as f64 * 1e-3).collect();
+        let made = CentredRoots::new(b.view(), centre.clone());
+        let host = Matrix::new("h", made.view().as_slice().to_vec(), d).unwrap();
+        let roots = CentredRoots::new(b.view(), centre);
+        let q = uniform(100, d, 82);
+        for (rows, width) in [(0..200, 16), (1000..1300, 130)] {
+            for own_rows in [false, true] {
+                let ask = |base: knn_core::MatrixRef<'_>, key| {
+                    let queries = if own_rows {
+                        base.slice_rows(rows.start, rows.end)
+                    } else {
+                        q.view()
+                    };
+                    let exclude: Vec<u32> = (rows.start as u32..rows.end as u32).collect();
+                    let req = CandidateRequest {
+                        base,
+                        queries,
+                        kernel: Kernel::SqL2,
+                        width,
+                        exclude: own_rows.then_some(&exclude[..]),
+                        precise: true,
+                        base_key: Some(key),
+                        exact_data: false,
+                        exact_from: None,
+                    };
+                    e.candidates(&req).unwrap()
+                };
+                let want = ask(host.view(), base_key());
+                let got = ask(roots.view(), base_key());
+                assert_eq!(got.ids, want.ids, "d={d} width {width} own rows {own_rows}");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got.keys), bits(&want.keys), "d={d} width {width}");
+                for (g, w) in got.floor.iter().zip(&want.floor) {
+                    assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "floor {g} vs {w}");
+                }
+            }
+        }
+        assert!(
+            !roots.view().centred_roots().unwrap().made,
+            "the host made the roots"
+        );
+    }
+}
+
 #[test]
 fn method_names_parse() {
     for m in Method::ALL {
