@@ -20,6 +20,7 @@ mod matrix;
 mod metric;
 mod neighbors;
 mod oracle;
+pub mod pages;
 pub mod prepare;
 mod search;
 pub mod synth;

@@ -19,13 +19,15 @@ impl Neighbors {
         use rayon::prelude::*;
         // Filled on every core: for large results the fill is mostly first-touch page faults,
         // which one thread takes far longer to serve (k = 16, 2^23 rows: 512 MiB).
-        let mut distances = vec![0f32; rows * k];
+        // Both in huge pages where the kernel allows: fills and downloads into them are bound by
+        // page faults otherwise.
+        let mut distances: Vec<f32> = crate::pages::zeroed_huge(rows * k);
         distances
             .par_chunks_mut(1 << 16)
             .for_each(|c| c.fill(f32::NAN));
         Self {
             k,
-            ids: vec![0; rows * k],
+            ids: crate::pages::zeroed_huge(rows * k),
             distances,
         }
     }

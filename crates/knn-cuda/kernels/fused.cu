@@ -132,6 +132,18 @@ __device__ __forceinline__ void mma_tf32(float c[4], const u32 a[4], const u32 b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// The same fragments read as pairs of halves (f16x2 words, k16 per instruction): A's registers
+// (row g, words t and t+4; row g+8, likewise) and B's (column g, words t and t+4) sit where
+// m16n8k8's TF32 ones do, with a word of two halves for each float, so the staging and fragment
+// code serve both. Products of halves are exact; accumulation in f32 as TF32's.
+__device__ __forceinline__ void mma_f16(float c[4], const u32 a[4], const u32 b[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 // Staged value i of a thread: row w*16 + (i>>2)*8 + (lane>>2), coordinate (i&3)*4 + (lane&3), so
 // that a warp's 32 stores hit 32 banks (bank = 8k + row mod 32).
 __device__ __forceinline__ void load_stage_tf(const float* __restrict__ X, long long rows,
@@ -249,8 +261,9 @@ __device__ __forceinline__ void issue_stage_as(const float* __restrict__ Q, long
 }
 
 // PRE: Q and B already hold TF32 values (rounded once, by `round_tf32`), so the fragments are
-// taken as they are (the same bits as rounding them here).
-template <bool PRE = false>
+// taken as they are (the same bits as rounding them here). H16: Q and B hold rows of f16x2
+// words (`round_f16`; d counts words, two coordinates each) and the product is `mma_f16`'s.
+template <bool PRE = false, bool H16 = false>
 __device__ __forceinline__ void tile_compute_tf_async(const float* __restrict__ Q, long long nq,
                                                       long long q0, const float* __restrict__ B,
                                                       long long nb, long long b0, int d,
@@ -297,7 +310,12 @@ __device__ __forceinline__ void tile_compute_tf_async(const float* __restrict__ 
                              __float_as_uint(tf32_pre<PRE>(p[4])),
                              __float_as_uint(tf32_pre<PRE>(p[8 * SROW_AS + 4]))};
 #pragma unroll
-                for (int j = 0; j < 4; j++) mma_tf32(acc[i][j], af, bf[j]);
+                for (int j = 0; j < 4; j++) {
+                    if constexpr (H16)
+                        mma_f16(acc[i][j], af, bf[j]);
+                    else
+                        mma_tf32(acc[i][j], af, bf[j]);
+                }
             }
         }
     }
@@ -308,18 +326,31 @@ __device__ __forceinline__ void tile_compute_tf_async(const float* __restrict__ 
 // Starts and ends with the staging area free (the caller syncs before reading the tile).
 // With CM (TF only), the tile is stored column-major instead, work[col * TSC + row]: the scalar
 // stores are conflict-free, and so are the thread-per-row reads of `fold_tile_thread`.
+// H16 (TF, CM and PRE): Q and B are `round_f16`'s rows (d words of two halves, d % 4 == 0,
+// 16-byte aligned), scaled by 1/us: the products are multiplied by us twice (exact powers of
+// two) before the norms meet them.
 #define TSC 132
-template <int KERNEL, bool TF, bool CM = false, bool PRE = false>
+template <int KERNEL, bool TF, bool CM = false, bool PRE = false, bool H16 = false>
 __device__ __forceinline__ void keys_to_smem(const float* __restrict__ Q,
                                              const float* __restrict__ qn, long long nq,
                                              long long q0, const float* __restrict__ B,
                                              const float* __restrict__ bn, long long nb,
-                                             long long b0, int d, int bstep, float* work) {
+                                             long long b0, int d, int bstep, float* work,
+                                             float us = 1.f) {
     int tid = threadIdx.x;
     long long ldb = (long long)bstep * d;  // base row b of the tile is B[b * ldb], bn[b * bstep]
     if constexpr (TF) {
         float acc[4][4][4];
-        if (TF_ASYNC && (d & 3) == 0 && ((((unsigned long long)Q) | ((unsigned long long)B)) & 15) == 0)
+        if constexpr (H16) {
+            tile_compute_tf_async<true, true>(Q, nq, q0, B, nb, b0, d, ldb, work, acc);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) acc[i][j][c] = (acc[i][j][c] * us) * us;
+        } else if (TF_ASYNC && (d & 3) == 0 &&
+                   ((((unsigned long long)Q) | ((unsigned long long)B)) & 15) == 0)
             tile_compute_tf_async<PRE>(Q, nq, q0, B, nb, b0, d, ldb, work, acc);
         else
             tile_compute_tf(Q, nq, q0, B, nb, b0, d, ldb, work, acc);

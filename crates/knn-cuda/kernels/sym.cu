@@ -231,15 +231,57 @@ extern "C" __global__ void round_tf32(const float* __restrict__ x, long long len
     for (; i < len; i += stride) out[i] = tf32_round(x[i]);
 }
 
+// The largest |x| of x (len floats) as bits, folded into *out by atomicMax (the bits of
+// non-negative floats order like them); *out starts at 0.
+extern "C" __global__ void abs_max_bits(const float* __restrict__ x, long long len,
+                                        unsigned* __restrict__ out) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    unsigned m = 0;
+    for (; i < len; i += stride) m = max(m, __float_as_uint(x[i]) & 0x7fffffffu);
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) atomicMax(out, m);
+}
+
+// The scale of `round_f16` for a largest magnitude of bits `maxbits`: 2^(14 − e) for the
+// magnitude's binary exponent e, so that every scaled value is below 2^15 (f16's largest finite
+// value is 65504); at most 2^127. The host takes the same (`f16_scale`).
+__device__ __forceinline__ float f16_scale(unsigned maxbits) {
+    int e = (int)(maxbits >> 23) - 127;  // subnormal magnitudes (and 0) read as -127
+    int k = min(14 - e, 127);
+    return __int_as_float((k + 127) << 23);
+}
+
+// out = the n × d rows of x scaled by f16_scale(*maxbits) and rounded to nearest f16, each row
+// padded with zeros to dp halves (dp % 8 == 0: dp / 2 words, a multiple of 4, for cp.async).
+// |x̃ − x·s| ≤ 2⁻¹¹|x·s| + 2⁻²⁵ (f16's subnormal spacing is 2⁻²⁴).
+extern "C" __global__ void round_f16(const float* __restrict__ x, long long n, int d, int dp,
+                                     const unsigned* __restrict__ maxbits,
+                                     unsigned short* __restrict__ out) {
+    float sc = f16_scale(*maxbits);
+    long long len = n * dp;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (; i < len; i += stride) {
+        long long row = i / dp;
+        int col = (int)(i - row * dp);
+        float v = col < d ? x[row * d + col] * sc : 0.f;
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        out[i] = h;
+    }
+}
+
 // hi[p] = the r-th smallest key of point p (< n) against the sample points m·q (m < S, m·q ≠ p),
 // +inf when there are fewer. One block per tile of BQ points; thread (half, row) keeps the r
 // smallest keys of its row against the tile's columns of that half, unsorted in shared memory
 // (the largest is its threshold); the two halves' lists are joined at the end. P̃: the points
-// rounded to TF32. Shared memory: BQ·TS_TF floats (staging, then the key tile), 2·r·BQ floats.
-template <int KERNEL>
+// rounded to TF32 (H16: `round_f16`'s rows, d words each, products times us²). Shared memory:
+// BQ·TS_TF floats (staging, then the key tile), 2·r·BQ floats.
+template <int KERNEL, bool H16>
 __device__ void sample_thresholds(const float* __restrict__ Pt, const float* __restrict__ pn,
                                   long long n, int d, int q, long long S, int r,
-                                  float* __restrict__ hi) {
+                                  float* __restrict__ hi, float us) {
     extern __shared__ __align__(16) unsigned char smem[];
     float* work = (float*)smem;
     int tid = threadIdx.x, row = tid & (BQ - 1), half = tid >> 7;
@@ -250,7 +292,7 @@ __device__ void sample_thresholds(const float* __restrict__ Pt, const float* __r
     int arg = 0;
     for (int j = 0; j < r; j++) kept[j * BQ] = POS_INF;
     for (long long m0 = 0; m0 < S; m0 += BB) {
-        keys_to_smem<KERNEL, true, true, true>(Pt, pn, n, q0, Pt, pn, S, m0, d, q, work);
+        keys_to_smem<KERNEL, true, true, true, H16>(Pt, pn, n, q0, Pt, pn, S, m0, d, q, work, us);
         __syncthreads();
         if (mine) {
             int c0 = half * (BB / 2), c1 = (int)min((long long)c0 + BB / 2, S - m0);
@@ -341,13 +383,14 @@ __device__ __forceinline__ void flush(Queue q, u32* __restrict__ cnt, u64* __res
 // Every unordered pair {i, j} of the n points once (tile b meets tiles b + dist, dist = s,
 // s + nsplit, ... ≤ H_b, as `sym_topk`), its key appended to i's buffer when ≤ hi[i] and to
 // j's when ≤ hi[j]; a diagonal tile's pairs i ≠ j by row only. P̃: the points rounded to TF32
-// (d % 4 == 0, 16-byte aligned: the staging is cp.async's). Shared memory: the staging and key
-// tile (BQ · TS_TF floats), the rows' and columns' thresholds (2 · BQ floats), the queue
-// (COLLECT_QUEUE u64 and u32) and its count.
-template <int KERNEL>
+// (d % 4 == 0, 16-byte aligned: the staging is cp.async's; H16: `round_f16`'s rows, d words
+// each, products times us²). Shared memory: the staging and key tile (BQ · TS_TF floats), the
+// rows' and columns' thresholds (2 · BQ floats), the queue (COLLECT_QUEUE u64 and u32) and its
+// count.
+template <int KERNEL, bool H16>
 __device__ void collect_pairs(const float* __restrict__ Pt, const float* __restrict__ pn,
                               long long n, int d, int nsplit, const float* __restrict__ hi,
-                              u32* __restrict__ cnt, int cap, u64* __restrict__ buf) {
+                              u32* __restrict__ cnt, int cap, u64* __restrict__ buf, float us) {
     extern __shared__ __align__(16) unsigned char smem[];
     float* work = (float*)smem;
     float* rh = work + BQ * TS_TF;  // after the staging and key tile
@@ -375,7 +418,7 @@ __device__ void collect_pairs(const float* __restrict__ Pt, const float* __restr
             ch[c] = ok && dist != 0 ? hi[p0 + c] : NEG_INF;
         }
         // The key tile (column-major), then a thread per row and half of the columns.
-        keys_to_smem<KERNEL, true, true, true>(Pt, pn, n, q0, Pt, pn, n, p0, d, 1, work);
+        keys_to_smem<KERNEL, true, true, true, H16>(Pt, pn, n, q0, Pt, pn, n, p0, d, 1, work, us);
         __syncthreads();
         {
             int row = tid & (BQ - 1), c0 = (tid >> 7) * (BB / 2);
@@ -471,17 +514,19 @@ extern "C" __global__ void sym_collect_finish(const u64* __restrict__ buf,
     }
 }
 
-#define COLLECT(NAME, K)                                                                           \
+#define COLLECT(NAME, K, H16)                                                                      \
     extern "C" __global__ void __launch_bounds__(THREADS, 2) NAME##_thr(                          \
         const float* __restrict__ Pt, const float* __restrict__ pn, long long n, int d, int q,     \
-        long long S, int r, float* __restrict__ hi) {                                              \
-        sample_thresholds<K>(Pt, pn, n, d, q, S, r, hi);                                           \
+        long long S, int r, float* __restrict__ hi, float us) {                                    \
+        sample_thresholds<K, H16>(Pt, pn, n, d, q, S, r, hi, us);                                  \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(THREADS, 2) NAME(                                \
         const float* __restrict__ Pt, const float* __restrict__ pn, long long n, int d,            \
         int nsplit, const float* __restrict__ hi, u32* __restrict__ cnt, int cap,                  \
-        u64* __restrict__ buf) {                                                                   \
-        collect_pairs<K>(Pt, pn, n, d, nsplit, hi, cnt, cap, buf);                                 \
+        u64* __restrict__ buf, float us) {                                                         \
+        collect_pairs<K, H16>(Pt, pn, n, d, nsplit, hi, cnt, cap, buf, us);                        \
     }
-COLLECT(sym_collect_tf32_sql2, KERNEL_SQL2)
-COLLECT(sym_collect_tf32_negdot, KERNEL_NEGDOT)
+COLLECT(sym_collect_tf32_sql2, KERNEL_SQL2, false)
+COLLECT(sym_collect_tf32_negdot, KERNEL_NEGDOT, false)
+COLLECT(sym_collect_f16_sql2, KERNEL_SQL2, true)
+COLLECT(sym_collect_f16_negdot, KERNEL_NEGDOT, true)

@@ -776,7 +776,7 @@ mod tests {
             .expect("symmetric kernels compile")
             .to_src();
         let names = kernel_names(SYM);
-        assert_eq!(names.len(), 19, "{names:?}");
+        assert_eq!(names.len(), 25, "{names:?}");
         for n in names {
             assert!(text.contains(&format!(".entry {n}(")), "{n} missing");
         }

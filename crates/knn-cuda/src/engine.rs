@@ -97,6 +97,8 @@ struct Rows {
     cut: Vec<f32>,
     /// Set when the rows were finished on the device (`keys`, `ids` and `exact` are empty).
     finished: Option<fused::Finished>,
+    /// Absolute input rounding of the keys per coordinate (see `fused::Output::input_abs`).
+    input_abs: f64,
 }
 
 /// The exact keys the fused method gives for `req` when `wanted`: the kernel's, or Hellinger's
@@ -378,6 +380,7 @@ impl CudaEngine {
                             exact: out.exact,
                             cut,
                             finished: out.finished,
+                            input_abs: out.input_abs,
                         }
                     })
                 }
@@ -387,6 +390,7 @@ impl CudaEngine {
                     exact: None,
                     cut: vec![f32::INFINITY; req.queries.rows()],
                     finished: None,
+                    input_abs: 0.0,
                 }),
             };
             match r {
@@ -523,7 +527,7 @@ impl Engine for CudaEngine {
             return Ok(false);
         }
         let mut info = self.base_info(req);
-        let (finished, cut) = {
+        let (finished, cut, input_abs) = {
             let mut gpu = self
                 .gpu
                 .lock()
@@ -546,7 +550,7 @@ impl Engine for CudaEngine {
             };
             let rows = self.rows(&mut gpu, req, &info, true, None, Some(finish))?;
             match rows.finished {
-                Some(f) => (f, rows.cut),
+                Some(f) => (f, rows.cut, rows.input_abs),
                 // Not resident after all (memory ran short): the rows are asked again.
                 None => return Ok(false),
             }
@@ -564,7 +568,7 @@ impl Engine for CudaEngine {
             &cut,
             (info.bn_max, qn.as_deref()),
             info.centre.as_deref(),
-            (u, u_in),
+            (u, u_in, input_abs),
         );
         let complete = w >= req.available();
         for (i, p) in out.proven.iter_mut().enumerate() {
@@ -681,6 +685,7 @@ impl CudaEngine {
                 ids,
                 exact,
                 cut,
+                input_abs,
                 ..
             },
         ) = {
@@ -720,7 +725,7 @@ impl CudaEngine {
             &cut,
             (info.bn_max, qn.as_deref()),
             info.centre.as_deref(),
-            (u, u_in),
+            (u, u_in, input_abs),
         );
         if std::env::var_os("KNN_PROFILE").is_some() {
             eprintln!(

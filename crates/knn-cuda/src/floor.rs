@@ -79,6 +79,33 @@ fn norm(x: &[f32], centre: Option<&[f32]>) -> f32 {
     (s.sqrt() * (1.0 + 1e-6)) as f32
 }
 
+/// What an absolute rounding `eta` of each input coordinate (on top of the relative `u_in`)
+/// adds to a GEMM-form key's error: with |x̂ᵢ − xᵢ| ≤ u_in|xᵢ| + η,
+/// |Σ q̂ᵢb̂ᵢ − Σ qᵢbᵢ| grows by at most η(1 + u_in)(‖q‖₁ + ‖b‖₁) + dη² ≤
+/// η(1 + u_in)√d(‖q‖ + ‖b‖) + dη², times (1 + 2γ) for the accumulation, and twice that for
+/// squared L2 (`−2 q·b`). 0 when `eta` is 0 and for L1 / L∞.
+pub fn input_abs_bound(
+    kernel: Kernel,
+    d: usize,
+    (qn, bn): (f32, f32),
+    (u, u_in, eta): (f64, f64, f64),
+) -> f64 {
+    if eta == 0.0 {
+        return 0.0;
+    }
+    let n = (d + 8) as f64 * u;
+    let gamma = n / (1.0 - n);
+    let dot = (eta * (1.0 + u_in) * (d as f64).sqrt() * (qn as f64 + bn as f64)
+        + d as f64 * eta * eta)
+        * (1.0 + 2.0 * gamma)
+        * (1.0 + 1e-6);
+    match kernel {
+        Kernel::SqL2 => 2.0 * dot,
+        Kernel::NegDot => dot,
+        Kernel::L1 | Kernel::Linf => 0.0,
+    }
+}
+
 /// The largest f32 not above `x`, so that a floor stays a floor after rounding.
 fn round_down(x: f64) -> f32 {
     let f = x as f32;
@@ -91,7 +118,8 @@ fn round_down(x: f64) -> f32 {
 
 /// Per-row floors for rows of `req.width` sorted keys computed with accumulation unit `u` and
 /// input rounding `u_in` (`F32_UNIT, 0.0` for the FP32 kernels; `TF32_ACC_UNIT,
-/// TF32_INPUT_UNIT` for the tensor-core ones), on data centred by `centre` when given (`bn_max`
+/// TF32_INPUT_UNIT` for the tensor-core ones) plus `eta` absolute per coordinate (f16 inputs'
+/// subnormals, [`input_abs_bound`]), on data centred by `centre` when given (`bn_max`
 /// is then the largest norm of the centred base rows). Row i's W-th key is
 /// `keys[i·stride + stride − 1]` (`stride` = the width for whole rows, 1 for the W-th keys
 /// alone). Every point left out of row i has a computed key at least min(its W-th key,
@@ -103,7 +131,7 @@ pub fn floors(
     cut: &[f32],
     (bn_max, qn): (f32, Option<&[f32]>),
     centre: Option<&[f32]>,
-    (u, u_in): (f64, f64),
+    (u, u_in, eta): (f64, f64, f64),
 ) -> Vec<f32> {
     let w = req.width;
     let d = req.base.dim();
@@ -120,8 +148,9 @@ pub fn floors(
                 (Kernel::SqL2 | Kernel::NegDot, None) => norm(req.queries.row(i), centre),
                 _ => 0.0,
             };
-            let bound = req.kernel.error_bound(d, qn, bn_max, kth, u, u_in);
-            let f = round_down(kth as f64 - bound as f64);
+            let bound = req.kernel.error_bound(d, qn, bn_max, kth, u, u_in) as f64
+                + input_abs_bound(req.kernel, d, (qn, bn_max), (u, u_in, eta));
+            let f = round_down(kth as f64 - bound);
             if f.is_nan() {
                 f32::NEG_INFINITY
             } else {

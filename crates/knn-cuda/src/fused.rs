@@ -253,6 +253,9 @@ pub(crate) struct GraphLists {
     /// Every row finished at once (exact keys and final rows), made by the first call that
     /// finishes rows; later calls only download theirs.
     finished: std::cell::OnceCell<GraphFinished>,
+    /// Absolute input rounding of the lists' keys besides the relative one (per coordinate, in
+    /// the engine rows' units: f16's subnormal spacing, see `round_f16`; 0 for TF32 and FP32).
+    input_abs: f64,
 }
 
 /// Every row of a graph finished on the device (see `finish_lists`): `n × k` ids and
@@ -507,6 +510,7 @@ fn graph_lists<'g>(
     }
     *slot = Some(GraphLists {
         finished: std::cell::OnceCell::new(),
+        input_abs: 0.0,
         key,
         width: w,
         kernel: name,
@@ -592,31 +596,16 @@ fn collected_lists(
     if n * ((cap + w + 2) * 8 + d * 4) > budget / 2 {
         return Ok(None);
     }
-    let name = format!("sym_collect_tf32_{tag}");
     let tiles = n.div_ceil(QUERY_TILE);
     let partners = (tiles - 1) / 2 + 1;
     let nsplit = partners.min(8);
-    let (n64, d32) = (n as i64, d as i32);
     let mut timer = KernelTimer::start(gpu)?;
     let profile = std::env::var_os("KNN_PROFILE").is_some();
-    // The points rounded to TF32 once (the product's fragments are then taken as they are).
-    let rounded = gpu.alloc::<f32>(n * d)?;
-    let pt = gpu.ptr(&rounded);
-    {
-        let f = gpu.func("round_tf32")?;
-        let len = (n * d) as i64;
-        let mut l = gpu.stream.launch_builder(f);
-        l.arg(&b).arg(&len).arg(&pt);
-        // SAFETY: b and rounded hold n×d floats.
-        unsafe {
-            l.launch(LaunchConfig {
-                grid_dim: (((n * d).div_ceil(256)).min(gpu.sm_count * 16) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map_err(dev_err("round_tf32"))?;
-    }
+    // The points rounded once (the product's fragments are then taken as they are).
+    let rounded = rounded_points(gpu, b, n, d)?;
+    let (pt, us) = (rounded.ptr, rounded.us);
+    let name = format!("sym_collect_{}_{tag}", rounded.form);
+    let (n64, d32) = (n as i64, rounded.words as i32);
     let hi = if stride == 0 {
         gpu.upload(&vec![f32::INFINITY; n])?
     } else {
@@ -638,9 +627,10 @@ fn collected_lists(
             .arg(&q32)
             .arg(&s64)
             .arg(&r32)
-            .arg(&ph);
-        // SAFETY: pt holds n×d floats and bn n, hi n; the sample rows m·stride < n; the shared
-        // memory is the key tile and 2·r keys per row.
+            .arg(&ph)
+            .arg(&us);
+        // SAFETY: pt holds n rows of d32 words and bn n, hi n; the sample rows m·stride < n;
+        // the shared memory is the key tile and 2·r keys per row.
         unsafe {
             l.launch(LaunchConfig {
                 grid_dim: (tiles as u32, 1, 1),
@@ -671,9 +661,10 @@ fn collected_lists(
         .arg(&ph)
         .arg(&pc)
         .arg(&cap32)
-        .arg(&pb);
-    // SAFETY: pt holds n×d floats, bn, hi and cnt n, buf n×cap; the shared memory is laid
-    // out as `COLLECT_SMEM` says.
+        .arg(&pb)
+        .arg(&us);
+    // SAFETY: pt holds n rows of d32 words, bn, hi and cnt n, buf n×cap; the shared memory is
+    // laid out as `COLLECT_SMEM` says.
     unsafe {
         l.launch(LaunchConfig {
             grid_dim: ((tiles * nsplit) as u32, 1, 1),
@@ -722,6 +713,7 @@ fn collected_lists(
     }
     let lists = GraphLists {
         finished: std::cell::OnceCell::new(),
+        input_abs: rounded.input_abs,
         key: 0,
         width: w,
         kernel: format!("{name}_w{w}"),
@@ -729,6 +721,112 @@ fn collected_lists(
         cut,
     };
     Ok(Some((lists, ms)))
+}
+
+/// The points of a graph rounded once for the collect kernels' product: f16 (scaled by a power
+/// of two, `round_f16`; the default) or TF32 (`KNN_CUDA_COLLECT_F16=0`, `round_tf32`).
+struct Rounded {
+    _mem: CudaSlice<u32>,
+    ptr: u64,
+    /// "f16" or "tf32" (the kernels' names).
+    form: &'static str,
+    /// Words per row (the kernels' `d`): d for TF32, half of d rounded up to 8 for f16.
+    words: usize,
+    /// The product's keys are times us² (the inverse of the f16 scale, 1 for TF32).
+    us: f32,
+    /// Absolute rounding of each coordinate besides its relative 2⁻¹¹, in the rows' units.
+    input_abs: f64,
+}
+
+/// Rounds the `n × d` points at `b` for the collect kernels. f16 halves the product's
+/// instructions and bytes against TF32 at the same relative rounding (10 explicit mantissa
+/// bits); its narrow exponent is met by scaling every value by a power of two (exact) so that
+/// the largest magnitude lies in [2¹⁴, 2¹⁵), and values it leaves below f16's normal range
+/// are rounded to within 2⁻²⁵ (scaled), which the floors add (`input_abs`).
+fn rounded_points(gpu: &Gpu, b: u64, n: usize, d: usize) -> Result<Rounded> {
+    let grid = |len: usize| (len.div_ceil(256).min(gpu.sm_count * 16).max(1) as u32, 1, 1);
+    let f16 = std::env::var("KNN_CUDA_COLLECT_F16").map_or(true, |v| v != "0");
+    if !f16 {
+        let mem = gpu.alloc::<u32>(n * d)?;
+        let ptr = gpu.ptr(&mem);
+        let f = gpu.func("round_tf32")?;
+        let len = (n * d) as i64;
+        let mut l = gpu.stream.launch_builder(f);
+        l.arg(&b).arg(&len).arg(&ptr);
+        // SAFETY: b and mem hold n×d floats.
+        unsafe {
+            l.launch(LaunchConfig {
+                grid_dim: grid(n * d),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(dev_err("round_tf32"))?;
+        return Ok(Rounded {
+            _mem: mem,
+            ptr,
+            form: "tf32",
+            words: d,
+            us: 1.0,
+            input_abs: 0.0,
+        });
+    }
+    let maxbits = gpu
+        .stream
+        .alloc_zeros::<u32>(1)
+        .map_err(dev_err("allocating device memory"))?;
+    let pm = gpu.ptr(&maxbits);
+    let len = (n * d) as i64;
+    let f = gpu.func("abs_max_bits")?;
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&b).arg(&len).arg(&pm);
+    // SAFETY: b holds n×d floats, maxbits one word.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid_dim: grid(n * d),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+    .map_err(dev_err("abs_max_bits"))?;
+    let dp = d.next_multiple_of(8);
+    let words = dp / 2;
+    let mem = gpu.alloc::<u32>(n * words)?;
+    let ptr = gpu.ptr(&mem);
+    let (n64, d32, dp32) = (n as i64, d as i32, dp as i32);
+    let f = gpu.func("round_f16")?;
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&b).arg(&n64).arg(&d32).arg(&dp32).arg(&pm).arg(&ptr);
+    // SAFETY: b holds n×d floats, maxbits one word, mem n×dp halves.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid_dim: grid(n * dp),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+    .map_err(dev_err("round_f16"))?;
+    let us = 1.0 / f16_scale(gpu.download(&maxbits, 1)?[0]);
+    Ok(Rounded {
+        _mem: mem,
+        ptr,
+        form: "f16",
+        words,
+        us,
+        input_abs: F16_SUBNORMAL_HALF_SPACING * us as f64,
+    })
+}
+
+/// Half the spacing of f16's subnormals (2⁻²⁴): the largest error of rounding a scaled value
+/// below f16's normal range.
+const F16_SUBNORMAL_HALF_SPACING: f64 = 1.0 / (1u64 << 25) as f64;
+
+/// `round_f16`'s scale for a largest magnitude of bits `maxbits` (as `f16_scale` in sym.cu):
+/// 2^(14 − e) for the magnitude's binary exponent e, at most 2¹²⁷.
+fn f16_scale(maxbits: u32) -> f32 {
+    let e = (maxbits >> 23) as i32 - 127;
+    let k = (14 - e).min(127);
+    f32::from_bits(((k + 127) as u32) << 23)
 }
 
 /// Appends queued in shared memory per block of the collect kernel (`COLLECT_QUEUE`).
@@ -851,6 +949,9 @@ pub(crate) struct Output {
     /// empty).
     pub finished: Option<Finished>,
     pub kernel_ms: Option<f32>,
+    /// Absolute input rounding of the keys per coordinate besides the relative one (see
+    /// `GraphLists::input_abs`), for the floors.
+    pub input_abs: f64,
 }
 
 /// Runs the fused method with the kernels named by `tag` (a built-in kernel's
@@ -1005,6 +1106,8 @@ pub(crate) fn run(
         }
         _ => None,
     };
+    // Rows taken from the graph's lists carry its keys' absolute input rounding.
+    let input_abs = graph.map_or(0.0, |(g, _)| g.input_abs);
     let given_base = base.exact.zip(held).and_then(|(e, r)| r.given(e));
     // Rows finish here only with exact keys at hand.
     let mut finish = finish.take().filter(|_| given_base.is_some());
@@ -1319,6 +1422,7 @@ pub(crate) fn run(
         exact: exact.filter(|_| finished.is_none()),
         finished,
         kernel_ms,
+        input_abs,
     })
 }
 
@@ -1840,6 +1944,28 @@ fn key_blocks(
 
 #[cfg(test)]
 mod tests {
+    use super::f16_scale;
+
+    #[test]
+    fn f16_scale_puts_the_largest_magnitude_in_2_14_to_2_15() {
+        for m in [
+            1.0f32,
+            0.75,
+            3.0e-7,
+            1.0e30,
+            65504.0,
+            f32::MAX,
+            1.0e-38,
+            1.0e-44,
+        ] {
+            let s = f16_scale(m.to_bits());
+            let scaled = m as f64 * s as f64;
+            assert!(scaled < 32768.0, "{m}: {scaled}");
+            // Below 2^14 only where the scale is capped at 2^127.
+            assert!(scaled >= 16384.0 || s == 2f32.powi(127), "{m}: {scaled}");
+        }
+        assert_eq!(f16_scale(0), 2f32.powi(127));
+    }
     use super::{split_count, split_width, CollectPlan};
 
     #[test]

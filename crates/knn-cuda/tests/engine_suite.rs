@@ -202,7 +202,35 @@ fn symmetric_graphs() {
             graphs += 1;
         }
     }
-    // The collect form (TF32 kernels) under plans that go wrong on purpose: a threshold that
+    // Rows scaled by 2^0 .. 2^-33 (and a zero row): f16's scaled values of the small rows fall
+    // below its normal range, where only the floors' absolute term covers their rounding.
+    let (n, d) = (2500, 16);
+    let u = uniform(n, d, 91);
+    let spread: Vec<f32> = (0..n)
+        .flat_map(|i| {
+            let s = if i == 7 {
+                0.0
+            } else {
+                (-3.0 * (i % 12) as f32).exp2()
+            };
+            u.view()
+                .row(i)
+                .iter()
+                .map(move |&v| v * s)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let spread = Matrix::new("spread", spread, d).unwrap();
+    for (metric, k) in [
+        (Metric::SqL2, 30),
+        (Metric::Hellinger, 10),
+        (Metric::InnerProduct, 5),
+    ] {
+        eprintln!("symmetric graph of rows over 33 binary orders {metric} k={k}");
+        same_as_cpu(&e, &spread, None, k, &metric);
+        graphs += 1;
+    }
+    // The collect form (f16 / TF32 kernels) under plans that go wrong on purpose: a threshold that
     // keeps fewer than the width (the lists' cut must then prove or retry the rows), and
     // buffers that overflow (every row retried). The same graphs either way.
     let wide = uniform(7001, 24, 5);
