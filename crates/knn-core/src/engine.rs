@@ -225,6 +225,15 @@ pub trait Engine: Sync {
         false
     }
 
+    /// Told, while the pipeline prepares its data (on a thread of its own), that the coming
+    /// requests keyed `base_key` (see [`CandidateRequest::base_key`]) take `base`, the rows as
+    /// given, as their base or derive their base from it. An engine may copy them to its device
+    /// meanwhile, and use that copy for those requests wherever they need these very rows (the
+    /// same memory). Default: nothing.
+    fn prefetch_base(&self, base_key: u64, base: MatrixRef<'_>) {
+        let _ = (base_key, base);
+    }
+
     /// Told before the rounds of a whole kNN graph of a symmetric metric when
     /// [`Engine::graph_candidates`] declined: every row of the base keyed `base_key` (see
     /// [`CandidateRequest::base_key`]) will be asked for, first tries `width` wide, each row

@@ -186,6 +186,13 @@ impl<'a> MatrixRef<'a> {
             Src::Roots(r, first) => &r.values()[first * self.dim..(first + self.rows) * self.dim],
         }
     }
+    /// The row-major buffer when the rows are values held in memory (not derived ones).
+    pub fn values(&self) -> Option<&'a [f32]> {
+        match self.src {
+            Src::Values(v) => Some(v),
+            Src::Roots(..) => None,
+        }
+    }
     /// Point `i`.
     #[inline]
     pub fn row(&self, i: usize) -> &'a [f32] {

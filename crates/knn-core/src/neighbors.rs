@@ -22,14 +22,16 @@ impl Neighbors {
         // Both in huge pages where the kernel allows: fills and downloads into them are bound by
         // page faults otherwise.
         let mut distances: Vec<f32> = crate::pages::zeroed_huge(rows * k);
+        let mut ids: Vec<u32> = crate::pages::zeroed_huge(rows * k);
         distances
             .par_chunks_mut(1 << 16)
             .for_each(|c| c.fill(f32::NAN));
-        Self {
-            k,
-            ids: crate::pages::zeroed_huge(rows * k),
-            distances,
-        }
+        // Written now (zeros) so that the pages exist before results are copied in (by the
+        // GPU engine's downloads, which otherwise take the faults on fewer threads).
+        // (Through `black_box`: the compiler may not drop zeros written over zeroed memory.)
+        ids.par_chunks_mut(1 << 16)
+            .for_each(|c| std::hint::black_box(c).fill(0));
+        Self { k, ids, distances }
     }
     /// Number of query rows.
     pub fn rows(&self) -> usize {

@@ -793,6 +793,10 @@ fn workers(engine: &dyn Engine) -> Vec<&dyn Engine> {
     out
 }
 
+/// Values of a base from which the engine is told of it before the host prepares (smaller
+/// ones are not worth a thread).
+const PREFETCH_MIN: usize = 1 << 22;
+
 /// The pipeline for the query rows `rows` (all of them, or a piece of a graph); the result's row
 /// `i` is query `rows.start + i`. Rounds of queries go to the engine's workers (see
 /// [`Engine::devices`], [`Engine::concurrent_rounds`]); each round's rows are the same whichever
@@ -809,15 +813,27 @@ fn run(
 ) -> Result<Neighbors> {
     let profile = std::env::var_os("KNN_PROFILE").is_some();
     let mut since = std::time::Instant::now();
-    let available = validate(metric, base, queries, k)?;
-    if profile {
-        eprintln!(
-            "pipeline: validate: {:.2} ms",
-            since.elapsed().as_secs_f64() * 1e3
-        );
-        since = std::time::Instant::now();
-    }
-    let prep = prepare(metric, base, queries)?;
+    let base_key = crate::engine::base_key();
+    // The engine may copy the given base to its device while the host validates and prepares
+    // (a base found invalid only wastes the copy), and the output's pages are made meanwhile.
+    let (prep, mut out) = std::thread::scope(|s| {
+        if base.rows() * base.dim() >= PREFETCH_MIN {
+            s.spawn(|| engine.prefetch_base(base_key, base));
+        }
+        let available = validate(metric, base, queries, k)?;
+        if profile {
+            eprintln!(
+                "pipeline: validate: {:.2} ms",
+                since.elapsed().as_secs_f64() * 1e3
+            );
+            since = std::time::Instant::now();
+        }
+        let out = s.spawn(|| Neighbors::with_shape(rows.len(), k));
+        let prep = prepare(metric, base, queries);
+        let out = out.join().expect("allocating the output panicked");
+        Ok::<_, KnnError>(((prep?, available), out))
+    })?;
+    let (prep, available) = prep;
     let xb = prep.exact_base.view();
     let kernel = metric.kernel();
     let workers = workers(engine);
@@ -836,7 +852,7 @@ fn run(
         k,
         available,
         width0,
-        base_key: crate::engine::base_key(),
+        base_key,
         exact_data: prep.engine.is_none(),
         expr: prep.expr.as_ref(),
         symmetric: None,
@@ -857,7 +873,6 @@ fn run(
         ctx.lap("engine (symmetric, all rows)", &mut since);
     }
     let first = rows.start;
-    let mut out = Neighbors::with_shape(rows.len(), k);
     let per_round = (CANDIDATE_BYTES_PER_ROUND / workers.len() / (8 * width0))
         .max(1024)
         .min(

@@ -2,7 +2,8 @@
 
 use crate::staging::{bytes_of, bytes_of_mut, Staging};
 use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError,
+    sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    DriverError,
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
 use knn_core::{KnnError, Result};
@@ -107,6 +108,9 @@ pub(crate) struct Gpu {
     pub blas: Option<cudarc::cublas::CudaBlas>,
     /// Page-locked memory for large copies, made on first use.
     staging: std::cell::OnceCell<Staging>,
+    /// A second stream, for downloads that overlap the main stream's kernels (made on first
+    /// use; see [`Gpu::download_range_after`]).
+    copies: std::cell::OnceCell<Arc<CudaStream>>,
     /// The stream-ordered allocator's pool (its handle's address: a driver object usable from
     /// any thread), when it keeps freed memory (see [`keep_pool_memory`]).
     pool: Option<usize>,
@@ -186,6 +190,7 @@ impl Gpu {
             sym_module: None,
             blas: None,
             staging: std::cell::OnceCell::new(),
+            copies: std::cell::OnceCell::new(),
             pool,
         })
     }
@@ -360,13 +365,30 @@ impl Gpu {
         Ok(())
     }
 
-    /// Values `at..at + dst.len()` of `src` into `dst` (large ones through the staging memory).
-    /// `T` is a plain number type (every bit pattern valid).
-    pub fn download_range<T: cudarc::driver::DeviceRepr + Copy>(
+    /// The stream of [`Gpu::download_range_after`].
+    fn copy_stream(&self) -> Result<&Arc<CudaStream>> {
+        if self.copies.get().is_none() {
+            // SAFETY: this crate orders its streams itself: the copy stream only reads buffers
+            // after waiting for an event recorded behind their writers, and every such copy
+            // has completed (the host waits for it) before its buffer can be dropped.
+            unsafe { self.ctx.disable_event_tracking() };
+            let s = self
+                .ctx
+                .new_stream()
+                .map_err(dev_err("creating a stream"))?;
+            let _ = self.copies.set(s);
+        }
+        Ok(self.copies.get().expect("set above"))
+    }
+
+    /// `src[at..at + dst.len()]` into `dst`, on a stream of its own once the main stream's work
+    /// recorded in `after` has completed: the main stream's later work goes on meanwhile.
+    pub fn download_range_after<T: cudarc::driver::DeviceRepr + Copy>(
         &self,
         src: &CudaSlice<T>,
         at: usize,
         dst: &mut [T],
+        after: &CudaEvent,
     ) -> Result<()> {
         let end = at + dst.len();
         if end > src.len() {
@@ -375,13 +397,27 @@ impl Gpu {
                 src.len()
             )));
         }
+        let copies = self.copy_stream()?;
+        copies
+            .wait(after)
+            .map_err(dev_err("waiting for an event"))?;
+        let from = self.ptr(src) + (at * std::mem::size_of::<T>()) as u64;
         if std::mem::size_of_val(dst) >= STAGED_MIN {
-            let from = self.ptr(src) + (at * std::mem::size_of::<T>()) as u64;
             self.staging()?
-                .download_own_threads(self, from, bytes_of_mut(dst))?;
+                .download_on(copies, from, bytes_of_mut(dst))?;
         } else if !dst.is_empty() {
-            self.stream
-                .memcpy_dtoh(&src.slice(at..end), dst)
+            // SAFETY: the range lies in `src` (checked above); the copy to pageable memory
+            // has completed when the stream is synchronised below.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(
+                    bytes_of_mut(dst),
+                    from,
+                    copies.cu_stream(),
+                )
+            }
+            .map_err(dev_err("copying from the device"))?;
+            copies
+                .synchronize()
                 .map_err(dev_err("copying from the device"))?;
         }
         Ok(())

@@ -5,7 +5,7 @@ use crate::floor::{centred_max_norm, floors, mean, F32_UNIT, TF32_ACC_UNIT, TF32
 use crate::fused::{self, GraphLists, Resident, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX};
 use knn_core::{
     CandidateRequest, Candidates, Engine, ExactFrom, ExprPlan, FinishedRows, Kernel, KnnError,
-    Metric, Result, Symmetry,
+    MatrixRef, Metric, Result, Symmetry,
 };
 use std::fmt;
 use std::str::FromStr;
@@ -85,6 +85,8 @@ pub struct CudaEngine {
     graph: Mutex<Option<GraphLists>>,
     /// Graphs whose first tries were made symmetrically so far.
     graphs_made: AtomicUsize,
+    /// The given base of the coming requests, copied while the host prepared.
+    prefetched: Mutex<Option<fused::Prefetched>>,
 }
 
 /// One call's rows: approximate keys and ids (`nq × W`), and the exact keys when computed.
@@ -163,6 +165,7 @@ impl CudaEngine {
             graph_ahead: Mutex::new(None),
             graph: Mutex::new(None),
             graphs_made: AtomicUsize::new(0),
+            prefetched: Mutex::new(None),
         })
     }
 
@@ -331,6 +334,7 @@ impl CudaEngine {
         {
             *graph = None;
         }
+        let mut prefetched = self.prefetched.lock().unwrap_or_else(|p| p.into_inner());
         let ahead = *self.graph_ahead.lock().unwrap_or_else(|p| p.into_inner());
         let symmetric = self.method == Method::Fused
             && expr.is_none()
@@ -356,6 +360,7 @@ impl CudaEngine {
                         cache: &mut resident,
                         exact: exact_view(req, exact && expr.is_none()),
                         graph: symmetric.then_some(&mut *graph),
+                        prefetched: &mut prefetched,
                     };
                     let finish = finish.as_mut().map(fused::Finish::reborrow);
                     fused::run(gpu, req, budget, base, tag, finish).map(|out| {
@@ -477,6 +482,34 @@ impl Engine for CudaEngine {
 
     /// Remembered: the first try of that graph's first round makes every row's lists with the
     /// symmetric kernels (when this engine's [`Symmetry`] says so), the rounds copy theirs.
+    /// The fused method copies the given base while the host prepares (when it would stay
+    /// resident: four times its size fits the memory budget); the first request that uploads
+    /// those rows takes the copy.
+    fn prefetch_base(&self, base_key: u64, base: MatrixRef<'_>) {
+        let Some(rows) = base.values().filter(|_| self.method == Method::Fused) else {
+            return;
+        };
+        let Ok(gpu) = self.gpu.lock() else {
+            return;
+        };
+        if gpu.ctx.bind_to_thread().is_err() {
+            return;
+        }
+        let mut slot = self.prefetched.lock().unwrap_or_else(|p| p.into_inner());
+        *slot = None;
+        let fits = self
+            .budget(&gpu)
+            .is_ok_and(|b| 4 * std::mem::size_of_val(rows) <= b);
+        // A failed copy only loses the head start: the request uploads the rows itself.
+        if let Some(buf) = fits.then(|| gpu.upload(rows).ok()).flatten() {
+            *slot = Some(fused::Prefetched {
+                key: base_key,
+                host: (rows.as_ptr() as usize, rows.len()),
+                buf,
+            });
+        }
+    }
+
     fn expect_graph(&self, base_key: u64, width: usize) {
         *self.graph_ahead.lock().unwrap_or_else(|p| p.into_inner()) = Some((base_key, width));
     }

@@ -238,6 +238,8 @@ pub(crate) struct BaseView<'a> {
     /// ([`knn_core::Engine::expect_graph`]): the symmetric lists kept for it, made on the
     /// first such request (see [`GraphLists`]).
     pub graph: Option<&'a mut Option<GraphLists>>,
+    /// The given base rows copied ahead (see [`Prefetched`]), taken by the upload of those rows.
+    pub prefetched: &'a mut Option<Prefetched>,
 }
 
 /// Every row's first-try lists of a whole kNN graph, made at once with each unordered pair's
@@ -258,6 +260,35 @@ pub(crate) struct GraphLists {
     input_abs: f64,
 }
 
+/// The given base rows copied to the device while the host prepared (see
+/// `Engine::prefetch_base`), for the requests keyed `key` that upload these very host rows.
+pub(crate) struct Prefetched {
+    pub(crate) key: u64,
+    /// Address and length of the host rows.
+    pub(crate) host: (usize, usize),
+    pub(crate) buf: CudaSlice<f32>,
+}
+
+/// `rows` on the device: the prefetched copy when it holds these very host rows for a request
+/// keyed as it is, else uploaded now (a copy prefetched for another key is dropped).
+fn upload_rows(
+    gpu: &Gpu,
+    slot: &mut Option<Prefetched>,
+    key: Option<u64>,
+    rows: &[f32],
+) -> Result<CudaSlice<f32>> {
+    if slot.as_ref().is_some_and(|p| Some(p.key) != key) {
+        *slot = None;
+    }
+    if slot
+        .as_ref()
+        .is_some_and(|p| p.host == (rows.as_ptr() as usize, rows.len()))
+    {
+        return Ok(slot.take().expect("checked above").buf);
+    }
+    gpu.upload(rows)
+}
+
 /// Every row of a graph finished on the device (see `finish_lists`): `n × k` ids and
 /// distances, and per row the k-th exact key and the W-th composite.
 struct GraphFinished {
@@ -267,6 +298,44 @@ struct GraphFinished {
     dists: CudaSlice<f32>,
     kth: CudaSlice<f64>,
     last: CudaSlice<u64>,
+    /// Per launch of [`FINISH_ROWS`] rows: recorded behind it (its rows' downloads wait for it
+    /// alone, on the copy stream, while the main stream finishes the next rows) ...
+    ready: Vec<cudarc::driver::CudaEvent>,
+    /// ... and its flag of a list holding an unwritten slot or the row's own id.
+    bad: CudaSlice<u32>,
+}
+
+impl GraphFinished {
+    /// Rows `at..at + ids.len() / k` into the host slices, once their launches are done (see
+    /// `ready`); an error when one of those launches flagged a bad list.
+    fn download(
+        &self,
+        gpu: &Gpu,
+        at: usize,
+        out: FinishedChunk<'_>,
+        cut: (&CudaSlice<u64>, &mut [u64]),
+    ) -> Result<()> {
+        let m = out.kth.len();
+        if m == 0 {
+            return Ok(());
+        }
+        let (first, last) = (at / FINISH_ROWS, (at + m - 1) / FINISH_ROWS);
+        let after = &self.ready[last];
+        let k = self.k;
+        gpu.download_range_after(&self.ids, at * k, out.ids, after)?;
+        gpu.download_range_after(&self.dists, at * k, out.dists, after)?;
+        gpu.download_range_after(&self.kth, at, out.kth, after)?;
+        gpu.download_range_after(&self.last, at, out.last, after)?;
+        gpu.download_range_after(cut.0, at, cut.1, after)?;
+        let mut flags = vec![0u32; last + 1 - first];
+        gpu.download_range_after(&self.bad, first, &mut flags, after)?;
+        if flags.iter().any(|&b| b != 0) {
+            return Err(KnnError::Device(
+                "a graph's list holds an unwritten slot or the row's own id".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Rows per launch when a whole graph is finished at once (bounds the exact keys' buffer).
@@ -289,21 +358,22 @@ fn graph_finished<'g>(
     if n * (8 * k + 16) + FINISH_ROWS * w * 8 > budget / 4 {
         return Ok(None);
     }
-    let f = GraphFinished {
+    let mut f = GraphFinished {
         k,
         mode,
         ids: gpu.alloc::<u32>(n * k)?,
         dists: gpu.alloc::<f32>(n * k)?,
         kth: gpu.alloc::<f64>(n)?,
         last: gpu.alloc::<u64>(n)?,
+        ready: Vec::new(),
+        bad: gpu
+            .stream
+            .alloc_zeros::<u32>(n.div_ceil(FINISH_ROWS))
+            .map_err(dev_err("allocating device memory"))?,
     };
     // Each row excludes itself.
     let own: Vec<u32> = (0..n as u32).collect();
     let own = gpu.upload(&own)?;
-    let bad = gpu
-        .stream
-        .alloc_zeros::<u32>(1)
-        .map_err(dev_err("allocating device memory"))?;
     for at in (0..n).step_by(FINISH_ROWS) {
         let m = FINISH_ROWS.min(n - at);
         let lists = gpu.ptr(&g.lists) + (at * w * 8) as u64;
@@ -321,15 +391,15 @@ fn graph_finished<'g>(
             (lists, gpu.ptr(&keys), w),
             (k, mode),
             (n, excl),
-            gpu.ptr(&bad),
+            gpu.ptr(&f.bad) + (at / FINISH_ROWS * 4) as u64,
             out,
             m,
         )?;
-    }
-    if gpu.download(&bad, 1)?[0] != 0 {
-        return Err(KnnError::Device(
-            "a graph's list holds an unwritten slot or the row's own id".into(),
-        ));
+        f.ready.push(
+            gpu.stream
+                .record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(dev_err("recording an event"))?,
+        );
     }
     Ok(Some(g.finished.get_or_init(|| f)))
 }
@@ -1034,7 +1104,7 @@ pub(crate) fn run(
         let r = if let Some(roots) = req.base.centred_roots().filter(|_| derived) {
             // Hellinger's centred roots, derived here from the given rows (uploaded once, and
             // kept for the exact keys) with the host's centre: the same bits as the host's.
-            let orig = gpu.upload(roots.given.as_slice())?;
+            let orig = upload_rows(gpu, base.prefetched, req.base_key, roots.given.as_slice())?;
             let centre = gpu.upload(roots.centre)?;
             let (b, norm_up) = (gpu.alloc::<f32>(nb * d)?, gpu.alloc::<f32>(nb)?);
             let ptrs = (gpu.ptr(&b), gpu.ptr(&norm_up));
@@ -1051,9 +1121,11 @@ pub(crate) fn run(
                 norm_up: Some(gpu.download(&norm_up, nb)?),
             }
         } else {
-            let given = gpu.upload(req.base.as_slice())?;
+            let given = upload_rows(gpu, base.prefetched, req.base_key, req.base.as_slice())?;
             let orig = match base.exact {
-                Some(Exact::Hellinger { base: rows, .. }) => Some(gpu.upload(rows)?),
+                Some(Exact::Hellinger { base: rows, .. }) => {
+                    Some(upload_rows(gpu, base.prefetched, req.base_key, rows)?)
+                }
                 _ if copies == 2 => Some(
                     gpu.stream
                         .clone_dtod(&given)
@@ -1120,6 +1192,7 @@ pub(crate) fn run(
         kth: vec![0.0; nq],
         last: vec![0; nq],
     });
+    let mut bad_flagged = false;
     let bad = gpu
         .stream
         .alloc_zeros::<u32>(1)
@@ -1188,11 +1261,13 @@ pub(crate) fn run(
             let given = (exact_kind, gpu.ptr(gb), d);
             if let Some(all) = graph_finished(gpu, g, (f.k, f.mode), given, rest)? {
                 let k = f.k;
-                gpu.download_range(&all.ids, at * k, &mut f.ids[qs * k..qe * k])?;
-                gpu.download_range(&all.dists, at * k, &mut f.dists[qs * k..qe * k])?;
-                gpu.download_range(&all.kth, at, &mut done.kth[qs..qe])?;
-                gpu.download_range(&all.last, at, &mut done.last[qs..qe])?;
-                gpu.download_range(&g.cut, at, &mut cut_all[qs..qe])?;
+                let rows = FinishedChunk {
+                    ids: &mut f.ids[qs * k..qe * k],
+                    dists: &mut f.dists[qs * k..qe * k],
+                    kth: &mut done.kth[qs..qe],
+                    last: &mut done.last[qs..qe],
+                };
+                all.download(gpu, at, rows, (&g.cut, &mut cut_all[qs..qe]))?;
                 phases.lap(gpu, "finished or keys down");
                 continue;
             }
@@ -1399,6 +1474,7 @@ pub(crate) fn run(
                     last: &mut done.last[qs..qe],
                 };
                 finish_lists(gpu, lists, (k, f.mode), (nb, excl_ptr), gpu.ptr(&bad), rows)?;
+                bad_flagged = true;
             } else {
                 gpu.download_into(&keys, &mut ex[qs * w..qe * w])?;
             }
@@ -1411,7 +1487,9 @@ pub(crate) fn run(
         phases.lap(gpu, "downloads");
     }
     phases.print(nq);
-    if gpu.download(&bad, 1)?[0] != 0 {
+    // (Only `finish_lists` flags it: rows from a finished graph were checked by their own
+    // download, and waiting here would wait for the graph's later launches too.)
+    if bad_flagged && gpu.download(&bad, 1)?[0] != 0 {
         return Err(KnnError::Device(
             "a candidate list holds an unwritten slot or an excluded id".into(),
         ));

@@ -3,7 +3,7 @@
 //! driver's bounce through pageable memory.
 
 use crate::device::{dev_err, Gpu};
-use cudarc::driver::{CudaEvent, PinnedHostSlice};
+use cudarc::driver::{CudaEvent, CudaStream, PinnedHostSlice};
 use knn_core::Result;
 use rayon::prelude::*;
 
@@ -33,12 +33,22 @@ pub(crate) fn bytes_of_mut<T: Copy>(v: &mut [T]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
 }
 
-/// Threads of [`thread_copy`]: one memcpy stream reaches about a third of the bus's speed.
-const COPY_THREADS: usize = 4;
+/// Threads of [`thread_copy`]: one memcpy stream reaches about a third of the bus's speed
+/// (`KNN_COPY_THREADS` overrides it, for measurements).
+fn copy_threads() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("KNN_COPY_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| (1..=64).contains(&n))
+            .unwrap_or(4)
+    })
+}
 
-/// `dst.copy_from_slice(src)` on [`COPY_THREADS`] scoped threads.
+/// `dst.copy_from_slice(src)` on [`copy_threads`] scoped threads.
 fn thread_copy(dst: &mut [u8], src: &[u8]) {
-    let part = dst.len().div_ceil(COPY_THREADS).max(1 << 16);
+    let part = dst.len().div_ceil(copy_threads()).max(1 << 16);
     std::thread::scope(|sc| {
         let mut pieces = dst.chunks_mut(part).zip(src.chunks(part));
         let first = pieces.next();
@@ -162,6 +172,17 @@ impl Staging {
         gpu: &Gpu,
         src: u64,
         bytes: usize,
+        sink: impl FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        self.download_with(&gpu.stream, src, bytes, sink)
+    }
+
+    /// [`Staging::download`] on `stream`.
+    fn download_with(
+        &self,
+        stream: &CudaStream,
+        src: u64,
+        bytes: usize,
         mut sink: impl FnMut(usize, &[u8]),
     ) -> Result<()> {
         let chunks = bytes.div_ceil(STAGE_CHUNK);
@@ -175,12 +196,12 @@ impl Staging {
                 cudarc::driver::result::memcpy_dtoh_async(
                     buf,
                     src + (i * STAGE_CHUNK) as u64,
-                    gpu.stream.cu_stream(),
+                    stream.cu_stream(),
                 )
             }
             .map_err(dev_err("copying from the device"))?;
             self.done[s]
-                .record(&gpu.stream)
+                .record(stream)
                 .map_err(dev_err("recording an event"))
         };
         for i in 0..chunks.min(STAGE_SLOTS) {
@@ -199,6 +220,14 @@ impl Staging {
     pub(crate) fn download_into(&self, gpu: &Gpu, src: u64, dst: &mut [u8]) -> Result<()> {
         self.download(gpu, src, dst.len(), |off, b| {
             par_copy(&mut dst[off..off + b.len()], b)
+        })
+    }
+
+    /// `dst.len()` bytes from the device at `src` on `stream`, the host copies on threads of
+    /// their own.
+    pub(crate) fn download_on(&self, stream: &CudaStream, src: u64, dst: &mut [u8]) -> Result<()> {
+        self.download_with(stream, src, dst.len(), |off, b| {
+            thread_copy(&mut dst[off..off + b.len()], b)
         })
     }
 

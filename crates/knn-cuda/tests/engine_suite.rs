@@ -255,6 +255,24 @@ fn symmetric_graphs() {
     assert!(made >= graphs / 2, "{made} of {graphs}");
 }
 
+/// Bases large enough (≥ 2²² values) that the pipeline has the engine copy them while the host
+/// prepares (`Engine::prefetch_base`): graphs and a search, with and without derived rows.
+#[test]
+fn prefetched_bases() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "prefetched_bases") {
+        return;
+    }
+    let e = CudaEngine::new(0, Method::Fused).unwrap();
+    let b = uniform(16500, 256, 3);
+    let q = uniform(700, 256, 4);
+    for metric in [Metric::Hellinger, Metric::SqL2] {
+        eprintln!("prefetched base, graph {metric}");
+        same_as_cpu(&e, &b, None, 10, &metric);
+        eprintln!("prefetched base, search {metric}");
+        same_as_cpu(&e, &b, Some(&q), 10, &metric);
+    }
+}
+
 #[test]
 fn large_widths() {
     if !kit::gpu_available_or_skip(CudaEngine::available(), "large_widths") {
