@@ -5,7 +5,9 @@ PyTorch (the issue's peer): data already on the GPU, sqrt transform, then for ch
 ‖a‖² + ‖b‖² − 2abᵀ (`torch.addmm`, TF32 off), the row's own point masked, `topk`; CUDA events,
 median after warm-up; and "h2h": the same from the host array to host arrays (upload and download
 timed too, as ours is). Ours: `knn graph --metric hellinger` end to end (host arrays in, host
-results out, the exact f64 re-rank included), `--repeat` median, same .npy file; with
+results out, the exact f64 re-rank included), median of `--repeat` runs after the same two
+warm-up runs PyTorch gets (the first run of a process loads modules and grows memory pools),
+same .npy file; with
 `--metric-expr` too when the binary has it (same graph required, checked with cmp). Ours runs
 with `--symmetric on` (each unordered pair computed once) and `--symmetric off` (every row
 against every point), whose graphs must be the same bytes; the ratios are taken on the faster.
@@ -62,13 +64,23 @@ def torch_graph_ms(x_host, chunk=10000, reps=5, host=False):
     return sorted(ts)[len(ts) // 2]
 
 
+WARMUP = 2  # runs before the timed ones, for both (PyTorch's loop above does the same)
+
+
 def ours_ms(knn, path, out, extra, reps):
+    """Median ms of `reps` runs of ours after WARMUP runs in the same process (`--repeat`)."""
     timing = out + ".json"
-    cmd = [knn, "graph", "-p", path, "-k", str(K), "--device", "cuda", "--repeat", str(reps),
+    cmd = [knn, "graph", "-p", path, "-k", str(K), "--device", "cuda", "--repeat",
+           str(reps + WARMUP),
            "--timing-json", timing, "-o", out, "--force", "--quiet"] + extra
     subprocess.run(cmd, check=True)
     with open(timing) as f:
-        return json.load(f)["median_ms"]
+        t = json.load(f)
+    times = t["times_ms"]
+    print(f"  ours {' '.join(extra)}: every run " + ", ".join(f"{x:.1f}" for x in times)
+          + f" ms (the first {WARMUP} are warm-up)", flush=True)
+    timed = sorted(times[WARMUP:])
+    return timed[len(timed) // 2]
 
 
 def main():
