@@ -15,6 +15,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    knn::pages::fresh_pages_for_large_buffers();
     let cli = args::Cli::parse();
     let quiet = cli.quiet;
     let result = match cli

@@ -245,6 +245,31 @@ pub trait Engine: Sync {
         let _ = (base_key, width);
     }
 
+    /// Told of the output's buffers once they exist, zeroed and their pages not yet made (on
+    /// a thread of their own, maybe while another call of this engine runs), before any
+    /// request writes into them. An engine may page-lock them in place, so that the rows it
+    /// finishes are copied straight in, until [`Engine::release_output`], which the pipeline
+    /// calls before it returns them (whatever it returns). Returns whether it did (their pages
+    /// are then made); otherwise the pipeline makes them. Default: nothing, `false`.
+    fn adopt_output(&self, ids: &mut [u32], distances: &mut [f32]) -> bool {
+        let _ = (ids, distances);
+        false
+    }
+
+    /// The buffers given to [`Engine::adopt_output`] go back to the caller. Default: nothing.
+    fn release_output(&self) {}
+
+    /// Called after [`Engine::expect_graph`], before the output exists (the host makes its
+    /// pages meanwhile, on another thread): `req` is a first try of that graph for no rows (its
+    /// base, width, kernel and exact data as every first try's), whose rows will be finished
+    /// by [`Engine::finish_rows`] for `k` neighbours under `metric`. An engine that computes
+    /// and finishes every row at once may do that work now, so that it overlaps the host's;
+    /// the later calls must answer exactly as they would have without it. Default: nothing.
+    fn begin_graph(&self, req: &CandidateRequest<'_>, metric: &Metric, k: usize) -> Result<()> {
+        let _ = (req, metric, k);
+        Ok(())
+    }
+
     /// Candidates under an expression metric ([`crate::Metric::Expr`]): the same contract as
     /// [`Engine::candidates`], with keys from `plan`'s program instead of `req.kernel` (which
     /// is meaningless here). `req.base` and `req.queries` hold the plan's features

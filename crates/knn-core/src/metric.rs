@@ -236,8 +236,8 @@ impl Metric {
         }
     }
 
-    /// Checks the inputs against the metric's domain (Hellinger: ≥ 0; cosine: no zero vector).
-    /// Expression metrics are checked on base and queries together when they are prepared.
+    /// Checks the inputs' values against the metric's domain (Hellinger: ≥ 0; cosine: no zero
+    /// vector); see also [`Metric::check_shape`]. Expression metrics are checked on base and queries together when they are prepared.
     pub fn check_domain(&self, what: &str, m: MatrixRef<'_>) -> Result<()> {
         match self {
             Metric::Hellinger => {
@@ -268,19 +268,24 @@ impl Metric {
                     )));
                 }
             }
-            Metric::Mahalanobis(Covariance::Given(c))
-                if c.rows() != m.dim() || c.dim() != m.dim() =>
-            {
-                return Err(KnnError::Covariance(format!(
-                    "covariance is {}×{}, the data has d={}",
-                    c.rows(),
-                    c.dim(),
-                    m.dim()
-                )));
-            }
             _ => {}
         }
         Ok(())
+    }
+
+    /// Checks the metric's own data against the dimension `d` of the inputs (a given
+    /// covariance must be d × d). Cheap; comes before any pass over the values.
+    pub fn check_shape(&self, d: usize) -> Result<()> {
+        match self {
+            Metric::Mahalanobis(Covariance::Given(c)) if c.rows() != d || c.dim() != d => {
+                Err(KnnError::Covariance(format!(
+                    "covariance is {}×{}, the data has d={d}",
+                    c.rows(),
+                    c.dim()
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 }
 

@@ -16,22 +16,35 @@ pub struct Neighbors {
 impl Neighbors {
     /// An empty result of `rows × k`, ids 0 and distances NaN until written.
     pub fn with_shape(rows: usize, k: usize) -> Self {
+        let mut out = Self::zeroed(rows, k);
+        out.mark_unwritten();
+        out
+    }
+
+    /// A result of `rows × k` zeros whose pages are not yet made (large buffers come as fresh
+    /// memory, advised to huge pages where the kernel allows: fills and downloads into them
+    /// are bound by page faults otherwise).
+    pub fn zeroed(rows: usize, k: usize) -> Self {
+        Self {
+            k,
+            ids: crate::pages::zeroed_huge(rows * k),
+            distances: crate::pages::zeroed_huge(rows * k),
+        }
+    }
+
+    /// Distances NaN (unwritten), ids written too: every page is made now, on every core
+    /// (for large results the fill is mostly first-touch page faults, which one thread takes
+    /// far longer to serve; k = 16, 2^23 rows: 512 MiB), not later by the copies of results
+    /// into them.
+    pub fn mark_unwritten(&mut self) {
         use rayon::prelude::*;
-        // Filled on every core: for large results the fill is mostly first-touch page faults,
-        // which one thread takes far longer to serve (k = 16, 2^23 rows: 512 MiB).
-        // Both in huge pages where the kernel allows: fills and downloads into them are bound by
-        // page faults otherwise.
-        let mut distances: Vec<f32> = crate::pages::zeroed_huge(rows * k);
-        let mut ids: Vec<u32> = crate::pages::zeroed_huge(rows * k);
-        distances
+        self.distances
             .par_chunks_mut(1 << 16)
             .for_each(|c| c.fill(f32::NAN));
-        // Written now (zeros) so that the pages exist before results are copied in (by the
-        // GPU engine's downloads, which otherwise take the faults on fewer threads).
         // (Through `black_box`: the compiler may not drop zeros written over zeroed memory.)
-        ids.par_chunks_mut(1 << 16)
+        self.ids
+            .par_chunks_mut(1 << 16)
             .for_each(|c| std::hint::black_box(c).fill(0));
-        Self { k, ids, distances }
     }
     /// Number of query rows.
     pub fn rows(&self) -> usize {

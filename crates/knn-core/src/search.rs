@@ -23,7 +23,7 @@ fn max_engine_width(available: usize) -> usize {
     (available / 4).max(4096).min(available)
 }
 
-/// Checks the arguments shared by search and graph.
+/// Checks the shapes and sizes shared by search and graph (the values: [`check_domains`]).
 fn validate(
     metric: &Metric,
     base: MatrixRef<'_>,
@@ -47,6 +47,7 @@ fn validate(
             });
         }
     }
+    metric.check_shape(base.dim())?;
     let available = base.rows() - usize::from(queries.is_none());
     if k > available {
         let hint = if queries.is_none() {
@@ -63,11 +64,21 @@ fn validate(
             hint,
         });
     }
+    Ok(available)
+}
+
+/// Checks the values against the metric's domain (a pass over them; see
+/// [`Metric::check_domain`]).
+fn check_domains(
+    metric: &Metric,
+    base: MatrixRef<'_>,
+    queries: Option<MatrixRef<'_>>,
+) -> Result<()> {
     metric.check_domain("base", base)?;
     if let Some(q) = queries {
         metric.check_domain("queries", q)?;
     }
-    Ok(available)
+    Ok(())
 }
 
 /// Called with (queries done, queries in all) as work completes.
@@ -597,6 +608,63 @@ impl Run<'_> {
         }
     }
 
+    /// The request for the rows `qv` (query ids `pending`), `width` wide: a first try when
+    /// `first` gives its rows' range (contiguous, not yet tried), precise otherwise or when
+    /// `loose`.
+    fn request<'r>(
+        &'r self,
+        qv: MatrixRef<'r>,
+        pending: &'r [u32],
+        width: usize,
+        first: Option<std::ops::Range<usize>>,
+        loose: bool,
+    ) -> CandidateRequest<'r> {
+        CandidateRequest {
+            base: self.eb,
+            queries: qv,
+            kernel: self.metric.kernel(),
+            width,
+            exclude: self.self_join.then_some(pending),
+            precise: first.is_none() || loose,
+            base_key: Some(self.base_key),
+            exact_data: self.exact_data,
+            // First tries of Hellinger: an engine may take the exact keys of the given rows.
+            exact_from: first
+                .filter(|_| matches!(self.metric, Metric::Hellinger))
+                .map(|r| ExactFrom::Hellinger {
+                    base: self.xb,
+                    queries: self.xq.slice_rows(r.start, r.end),
+                }),
+        }
+    }
+
+    /// Whether a first try not answered from host-side graph candidates asks the engine to
+    /// finish its rows ([`Engine::finish_rows`]) rather than for candidates.
+    fn engine_may_finish(&self) -> bool {
+        self.expr.is_none() && (self.same_space || matches!(self.metric, Metric::Hellinger))
+    }
+
+    /// The first step of a whole graph (rows from `first` on, every one): host-side
+    /// candidates of every row from the engine, else the engine told of the graph and given
+    /// the chance to start it.
+    fn start_graph(&mut self, engine: &dyn Engine, first: usize) -> Result<()> {
+        let mut since = std::time::Instant::now();
+        let (kernel, width0) = (self.metric.kernel(), self.width0);
+        self.symmetric = engine
+            .graph_candidates(self.eb, kernel, width0, false)
+            .transpose()?;
+        if self.symmetric.is_none() {
+            engine.expect_graph(self.base_key, width0);
+            if self.engine_may_finish() {
+                let none = self.eq.slice_rows(first, first);
+                let req = self.request(none, &[], width0, Some(first..first), false);
+                engine.begin_graph(&req, self.metric, self.k)?;
+            }
+        }
+        self.lap("engine (symmetric, all rows)", &mut since);
+        Ok(())
+    }
+
     /// Queries `start..end` to the end: first try, exact re-rank, wider retries of the rows
     /// whose floor does not prove them, and a direct scan past the widest engine call. Writes
     /// rows `start..end` into `ids` / `dists` (`k` per row).
@@ -631,31 +699,13 @@ impl Run<'_> {
                 gathered = Matrix::from_trusted(v, d);
                 gathered.view()
             };
-            let exclude = self.self_join.then_some(pending.as_slice());
-            let req = CandidateRequest {
-                base: self.eb,
-                queries: qv,
-                kernel: self.metric.kernel(),
-                width,
-                exclude,
-                precise: !contiguous || loose,
-                base_key: Some(self.base_key),
-                exact_data: self.exact_data,
-                // First tries of Hellinger: an engine may take the exact keys of the given rows.
-                exact_from: (contiguous && matches!(self.metric, Metric::Hellinger)).then(|| {
-                    ExactFrom::Hellinger {
-                        base: self.xb,
-                        queries: self.xq.slice_rows(start, end),
-                    }
-                }),
-            };
+            let req = self.request(qv, &pending, width, contiguous.then_some(start..end), loose);
             let first_try = self.symmetric.as_ref().filter(|_| contiguous && !loose);
             // An engine that re-ranks on its own writes a first try's rows in place.
             let mut proven = vec![false; pending.len()];
             let finished = contiguous
                 && first_try.is_none()
-                && self.expr.is_none()
-                && (self.same_space || req.exact_from.is_some())
+                && self.engine_may_finish()
                 && engine.finish_rows(
                     &req,
                     self.metric,
@@ -801,7 +851,7 @@ const PREFETCH_MIN: usize = 1 << 22;
 /// `i` is query `rows.start + i`. Rounds of queries go to the engine's workers (see
 /// [`Engine::devices`], [`Engine::concurrent_rounds`]); each round's rows are the same whichever
 /// worker takes it, so the answer does not depend on the schedule. The arguments are checked
-/// here (see [`validate`]).
+/// here (see [`validate`], [`check_domains`]).
 fn run(
     engine: &dyn Engine,
     base: MatrixRef<'_>,
@@ -814,64 +864,114 @@ fn run(
     let profile = std::env::var_os("KNN_PROFILE").is_some();
     let mut since = std::time::Instant::now();
     let base_key = crate::engine::base_key();
-    // The engine may copy the given base to its device while the host validates and prepares
-    // (a base found invalid only wastes the copy), and the output's pages are made meanwhile.
-    let (prep, mut out) = std::thread::scope(|s| {
-        if base.rows() * base.dim() >= PREFETCH_MIN {
-            s.spawn(|| engine.prefetch_base(base_key, base));
-        }
-        let available = validate(metric, base, queries, k)?;
+    let t0 = since;
+    // When each concurrent part ended, for the profile (ms from the start).
+    let ended = |what: &str| {
         if profile {
             eprintln!(
-                "pipeline: validate: {:.2} ms",
-                since.elapsed().as_secs_f64() * 1e3
+                "pipeline: {what} ended at {:.2} ms",
+                t0.elapsed().as_secs_f64() * 1e3
             );
-            since = std::time::Instant::now();
         }
-        let out = s.spawn(|| Neighbors::with_shape(rows.len(), k));
-        let prep = prepare(metric, base, queries);
-        let out = out.join().expect("allocating the output panicked");
-        Ok::<_, KnnError>(((prep?, available), out))
-    })?;
-    let (prep, available) = prep;
-    let xb = prep.exact_base.view();
+    };
+    let available = validate(metric, base, queries, k)?;
+    let whole_graph = queries.is_none()
+        && !matches!(metric, Metric::Expr(_))
+        && rows == (0..base.rows())
+        && metric.is_symmetric();
     let kernel = metric.kernel();
     let workers = workers(engine);
     let width0 = engine
         .candidate_width(k, available, kernel)
         .clamp(k, available);
-    let mut ctx = Run {
-        metric,
-        eb: prep.engine_base(),
-        eq: prep.engine_queries(),
-        xb,
-        xq: prep.exact_queries().unwrap_or(xb),
-        key_scale: prep.key_scale,
-        same_space: prep.engine.is_none() && !matches!(metric, Metric::Cosine | Metric::Hellinger),
-        self_join: queries.is_none(),
-        k,
-        available,
-        width0,
-        base_key,
-        exact_data: prep.engine.is_none(),
-        expr: prep.expr.as_ref(),
-        symmetric: None,
-        aux: OnceLock::new(),
-        loose: AtomicBool::new(false),
-        profile,
-    };
-    ctx.lap("prepare", &mut since);
-    // A whole graph of a symmetric metric: the engine may compute every row's first candidate
-    // lists at once, each unordered pair once (see `Engine::graph_candidates`).
-    if ctx.self_join && ctx.expr.is_none() && rows == (0..base.rows()) && metric.is_symmetric() {
-        ctx.symmetric = engine
-            .graph_candidates(ctx.eb, kernel, width0, false)
-            .transpose()?;
-        if ctx.symmetric.is_none() {
-            engine.expect_graph(ctx.base_key, width0);
-        }
-        ctx.lap("engine (symmetric, all rows)", &mut since);
-    }
+    // While the host checks the values and prepares: the engine may copy the given base to its
+    // device (a base found invalid only wastes the copy), and the output is made (and shown to
+    // the engine, which may page-lock it) on a thread of its own. That thread is joined only
+    // once a whole graph's work has started on the device (`Engine::begin_graph`).
+    let prepared = std::cell::OnceCell::new();
+    let fetched = Signal::default();
+    let (ctx, out) = std::thread::scope(|s| {
+        let out = s.spawn(|| {
+            let mut out = Neighbors::zeroed(rows.len(), k);
+            crate::pages::populate(&mut out.ids);
+            crate::pages::populate(&mut out.distances);
+            ended("output pages");
+            // Shown to the engine once the base's copy is done: page-locking memory may hold
+            // the driver meanwhile.
+            fetched.wait();
+            if !engine.adopt_output(&mut out.ids, &mut out.distances) {
+                out.mark_unwritten();
+            }
+            ended("output shown to the engine");
+            out
+        });
+        let ctx = (|| {
+            if base.rows() * base.dim() >= PREFETCH_MIN {
+                s.spawn(|| {
+                    // Set however the copy ends (a panic too): the output's thread waits for it.
+                    let _set = fetched.set_when_dropped();
+                    engine.prefetch_base(base_key, base);
+                    ended("prefetch");
+                });
+            } else {
+                fetched.set();
+            }
+            let (domain, prep) = rayon::join(
+                || {
+                    let r = check_domains(metric, base, queries);
+                    ended("value checks");
+                    r
+                },
+                || {
+                    let r = prepare(metric, base, queries);
+                    ended("prepare");
+                    r
+                },
+            );
+            // Out-of-domain values are the error to report, whatever the preparation made of
+            // them.
+            let prep = domain.and(prep)?;
+            let prep = prepared.get_or_init(|| prep);
+            let xb = prep.exact_base.view();
+            let mut ctx = Run {
+                metric,
+                eb: prep.engine_base(),
+                eq: prep.engine_queries(),
+                xb,
+                xq: prep.exact_queries().unwrap_or(xb),
+                key_scale: prep.key_scale,
+                same_space: prep.engine.is_none()
+                    && !matches!(metric, Metric::Cosine | Metric::Hellinger),
+                self_join: queries.is_none(),
+                k,
+                available,
+                width0,
+                base_key,
+                exact_data: prep.engine.is_none(),
+                expr: prep.expr.as_ref(),
+                symmetric: None,
+                aux: OnceLock::new(),
+                loose: AtomicBool::new(false),
+                profile,
+            };
+            ctx.lap("prepare", &mut since);
+            // A whole graph of a symmetric metric: the engine may compute every row's first
+            // candidate lists at once, each unordered pair once (see
+            // `Engine::graph_candidates`), or start that work on its device now
+            // (`Engine::begin_graph`).
+            if whole_graph {
+                ctx.start_graph(engine, rows.start)?;
+            }
+            Ok(ctx)
+        })();
+        let out = Output {
+            engine,
+            out: Some(out.join().expect("allocating the output panicked")),
+        };
+        (ctx, out)
+    });
+    let (ctx, mut out) = (ctx?, out);
+    ctx.lap("output joined", &mut since);
     let first = rows.start;
     let per_round = (CANDIDATE_BYTES_PER_ROUND / workers.len() / (8 * width0))
         .max(1024)
@@ -882,11 +982,12 @@ fn run(
         );
     let total = rows.len();
     // Rounds: (first query, that round's output rows).
+    let result: &mut Neighbors = &mut out;
     let rounds = rows
         .clone()
         .step_by(per_round)
-        .zip(out.ids.chunks_mut(per_round * k))
-        .zip(out.distances.chunks_mut(per_round * k));
+        .zip(result.ids.chunks_mut(per_round * k))
+        .zip(result.distances.chunks_mut(per_round * k));
     if workers.len() == 1 || total <= per_round {
         for ((start, ids), dists) in rounds {
             let end = (start + per_round).min(rows.end);
@@ -955,14 +1056,85 @@ fn run(
         }
     }
     drop(ctx);
-    release(prep);
+    if let Some(prep) = prepared.into_inner() {
+        release(prep);
+    }
+    let out = out.into_inner();
     if profile {
         eprintln!(
-            "pipeline: prepared data released: {:.2} ms",
+            "pipeline: prepared data and output released: {:.2} ms",
             since.elapsed().as_secs_f64() * 1e3
         );
     }
     Ok(out)
+}
+
+/// A one-way flag threads wait for.
+#[derive(Default)]
+struct Signal {
+    set: Mutex<bool>,
+    changed: std::sync::Condvar,
+}
+
+impl Signal {
+    fn set(&self) {
+        *self.set.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.changed.notify_all();
+    }
+
+    /// A guard that sets the flag when dropped.
+    fn set_when_dropped(&self) -> impl Drop + '_ {
+        struct SetOnDrop<'a>(&'a Signal);
+        impl Drop for SetOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.set();
+            }
+        }
+        SetOnDrop(self)
+    }
+
+    fn wait(&self) {
+        let mut set = self.set.lock().unwrap_or_else(|e| e.into_inner());
+        while !*set {
+            set = self.changed.wait(set).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// The pipeline's output, shown to `engine` (see [`Engine::adopt_output`]): released by it
+/// before the output is returned ([`Output::into_inner`]) or dropped.
+struct Output<'e> {
+    engine: &'e dyn Engine,
+    out: Option<Neighbors>,
+}
+
+impl Output<'_> {
+    fn into_inner(mut self) -> Neighbors {
+        self.engine.release_output();
+        self.out.take().expect("taken only here")
+    }
+}
+
+impl std::ops::Deref for Output<'_> {
+    type Target = Neighbors;
+    fn deref(&self) -> &Neighbors {
+        self.out.as_ref().expect("taken only by into_inner")
+    }
+}
+
+impl std::ops::DerefMut for Output<'_> {
+    fn deref_mut(&mut self) -> &mut Neighbors {
+        self.out.as_mut().expect("taken only by into_inner")
+    }
+}
+
+impl Drop for Output<'_> {
+    fn drop(&mut self) {
+        if let Some(out) = self.out.take() {
+            self.engine.release_output();
+            drop(out);
+        }
+    }
 }
 
 /// Frees the copies `prep` made, on a thread of their own when large: unmapping the pages of
@@ -1207,6 +1379,93 @@ mod tests {
             let g = graph(&e, b.view(), 3, &metric).unwrap();
             assert_eq!(g, graph(&AllPoints, b.view(), 3, &metric).unwrap());
         }
+    }
+
+    /// [`Finisher`] that records the pipeline's calls of the output and graph hooks.
+    #[derive(Default)]
+    struct Hooks {
+        finisher: Finisher,
+        calls: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl Default for Finisher {
+        fn default() -> Self {
+            Finisher(Default::default())
+        }
+    }
+
+    impl Hooks {
+        fn log(&self, what: String) {
+            self.calls.lock().unwrap().push(what);
+        }
+        fn take(&self) -> Vec<String> {
+            std::mem::take(&mut *self.calls.lock().unwrap())
+        }
+    }
+
+    impl Engine for Hooks {
+        fn name(&self) -> String {
+            "hooks".into()
+        }
+        fn candidates(&self, req: &CandidateRequest<'_>) -> Result<crate::Candidates> {
+            self.finisher.candidates(req)
+        }
+        fn finish_rows(
+            &self,
+            req: &CandidateRequest<'_>,
+            metric: &Metric,
+            k: usize,
+            out: FinishedRows<'_>,
+        ) -> Result<bool> {
+            self.finisher.finish_rows(req, metric, k, out)
+        }
+        fn expect_graph(&self, _: u64, width: usize) {
+            self.log(format!("expect {width}"));
+        }
+        fn begin_graph(&self, req: &CandidateRequest<'_>, _: &Metric, k: usize) -> Result<()> {
+            let rows = (req.queries.rows(), req.exclude.map(<[u32]>::len));
+            self.log(format!("begin {rows:?} k={k} first={}", !req.precise));
+            Ok(())
+        }
+        fn adopt_output(&self, ids: &mut [u32], distances: &mut [f32]) -> bool {
+            self.log(format!("adopt {} {}", ids.len(), distances.len()));
+            false
+        }
+        fn release_output(&self) {
+            self.log("release".into());
+        }
+    }
+
+    #[test]
+    fn output_and_graph_hooks_are_called_in_order() {
+        let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
+        let b = Matrix::new("b", generate(u, 300, 3, 8), 3).unwrap();
+        let q = Matrix::new("q", generate(u, 41, 3, 9), 3).unwrap();
+        let e = Hooks::default();
+        let g = graph(&e, b.view(), 3, &Metric::L2).unwrap();
+        assert_eq!(g, graph(&AllPoints, b.view(), 3, &Metric::L2).unwrap());
+        // (The output is adopted on a thread of its own, at any point before the rounds.)
+        let mut calls = e.take();
+        let at = calls.iter().position(|c| c == "adopt 900 900");
+        assert!(at.is_some_and(|i| i < 3), "{calls:?}");
+        calls.remove(at.unwrap());
+        let w = calls[0]
+            .strip_prefix("expect ")
+            .expect("told of the graph first");
+        assert_eq!(
+            calls[1], "begin (0, Some(0)) k=3 first=true",
+            "{calls:?} (width {w})"
+        );
+        assert_eq!(calls[2..], ["release"], "{calls:?}");
+        // A search: no graph hooks; the output is adopted and released.
+        search(&e, b.view(), q.view(), 4, &Metric::L2).unwrap();
+        assert_eq!(e.take(), ["adopt 164 164", "release"]);
+        // An error after the output was made releases it too.
+        let mut bad = generate(u, 300, 3, 8);
+        bad[7] = -1.0;
+        let bad = Matrix::new("b", bad, 3).unwrap();
+        assert!(graph(&e, bad.view(), 3, &Metric::Hellinger).is_err());
+        assert_eq!(e.take(), ["adopt 900 900", "release"]);
     }
 
     #[test]

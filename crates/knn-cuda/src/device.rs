@@ -114,6 +114,59 @@ pub(crate) struct Gpu {
     /// The stream-ordered allocator's pool (its handle's address: a driver object usable from
     /// any thread), when it keeps freed memory (see [`keep_pool_memory`]).
     pool: Option<usize>,
+    /// Host memory of the caller's page-locked in place: copies into it skip the staging.
+    pub pins: Arc<HostPins>,
+}
+
+/// Host ranges page-locked in place (`cuMemHostRegister`), as (address, bytes): shared by the
+/// engine, which adds and removes them without holding the device, and the copies, which go
+/// straight into them. Copies are correct whether or not a range is locked (the driver stages
+/// pageable memory itself); locking only makes them run at the bus's speed.
+#[derive(Default)]
+pub(crate) struct HostPins(std::sync::Mutex<Vec<(usize, usize)>>);
+
+impl HostPins {
+    /// Page-locks `bytes` in place (the context `ctx` is bound to the calling thread here);
+    /// whether it did. A refusal only leaves the copies into them staged.
+    pub fn pin(&self, ctx: &CudaContext, bytes: &mut [u8]) -> bool {
+        if bytes.is_empty() || ctx.bind_to_thread().is_err() {
+            return false;
+        }
+        let (p, len) = (bytes.as_mut_ptr(), bytes.len());
+        // SAFETY: the range is live memory of the caller's, which `unpin_all` unlocks before
+        // the caller gets it back (the engine's contract, `Engine::release_output`).
+        let r = unsafe { cudarc::driver::sys::cuMemHostRegister_v2(p.cast(), len, 0) };
+        let pinned = r == cudarc::driver::sys::CUresult::CUDA_SUCCESS;
+        if pinned {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((p as usize, len));
+        }
+        pinned
+    }
+
+    /// Whether `bytes` lie inside one locked range.
+    pub fn contains(&self, bytes: &[u8]) -> bool {
+        let (p, len) = (bytes.as_ptr() as usize, bytes.len());
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|&(a, n)| p >= a && p + len <= a + n)
+    }
+
+    /// Unlocks every range (copies into them have completed: the host waits for each).
+    pub fn unpin_all(&self, ctx: &CudaContext) {
+        let ranges = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        if ranges.is_empty() || ctx.bind_to_thread().is_err() {
+            return;
+        }
+        for (p, _) in ranges {
+            // SAFETY: registered by `pin` above, not yet unregistered.
+            unsafe { cudarc::driver::sys::cuMemHostUnregister(p as *mut std::ffi::c_void) };
+        }
+    }
 }
 
 /// Makes the device's stream-ordered allocator keep freed memory across synchronisations (by
@@ -191,6 +244,7 @@ impl Gpu {
             blas: None,
             staging: std::cell::OnceCell::new(),
             copies: std::cell::OnceCell::new(),
+            pins: Arc::default(),
             pool,
         })
     }
@@ -348,19 +402,28 @@ impl Gpu {
     }
 
     /// The first `dst.len()` values of `src` into `dst` (large ones through the staging
-    /// memory). `T` is a plain number type (every bit pattern valid).
+    /// memory, unless `dst` is page-locked). `T` is a plain number type (every bit pattern
+    /// valid).
     pub fn download_into<T: cudarc::driver::DeviceRepr + Copy>(
         &self,
         src: &CudaSlice<T>,
         dst: &mut [T],
     ) -> Result<()> {
-        if std::mem::size_of_val(dst) >= STAGED_MIN {
+        let pinned = self.pins.contains(bytes_of(dst));
+        if std::mem::size_of_val(dst) >= STAGED_MIN && !pinned {
             self.staging()?
                 .download_own_threads(self, self.ptr(src), bytes_of_mut(dst))?;
         } else if !dst.is_empty() {
             self.stream
                 .memcpy_dtoh(&src.slice(0..dst.len()), dst)
                 .map_err(dev_err("copying from the device"))?;
+            // Into pageable memory the copy has completed on return; into page-locked memory
+            // it runs on.
+            if pinned {
+                self.stream
+                    .synchronize()
+                    .map_err(dev_err("copying from the device"))?;
+            }
         }
         Ok(())
     }
@@ -402,12 +465,12 @@ impl Gpu {
             .wait(after)
             .map_err(dev_err("waiting for an event"))?;
         let from = self.ptr(src) + (at * std::mem::size_of::<T>()) as u64;
-        if std::mem::size_of_val(dst) >= STAGED_MIN {
+        if std::mem::size_of_val(dst) >= STAGED_MIN && !self.pins.contains(bytes_of(dst)) {
             self.staging()?
                 .download_on(copies, from, bytes_of_mut(dst))?;
         } else if !dst.is_empty() {
-            // SAFETY: the range lies in `src` (checked above); the copy to pageable memory
-            // has completed when the stream is synchronised below.
+            // SAFETY: the range lies in `src` (checked above); the copy (to pageable or
+            // page-locked memory) has completed when the stream is synchronised below.
             unsafe {
                 cudarc::driver::result::memcpy_dtoh_async(
                     bytes_of_mut(dst),

@@ -10,7 +10,7 @@ use knn_core::{
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// How the candidates are computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -87,6 +87,12 @@ pub struct CudaEngine {
     graphs_made: AtomicUsize,
     /// The given base of the coming requests, copied while the host prepared.
     prefetched: Mutex<Option<fused::Prefetched>>,
+    /// The device's context and its page-locked host ranges (see `Engine::adopt_output`),
+    /// reachable without the device's lock.
+    pins: (
+        Arc<cudarc::driver::CudaContext>,
+        Arc<crate::device::HostPins>,
+    ),
 }
 
 /// One call's rows: approximate keys and ids (`nq × W`), and the exact keys when computed.
@@ -149,11 +155,16 @@ const COLLECT_MIN_POINTS: usize = 10_000;
 /// Widest candidate lists finished on the device (`finish_lists` sorts a row in shared memory).
 const FINISH_WIDTH_MAX: usize = 2048;
 
+/// Output buffers from this size on are page-locked for the rounds (`Engine::adopt_output`).
+const PIN_OUTPUT_MIN: usize = 4 << 20;
+
 impl CudaEngine {
     /// Opens device `ordinal`, compiles (or loads from the cache) the kernels.
     pub fn new(ordinal: usize, method: Method) -> Result<Self> {
         let gpu = Gpu::new(ordinal)?;
+        let pins = (gpu.ctx.clone(), gpu.pins.clone());
         Ok(Self {
+            pins,
             gpu: Mutex::new(gpu),
             method,
             ordinal,
@@ -298,6 +309,63 @@ impl CudaEngine {
         }
         let at = req.queries.row_offset_in(&req.base)?;
         norms.map(|n| n[at..at + req.queries.rows()].to_vec())
+    }
+
+    /// The device, locked and bound to this thread.
+    fn locked(&self) -> Result<std::sync::MutexGuard<'_, Gpu>> {
+        let gpu = self
+            .gpu
+            .lock()
+            .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
+        gpu.ctx
+            .bind_to_thread()
+            .map_err(crate::device::dev_err("binding the context"))?;
+        Ok(gpu)
+    }
+
+    /// The distance mode (`finish_lists`) in which this engine finishes `req`'s rows for `k`
+    /// neighbours under `metric`, or `None` when it does not (see `Engine::finish_rows`).
+    fn finish_mode(&self, req: &CandidateRequest<'_>, metric: &Metric, k: usize) -> Option<i32> {
+        let w = req.width;
+        let mode = match metric {
+            Metric::SqL2 | Metric::L1 | Metric::Linf => 0,
+            Metric::L2 | Metric::Mahalanobis(_) => 1,
+            Metric::InnerProduct => 2,
+            Metric::Hellinger => 3,
+            _ => return None,
+        };
+        let hellinger = matches!(exact_view(req, true)?, fused::Exact::Hellinger { .. });
+        let ok = self.method == Method::Fused
+            && hellinger == matches!(metric, Metric::Hellinger)
+            && metric.kernel() == req.kernel
+            && k != 0
+            && k <= w
+            && w <= FINISH_WIDTH_MAX
+            && w <= req.available();
+        ok.then_some(mode)
+    }
+
+    /// Whether `req`'s base stays resident with its exact rows under the budget (streamed
+    /// bases give no exact keys).
+    fn finishes_resident(
+        &self,
+        gpu: &Gpu,
+        req: &CandidateRequest<'_>,
+        info: &BaseInfo,
+    ) -> Result<bool> {
+        let (nb, d) = (req.base.rows(), req.base.dim());
+        let Some(exact) = exact_view(req, true) else {
+            return Ok(false);
+        };
+        let derived = req.base.centred_roots().is_some();
+        let budget = self.budget(gpu)?;
+        Ok(fused::base_fits(
+            nb,
+            d,
+            Some(exact),
+            (info.centre.is_some(), derived),
+            budget,
+        ))
     }
 
     /// Device bytes a call may use: the cap given, else 70 % of the free memory, counting the
@@ -514,6 +582,48 @@ impl Engine for CudaEngine {
         *self.graph_ahead.lock().unwrap_or_else(|p| p.into_inner()) = Some((base_key, width));
     }
 
+    /// The output is page-locked in place: the finished rows' downloads then go straight
+    /// into it at the bus's speed (through the staging memory, the host's copy of them was
+    /// most of a graph's rounds).
+    fn adopt_output(&self, ids: &mut [u32], distances: &mut [f32]) -> bool {
+        let off = std::env::var_os("KNN_CUDA_PIN_OUTPUT").is_some_and(|v| v == "0"); // A/B only
+        if self.method != Method::Fused || off || std::mem::size_of_val(ids) < PIN_OUTPUT_MIN {
+            return false;
+        }
+        let (ctx, pins) = &self.pins;
+        // Both or neither (the pipeline makes the pages of both when this says no).
+        pins.pin(ctx, crate::staging::bytes_of_mut(ids))
+            && (pins.pin(ctx, crate::staging::bytes_of_mut(distances)) || {
+                pins.unpin_all(ctx);
+                false
+            })
+    }
+
+    fn release_output(&self) {
+        let (ctx, pins) = &self.pins;
+        pins.unpin_all(ctx);
+    }
+
+    /// The whole graph's lists are made and every row finished (queued on the device) now,
+    /// while the host makes the output's pages; the rounds then only download their rows.
+    fn begin_graph(&self, req: &CandidateRequest<'_>, metric: &Metric, k: usize) -> Result<()> {
+        let Some(mode) = self.finish_mode(req, metric, k) else {
+            return Ok(());
+        };
+        let info = self.base_info(req);
+        let mut gpu = self.locked()?;
+        if self.finishes_resident(&gpu, req, &info)? {
+            let finish = fused::Finish {
+                k,
+                mode,
+                ids: &mut [],
+                dists: &mut [],
+            };
+            self.rows(&mut gpu, req, &info, true, None, Some(finish))?;
+        }
+        Ok(())
+    }
+
     /// The fused method computes the candidates' exact keys on the device (f64, the host's
     /// summation order) while the base is resident: the pipeline then reads no base rows.
     fn candidates_with_exact(
@@ -533,26 +643,11 @@ impl Engine for CudaEngine {
         k: usize,
         out: FinishedRows<'_>,
     ) -> Result<bool> {
-        let (nq, w) = (req.queries.rows(), req.width);
-        let mode = match metric {
-            Metric::SqL2 | Metric::L1 | Metric::Linf => 0,
-            Metric::L2 | Metric::Mahalanobis(_) => 1,
-            Metric::InnerProduct => 2,
-            Metric::Hellinger => 3,
-            _ => return Ok(false),
-        };
-        let Some(exact) = exact_view(req, true) else {
+        let nq = req.queries.rows();
+        let Some(mode) = self.finish_mode(req, metric, k) else {
             return Ok(false);
         };
-        let hellinger = matches!(exact, fused::Exact::Hellinger { .. });
-        if self.method != Method::Fused
-            || hellinger != matches!(metric, Metric::Hellinger)
-            || metric.kernel() != req.kernel
-            || k == 0
-            || k > w
-            || w > FINISH_WIDTH_MAX
-            || w > req.available()
-            || nq == 0
+        if nq == 0
             || out.ids.len() != nq * k
             || out.distances.len() != nq * k
             || out.proven.len() != nq
@@ -561,17 +656,8 @@ impl Engine for CudaEngine {
         }
         let mut info = self.base_info(req);
         let (finished, cut, input_abs) = {
-            let mut gpu = self
-                .gpu
-                .lock()
-                .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
-            gpu.ctx
-                .bind_to_thread()
-                .map_err(crate::device::dev_err("binding the context"))?;
-            let (nb, d) = (req.base.rows(), req.base.dim());
-            let budget = self.budget(&gpu)?;
-            let derived = req.base.centred_roots().is_some();
-            if !fused::base_fits(nb, d, Some(exact), (info.centre.is_some(), derived), budget) {
+            let mut gpu = self.locked()?;
+            if !self.finishes_resident(&gpu, req, &info)? {
                 // Streamed bases give no exact keys: the pipeline re-ranks on the host.
                 return Ok(false);
             }
@@ -603,7 +689,7 @@ impl Engine for CudaEngine {
             info.centre.as_deref(),
             (u, u_in, input_abs),
         );
-        let complete = w >= req.available();
+        let complete = req.width >= req.available();
         for (i, p) in out.proven.iter_mut().enumerate() {
             *p = complete || finished.kth[i] * out.key_scale < floor[i] as f64;
         }

@@ -1204,6 +1204,11 @@ pub(crate) fn run(
         _ => Some(req.kernel),
     };
     phases.lap(gpu, "base up");
+    // A graph's call for no rows (`Engine::begin_graph`): every row is finished now, queued on
+    // the device for the calls to come.
+    if let (0, Some((g, _)), Some(f), Some(gb)) = (nq, graph, finish.as_ref(), given_base) {
+        graph_finished(gpu, g, (f.k, f.mode), (exact_kind, gpu.ptr(gb), d), rest)?;
+    }
     for qs in (0..nq).step_by(qc) {
         let qe = (qs + qc).min(nq);
         let n = qe - qs;
