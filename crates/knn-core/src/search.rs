@@ -1320,6 +1320,7 @@ mod tests {
 
     /// [`AllPoints`] that finishes even rows itself (as the re-rank would) and leaves odd rows
     /// unproven, with garbage in their outputs.
+    #[derive(Default)]
     struct Finisher(std::sync::atomic::AtomicUsize);
 
     impl Engine for Finisher {
@@ -1386,12 +1387,6 @@ mod tests {
     struct Hooks {
         finisher: Finisher,
         calls: std::sync::Mutex<Vec<String>>,
-    }
-
-    impl Default for Finisher {
-        fn default() -> Self {
-            Finisher(Default::default())
-        }
     }
 
     impl Hooks {
