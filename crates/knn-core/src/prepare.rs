@@ -59,6 +59,10 @@ pub struct Prepared<'a> {
     /// For [`Metric::Expr`]: the program, its rounding bound and the layout of the engine
     /// space (features of base and queries, see [`crate::expr`]).
     pub expr: Option<ExprPlan>,
+    /// Whether the preparation's own pass over the base found no value below zero (NaN aside):
+    /// Hellinger's domain check of the base then needs no pass of its own. `false` when that
+    /// pass did not look.
+    pub base_nonnegative: bool,
 }
 
 impl Prepared<'_> {
@@ -332,6 +336,7 @@ pub fn prepare<'a>(
             engine: engine.map(|(b, q)| (EngineRows::Owned(b), q)),
             key_scale: 1.0,
             expr: Some(plan),
+            base_nonnegative: false,
         });
     }
     // Exact space: the original data, except whitened data for Mahalanobis.
@@ -365,6 +370,7 @@ pub fn prepare<'a>(
     };
     // Largest |value| of the engine base when the pass below saw it unchanged.
     let mut base_top = None;
+    let mut base_nonnegative = false;
     if metric.kernel() == Kernel::SqL2 {
         // The metric's transform of the exact values (Hellinger: square roots), and how far
         // from the origin they must sit to be centred here. Engines centre exact data
@@ -390,6 +396,8 @@ pub fn prepare<'a>(
             far_centre(b, same, 16.0)
         };
         base_top = Some(scan.top);
+        // (Each column's smallest value; NaN never lowers it.)
+        base_nonnegative = scan.range.iter().all(|&(lo, _)| lo >= 0.0);
         if let Some(c) = scan.centre {
             // From the exact values through the metric's transform, one rounding in all.
             engine = Some(if hellinger {
@@ -466,6 +474,7 @@ pub fn prepare<'a>(
         engine,
         key_scale,
         expr: None,
+        base_nonnegative,
     })
 }
 

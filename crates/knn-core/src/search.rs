@@ -71,10 +71,12 @@ fn validate(
 /// [`Metric::check_domain`]).
 fn check_domains(
     metric: &Metric,
-    base: MatrixRef<'_>,
+    base: Option<MatrixRef<'_>>,
     queries: Option<MatrixRef<'_>>,
 ) -> Result<()> {
-    metric.check_domain("base", base)?;
+    if let Some(b) = base {
+        metric.check_domain("base", b)?;
+    }
     if let Some(q) = queries {
         metric.check_domain("queries", q)?;
     }
@@ -916,9 +918,13 @@ fn run(
             } else {
                 fetched.set();
             }
+            // Hellinger's check of the base waits for the preparation, whose pass over the
+            // base sees every column's smallest value (one pass over memory the base's copy
+            // reads meanwhile, instead of two).
+            let after = matches!(metric, Metric::Hellinger);
             let (domain, prep) = rayon::join(
                 || {
-                    let r = check_domains(metric, base, queries);
+                    let r = check_domains(metric, (!after).then_some(base), queries);
                     ended("value checks");
                     r
                 },
@@ -928,6 +934,11 @@ fn run(
                     r
                 },
             );
+            let domain = if after && !prep.as_ref().is_ok_and(|p| p.base_nonnegative) {
+                domain.and(check_domains(metric, Some(base), None))
+            } else {
+                domain
+            };
             // Out-of-domain values are the error to report, whatever the preparation made of
             // them.
             let prep = domain.and(prep)?;
@@ -1461,6 +1472,37 @@ mod tests {
         let bad = Matrix::new("b", bad, 3).unwrap();
         assert!(graph(&e, bad.view(), 3, &Metric::Hellinger).is_err());
         assert_eq!(e.take(), ["adopt 900 900", "release"]);
+    }
+
+    /// Hellinger's check of the base rides on the preparation's pass: a negative value is still
+    /// named, for graphs and searches, in base and queries; -0 is no negative.
+    #[test]
+    fn hellinger_domain_errors_name_the_value() {
+        let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
+        let mut v = generate(u, 300, 3, 8);
+        v[57 * 3 + 2] = -0.5;
+        v[200 * 3] = -1.0;
+        let bad = Matrix::new("b", v, 3).unwrap();
+        let good = Matrix::new("q", generate(u, 20, 3, 9), 3).unwrap();
+        let named = |r: Result<Neighbors>, want: (&str, usize, usize)| match r {
+            Err(KnnError::Negative { what, row, col, .. }) => {
+                assert_eq!((what.as_str(), row, col), want)
+            }
+            r => panic!("{:?}", r.map(|_| ())),
+        };
+        named(graph(&AllPoints, bad.view(), 3, &Metric::Hellinger), ("base", 57, 2));
+        named(
+            search(&AllPoints, bad.view(), good.view(), 3, &Metric::Hellinger),
+            ("base", 57, 2),
+        );
+        named(
+            search(&AllPoints, good.view(), bad.view(), 3, &Metric::Hellinger),
+            ("queries", 57, 2),
+        );
+        let mut v = generate(u, 300, 3, 8);
+        v[5] = -0.0;
+        let zero = Matrix::new("b", v, 3).unwrap();
+        assert!(graph(&AllPoints, zero.view(), 3, &Metric::Hellinger).is_ok());
     }
 
     #[test]
