@@ -886,14 +886,21 @@ fn run(
     let width0 = engine
         .candidate_width(k, available, kernel)
         .clamp(k, available);
-    // While the host checks the values and prepares: the engine may copy the given base to its
-    // device (a base found invalid only wastes the copy), and the output is made (and shown to
-    // the engine, which may page-lock it) on a thread of its own. That thread is joined only
-    // once a whole graph's work has started on the device (`Engine::begin_graph`).
+    // While the host checks the values and prepares, the engine may copy the given base to its
+    // device (a base found invalid only wastes the copy). The output is made (and shown to the
+    // engine, which may page-lock it) on a thread of its own, joined only once a whole graph's
+    // work has started on the device (`Engine::begin_graph`).
     let prepared = std::cell::OnceCell::new();
     let fetched = Signal::default();
     let (ctx, out) = std::thread::scope(|s| {
         let out = s.spawn(|| {
+            // A whole graph's output is made once the base's copy is done, while the device
+            // works on the graph: its pages would slow the copy, whose end the graph waits for
+            // (80k Hellinger: 43.5 against 51.2 ms, median of 28 runs each, same call). Other
+            // outputs are needed as soon as the rounds start.
+            if whole_graph {
+                fetched.wait();
+            }
             let mut out = Neighbors::zeroed(rows.len(), k);
             crate::pages::populate(&mut out.ids);
             crate::pages::populate(&mut out.distances);
@@ -1490,7 +1497,10 @@ mod tests {
             }
             r => panic!("{:?}", r.map(|_| ())),
         };
-        named(graph(&AllPoints, bad.view(), 3, &Metric::Hellinger), ("base", 57, 2));
+        named(
+            graph(&AllPoints, bad.view(), 3, &Metric::Hellinger),
+            ("base", 57, 2),
+        );
         named(
             search(&AllPoints, bad.view(), good.view(), 3, &Metric::Hellinger),
             ("base", 57, 2),
