@@ -256,8 +256,11 @@ pub trait Engine: Sync {
         false
     }
 
-    /// The buffers given to [`Engine::adopt_output`] go back to the caller. Default: nothing.
-    fn release_output(&self) {}
+    /// The buffers given to [`Engine::adopt_output`] (these very ones) go back to the caller;
+    /// every request that wrote into them has returned. Default: nothing.
+    fn release_output(&self, ids: &[u32], distances: &[f32]) {
+        let _ = (ids, distances);
+    }
 
     /// Called after [`Engine::expect_graph`], before the output exists (the host makes its
     /// pages meanwhile, on another thread): `req` is a first try of that graph for no rows (its

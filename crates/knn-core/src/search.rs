@@ -1128,8 +1128,9 @@ struct Output<'e> {
 
 impl Output<'_> {
     fn into_inner(mut self) -> Neighbors {
-        self.engine.release_output();
-        self.out.take().expect("taken only here")
+        let out = self.out.take().expect("taken only here");
+        self.engine.release_output(&out.ids, &out.distances);
+        out
     }
 }
 
@@ -1149,7 +1150,7 @@ impl std::ops::DerefMut for Output<'_> {
 impl Drop for Output<'_> {
     fn drop(&mut self) {
         if let Some(out) = self.out.take() {
-            self.engine.release_output();
+            self.engine.release_output(&out.ids, &out.distances);
             drop(out);
         }
     }
@@ -1444,8 +1445,8 @@ mod tests {
             self.log(format!("adopt {} {}", ids.len(), distances.len()));
             false
         }
-        fn release_output(&self) {
-            self.log("release".into());
+        fn release_output(&self, ids: &[u32], distances: &[f32]) {
+            self.log(format!("release {} {}", ids.len(), distances.len()));
         }
     }
 
@@ -1469,16 +1470,16 @@ mod tests {
             calls[1], "begin (0, Some(0)) k=3 first=true",
             "{calls:?} (width {w})"
         );
-        assert_eq!(calls[2..], ["release"], "{calls:?}");
+        assert_eq!(calls[2..], ["release 900 900"], "{calls:?}");
         // A search: no graph hooks; the output is adopted and released.
         search(&e, b.view(), q.view(), 4, &Metric::L2).unwrap();
-        assert_eq!(e.take(), ["adopt 164 164", "release"]);
+        assert_eq!(e.take(), ["adopt 164 164", "release 164 164"]);
         // An error after the output was made releases it too.
         let mut bad = generate(u, 300, 3, 8);
         bad[7] = -1.0;
         let bad = Matrix::new("b", bad, 3).unwrap();
         assert!(graph(&e, bad.view(), 3, &Metric::Hellinger).is_err());
-        assert_eq!(e.take(), ["adopt 900 900", "release"]);
+        assert_eq!(e.take(), ["adopt 900 900", "release 900 900"]);
     }
 
     /// Hellinger's check of the base rides on the preparation's pass: a negative value is still

@@ -133,8 +133,8 @@ impl HostPins {
             return false;
         }
         let (p, len) = (bytes.as_mut_ptr(), bytes.len());
-        // SAFETY: the range is live memory of the caller's, which `unpin_all` unlocks before
-        // the caller gets it back (the engine's contract, `Engine::release_output`).
+        // SAFETY: the range is live memory of the caller's, which `unpin` unlocks before the
+        // caller gets it back (the engine's contract, `Engine::release_output`).
         let r = unsafe { cudarc::driver::sys::cuMemHostRegister_v2(p.cast(), len, 0) };
         let pinned = r == cudarc::driver::sys::CUresult::CUDA_SUCCESS;
         if pinned {
@@ -156,15 +156,19 @@ impl HostPins {
             .any(|&(a, n)| p >= a && p + len <= a + n)
     }
 
-    /// Unlocks every range (copies into them have completed: the host waits for each).
-    pub fn unpin_all(&self, ctx: &CudaContext) {
-        let ranges = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
-        if ranges.is_empty() || ctx.bind_to_thread().is_err() {
-            return;
-        }
-        for (p, _) in ranges {
-            // SAFETY: registered by `pin` above, not yet unregistered.
-            unsafe { cudarc::driver::sys::cuMemHostUnregister(p as *mut std::ffi::c_void) };
+    /// Unlocks the range `bytes` if `pin` locked it (copies into it have completed: the host
+    /// waits for each). Other ranges, maybe another call's, stay locked.
+    pub fn unpin(&self, ctx: &CudaContext, bytes: &[u8]) {
+        let key = (bytes.as_ptr() as usize, bytes.len());
+        let found = {
+            let mut ranges = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            let at = ranges.iter().position(|&r| r == key);
+            at.map(|i| ranges.swap_remove(i))
+        };
+        if found.is_some() && ctx.bind_to_thread().is_ok() {
+            // SAFETY: registered by `pin` above, not yet unregistered (removed from the list
+            // just now, under its lock).
+            unsafe { cudarc::driver::sys::cuMemHostUnregister(key.0 as *mut std::ffi::c_void) };
         }
     }
 }

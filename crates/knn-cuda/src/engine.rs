@@ -594,14 +594,15 @@ impl Engine for CudaEngine {
         // Both or neither (the pipeline makes the pages of both when this says no).
         pins.pin(ctx, crate::staging::bytes_of_mut(ids))
             && (pins.pin(ctx, crate::staging::bytes_of_mut(distances)) || {
-                pins.unpin_all(ctx);
+                pins.unpin(ctx, crate::staging::bytes_of(ids));
                 false
             })
     }
 
-    fn release_output(&self) {
+    fn release_output(&self, ids: &[u32], distances: &[f32]) {
         let (ctx, pins) = &self.pins;
-        pins.unpin_all(ctx);
+        pins.unpin(ctx, crate::staging::bytes_of(ids));
+        pins.unpin(ctx, crate::staging::bytes_of(distances));
     }
 
     /// The whole graph's lists are made and every row finished (queued on the device) now,
