@@ -73,14 +73,19 @@ mod dtype;
 mod error;
 mod format;
 mod input;
+mod labels;
 mod npy;
 mod output;
+mod shape;
 mod vecs;
 
 use std::path::Path;
 
 pub use error::{IoError, ParseFormatError};
 pub use format::Format;
+pub use labels::{read_labels, read_labels_from_bytes, write_labels, write_labels_to, Labels};
+pub use output::{output_target, write_f32_to, write_i64_to, OutputTarget};
+pub use shape::{array_dims, array_dims_from_bytes};
 
 use dtype::Element;
 use input::{FileBytes, Input};
@@ -234,64 +239,24 @@ fn check_csv_writable<T>(t: &Table<T>, name: &str) -> Result<(), IoError> {
 }
 
 /// Writes `t` to `path` as `f32` rows: fvecs, npy (`<f4`, 2-D) or CSV (no header).
-/// bvecs and ivecs cannot hold `f32` and are an error. The file is replaced atomically
-/// (temporary file and rename); on error nothing at `path` changes.
+/// bvecs and ivecs cannot hold `f32` and are an error. A new or regular file is replaced
+/// atomically (temporary file and rename; behind symbolic links, the file they lead to); on
+/// error nothing at `path` changes. Devices, pipes and `/dev/stdout` are written through.
 pub fn write_f32(path: &Path, format: Option<Format>, t: &Table<f32>) -> Result<(), IoError> {
     let format = resolve(path, format)?;
     let name = path.display().to_string();
-    check_consistent(t, &name)?;
-    match format {
-        Format::Fvecs => {
-            vecs::check_writable(t, format, &name)?;
-            write_atomically(path, &name, |w| vecs::write(w, t, f32::to_le_bytes))
-        }
-        Format::Ivecs | Format::Bvecs => Err(IoError::invalid(
-            &name,
-            format!("format {format} cannot hold f32 values"),
-        )),
-        Format::Npy => write_atomically(path, &name, |w| npy::write_f32(w, t)),
-        Format::Csv => {
-            check_csv_writable(t, &name)?;
-            write_atomically(path, &name, |w| csv_text::write_f32(w, t))
-        }
-    }
+    output::check_f32(t, format, &name)?;
+    write_atomically(path, &name, |w| output::encode_f32(w, t, format))
 }
 
 /// Writes `t` to `path` as integer rows: ivecs (every value must fit in `i32`, else an error
-/// naming its row and column, counted from 0), npy (`<i8`, 2-D) or CSV (no header). fvecs and bvecs are an
-/// error. The file is replaced atomically; on error nothing at `path` changes.
+/// naming its row and column, counted from 0), npy (`<i8`, 2-D) or CSV (no header). fvecs and
+/// bvecs are an error. Written as [`write_f32`] writes.
 pub fn write_i64(path: &Path, format: Option<Format>, t: &Table<i64>) -> Result<(), IoError> {
     let format = resolve(path, format)?;
     let name = path.display().to_string();
-    check_consistent(t, &name)?;
-    match format {
-        Format::Ivecs => {
-            vecs::check_writable(t, format, &name)?;
-            if let Some(k) = t.data.iter().position(|&v| i32::try_from(v).is_err()) {
-                return Err(IoError::invalid(
-                    &name,
-                    format!(
-                        "row {}, column {}: value {} does not fit in i32 (format ivecs)",
-                        k / t.cols,
-                        k % t.cols,
-                        t.data[k]
-                    ),
-                ));
-            }
-            write_atomically(path, &name, |w| {
-                vecs::write(w, t, |v| (v as i32).to_le_bytes())
-            })
-        }
-        Format::Fvecs | Format::Bvecs => Err(IoError::invalid(
-            &name,
-            format!("format {format} cannot hold i64 values"),
-        )),
-        Format::Npy => write_atomically(path, &name, |w| npy::write_i64(w, t)),
-        Format::Csv => {
-            check_csv_writable(t, &name)?;
-            write_atomically(path, &name, |w| csv_text::write_i64(w, t))
-        }
-    }
+    output::check_i64(t, format, &name)?;
+    write_atomically(path, &name, |w| output::encode_i64(w, t, format))
 }
 
 /// A float32 matrix used in place in a memory-mapped file: no copy, and the system may drop

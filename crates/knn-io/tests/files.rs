@@ -80,7 +80,7 @@ fn missing_files_and_directories() {
     let nodir = dir.path().join("no/such/dir/out.ivecs");
     assert_err(
         write_i64(&nodir, None, &t),
-        &["out.ivecs", "temporary file"],
+        &["out.ivecs", "the folder", "does not exist"],
     );
 }
 

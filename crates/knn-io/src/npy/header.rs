@@ -243,14 +243,33 @@ pub(crate) fn parse_descr(descr: &str) -> Result<DType, String> {
         _ => {
             return Err(format!(
                 "dtype '{descr}' has no byte order ('|') but elements of {size} bytes"
-            ))
+            ));
         }
     };
     Ok(DType { scalar, big_endian })
 }
 
+/// The header's fields with the dtype as written (`<U5` included), for readers of arrays that
+/// are not numbers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RawHeader {
+    pub(crate) descr: String,
+    pub(crate) fortran_order: bool,
+    pub(crate) shape: Vec<u64>,
+}
+
 /// Parses the header dict (the bytes between the length field and the data).
 pub(crate) fn parse(text: &[u8]) -> Result<Header, String> {
+    let raw = parse_raw(text)?;
+    Ok(Header {
+        dtype: parse_descr(&raw.descr)?,
+        fortran_order: raw.fortran_order,
+        shape: raw.shape,
+    })
+}
+
+/// [`parse`] without interpreting the dtype.
+pub(crate) fn parse_raw(text: &[u8]) -> Result<RawHeader, String> {
     let mut p = Parser { s: text, pos: 0 };
     let dict = match p.value(0)? {
         Value::Dict(items) => items,
@@ -270,10 +289,10 @@ pub(crate) fn parse(text: &[u8]) -> Result<Header, String> {
             .find(|(k, _)| matches!(k, Value::Str(s) if s == key))
             .map(|(_, v)| v)
     };
-    let dtype = match get("descr") {
-        Some(Value::Str(s)) => parse_descr(s)?,
+    let descr = match get("descr") {
+        Some(Value::Str(s)) => s.clone(),
         Some(Value::List(_)) => {
-            return Err("structured dtypes (a list 'descr') are not supported".to_owned())
+            return Err("structured dtypes (a list 'descr') are not supported".to_owned());
         }
         Some(_) => return Err("'descr' is not a string".to_owned()),
         None => return Err("the header has no 'descr'".to_owned()),
@@ -300,8 +319,8 @@ pub(crate) fn parse(text: &[u8]) -> Result<Header, String> {
         Some(_) => return Err("'shape' is not a tuple".to_owned()),
         None => return Err("the header has no 'shape'".to_owned()),
     };
-    Ok(Header {
-        dtype,
+    Ok(RawHeader {
+        descr,
         fortran_order,
         shape,
     })

@@ -56,7 +56,7 @@ pub(crate) fn layout(src: &mut impl Read, len: usize, name: &str) -> Result<Layo
         _ => {
             return Err(invalid(format!(
                 "truncated: the npy preamble needs 10 bytes, {len} remain"
-            )))
+            )));
         }
     };
     let (header_len, header_start) = match (major, minor) {
@@ -65,7 +65,7 @@ pub(crate) fn layout(src: &mut impl Read, len: usize, name: &str) -> Result<Layo
             None => {
                 return Err(invalid(format!(
                     "truncated: the npy 1.0 preamble needs 10 bytes, {len} remain"
-                )))
+                )));
             }
         },
         (2 | 3, 0) => match bytes.get(8..12) {
@@ -78,13 +78,13 @@ pub(crate) fn layout(src: &mut impl Read, len: usize, name: &str) -> Result<Layo
             None => {
                 return Err(invalid(format!(
                     "truncated: the npy {major}.0 preamble needs 12 bytes, {len} remain"
-                )))
+                )));
             }
         },
         _ => {
             return Err(invalid(format!(
                 "npy format version {major}.{minor} is not supported (1.0, 2.0 and 3.0 are)"
-            )))
+            )));
         }
     };
     let remaining = len - header_start;
@@ -110,7 +110,7 @@ pub(crate) fn layout(src: &mut impl Read, len: usize, name: &str) -> Result<Layo
                 "the array has {} dimensions (shape {:?}); only 1-D and 2-D arrays can be read",
                 hd.shape.len(),
                 hd.shape
-            )))
+            )));
         }
     };
     let shape_text = if hd.shape.len() == 1 {
@@ -225,7 +225,31 @@ pub(crate) fn read<T: Element>(
 /// Writes the preamble and header of a 2-D C-order array: version 1.0, padded with spaces
 /// and a newline so the data starts at a multiple of 64 bytes, as numpy does.
 fn write_header(w: &mut impl Write, dtype: DType, rows: usize, cols: usize) -> std::io::Result<()> {
-    let dict = header::format_dict(dtype, rows, cols);
+    write_dict(w, &header::format_dict(dtype, rows, cols))
+}
+
+/// Writes the preamble and header of a C-order array of any `descr` (`<i8`, `<f8`, `<U7`) and
+/// shape (`[n]` for 1-D, `[rows, cols]` for 2-D).
+pub(crate) fn write_array_header(
+    w: &mut impl Write,
+    descr: &str,
+    shape: &[usize],
+) -> std::io::Result<()> {
+    let dims = match shape {
+        [n] => format!("({n},)"),
+        _ => {
+            let parts: Vec<String> = shape.iter().map(usize::to_string).collect();
+            format!("({})", parts.join(", "))
+        }
+    };
+    write_dict(
+        w,
+        &format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {dims}, }}"),
+    )
+}
+
+/// The preamble, then `dict` padded as numpy pads it.
+fn write_dict(w: &mut impl Write, dict: &str) -> std::io::Result<()> {
     // Preamble of 10 bytes (version 1.0) or 12 (2.0, for headers over 65535 bytes).
     let padded = |preamble: usize| (preamble + dict.len() + 1).div_ceil(64) * 64 - preamble;
     let (version, preamble) = if padded(10) <= usize::from(u16::MAX) {
@@ -258,4 +282,51 @@ pub(crate) fn write_f32(w: &mut impl Write, t: &Table<f32>) -> std::io::Result<(
 pub(crate) fn write_i64(w: &mut impl Write, t: &Table<i64>) -> std::io::Result<()> {
     write_header(w, DType::le(Scalar::I64), t.rows, t.cols)?;
     write_encoded(w, &t.data, i64::to_le_bytes)
+}
+
+/// The header of the npy file held in `bytes`, its dtype as written (`<U5` included), and the
+/// byte offset of the data. For readers of small arrays held in memory (labels).
+pub(crate) fn raw_header(bytes: &[u8], name: &str) -> Result<(header::RawHeader, usize), IoError> {
+    let invalid = |msg: String| IoError::invalid(name, msg);
+    if !bytes.starts_with(MAGIC) {
+        return Err(invalid(
+            "not an npy file (it does not start with \\x93NUMPY)".to_owned(),
+        ));
+    }
+    let (len_bytes, start) = match bytes.get(6..8) {
+        Some([1, 0]) => (2, 10usize),
+        Some([2 | 3, 0]) => (4, 12),
+        Some([major, minor]) => {
+            return Err(invalid(format!(
+                "npy format version {major}.{minor} is not supported (1.0, 2.0 and 3.0 are)"
+            )));
+        }
+        _ => {
+            return Err(invalid(
+                "truncated: the npy preamble is incomplete".to_owned(),
+            ));
+        }
+    };
+    let Some(field) = bytes.get(8..8 + len_bytes) else {
+        return Err(invalid(
+            "truncated: the npy preamble is incomplete".to_owned(),
+        ));
+    };
+    let header_len = field
+        .iter()
+        .rev()
+        .fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
+    let Some(text) = bytes.get(start..start.saturating_add(header_len)) else {
+        return Err(invalid(format!(
+            "truncated: the npy header at byte {start} needs {header_len} bytes, {} remain",
+            bytes.len() - start.min(bytes.len())
+        )));
+    };
+    let raw = header::parse_raw(text).map_err(|e| invalid(format!("bad npy header: {e}")))?;
+    Ok((raw, start + header_len))
+}
+
+/// Parses a numeric `descr` (`<f4`, `>i8`, ...).
+pub(crate) fn header_descr(descr: &str) -> Result<DType, String> {
+    header::parse_descr(descr)
 }
