@@ -1,0 +1,283 @@
+//! `knn._knn`: the native part of the `knn` Python package (`python/knn`).
+//!
+//! The Python layer converts inputs to C-contiguous float32 NumPy arrays and gives them here;
+//! this module validates them through the library, computes with the GIL released, checks for
+//! Ctrl-C between pieces of work and returns `(distances float32, ids int64)`.
+
+mod base;
+mod errors;
+
+use base::Base;
+use errors::to_py;
+use knn::{
+    Covariance, Device, Matrix, MatrixRef, Metric, MetricExpr, Neighbors, Options, Symmetry,
+};
+use numpy::{IntoPyArray, PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use std::sync::{mpsc, Arc, RwLock};
+use std::time::Duration;
+
+/// Work (query rows × base rows × dimension) of one uninterrupted piece of a search on the
+/// CPU: between pieces the bindings check for Ctrl-C (a piece takes well under a second).
+const CPU_PIECE_WORK: usize = 1 << 33;
+/// The same on a GPU, where each piece also copies the base to the device.
+const GPU_PIECE_WORK: usize = 1 << 38;
+/// Fewest query rows in a piece.
+const MIN_PIECE_ROWS: usize = 64;
+/// How often a graph's caller looks for Ctrl-C while the graph is computed.
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+type Pair<'py> = (Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<i64>>);
+
+/// The native index: a validated base set, searched from any number of threads.
+#[pyclass(module = "knn._knn", frozen)]
+struct NativeIndex {
+    base: RwLock<Base>,
+}
+
+#[pymethods]
+impl NativeIndex {
+    #[new]
+    #[pyo3(signature = (data, metric="l2", device="auto", metric_expr=None, covariance=None, gpu_memory=None, threads=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        data: PyReadonlyArray2<'_, f32>,
+        metric: &str,
+        device: &str,
+        metric_expr: Option<&str>,
+        covariance: Option<PyReadonlyArray2<'_, f32>>,
+        gpu_memory: Option<usize>,
+        threads: Option<usize>,
+    ) -> PyResult<Self> {
+        let metric = parse_metric(metric, metric_expr, covariance)?;
+        let device: Device = device.parse().map_err(to_py)?;
+        if threads == Some(0) {
+            return Err(PyValueError::new_err(
+                "threads must be at least 1 (None: every core)",
+            ));
+        }
+        let opts = Options {
+            device,
+            threads,
+            gpu_memory,
+            ..Options::default()
+        };
+        let dim = data.shape()[1];
+        let rows = contiguous(&data)?.to_vec();
+        let base = py
+            .detach(move || Base::new(rows, dim, metric, opts))
+            .map_err(to_py)?;
+        Ok(Self {
+            base: RwLock::new(base),
+        })
+    }
+
+    /// k nearest base points of each query row: (distances, ids).
+    fn search<'py>(
+        &self,
+        py: Python<'py>,
+        queries: PyReadonlyArray2<'py, f32>,
+        k: usize,
+    ) -> PyResult<Pair<'py>> {
+        let base = self.snapshot()?;
+        let dim = queries.shape()[1];
+        let values = contiguous(&queries)?;
+        let all = py
+            .detach(|| MatrixRef::new("queries", values, dim).map(|q| q.rows()))
+            .map_err(to_py)?;
+        let per_row = base.len().saturating_mul(dim.max(1));
+        let budget = match base.device() {
+            Ok(Device::Cuda(_)) => GPU_PIECE_WORK,
+            _ => CPU_PIECE_WORK,
+        };
+        let piece = (budget / per_row.max(1)).max(MIN_PIECE_ROWS);
+        if all <= piece {
+            let nn = py
+                .detach(|| {
+                    let q = MatrixRef::new_unchecked_values("queries", values, dim)?;
+                    base.search(q, k)
+                })
+                .map_err(to_py)?;
+            return Ok(to_numpy(py, nn));
+        }
+        let mut out = Neighbors {
+            k,
+            ids: Vec::with_capacity(all * k),
+            distances: Vec::with_capacity(all * k),
+        };
+        for start in (0..all).step_by(piece) {
+            let end = (start + piece).min(all);
+            let nn = py
+                .detach(|| {
+                    let q = MatrixRef::new_unchecked_values(
+                        "queries",
+                        &values[start * dim..end * dim],
+                        dim,
+                    )?;
+                    base.search(q, k)
+                })
+                .map_err(|e| to_py(errors::shift_rows(e, start)))?;
+            out.ids.extend_from_slice(&nn.ids);
+            out.distances.extend_from_slice(&nn.distances);
+            py.check_signals()?;
+        }
+        Ok(to_numpy(py, out))
+    }
+
+    /// The kNN graph of the base (each point's k nearest other points): (distances, ids).
+    #[pyo3(signature = (k, symmetric="auto"))]
+    fn graph<'py>(&self, py: Python<'py>, k: usize, symmetric: &str) -> PyResult<Pair<'py>> {
+        let symmetric: Symmetry = symmetric.parse().map_err(to_py)?;
+        let base = self.snapshot()?;
+        // On a thread of its own, so that Ctrl-C returns at once; an interrupted graph
+        // finishes there and is dropped.
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("knn-graph".into())
+            .spawn(move || {
+                let _ = tx.send(base.graph(k, symmetric));
+            })
+            .map_err(|e| PyRuntimeError::new_err(format!("cannot start a thread: {e}")))?;
+        let mut rx = rx;
+        loop {
+            let (got, back) = py.detach(move || (rx.recv_timeout(SIGNAL_POLL), rx));
+            rx = back;
+            match got {
+                Ok(result) => return Ok(to_numpy(py, result.map_err(to_py)?)),
+                Err(mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(PyRuntimeError::new_err("the graph's thread stopped"))
+                }
+            }
+        }
+    }
+
+    /// Appends rows; their ids continue from len(index).
+    fn add(&self, py: Python<'_>, data: PyReadonlyArray2<'_, f32>) -> PyResult<()> {
+        let dim = data.shape()[1];
+        let values = contiguous(&data)?;
+        let mut base = self.snapshot()?;
+        py.detach(|| {
+            let rows = MatrixRef::new("added rows", values, dim)?;
+            base.add(rows)
+        })
+        .map_err(to_py)?;
+        *self
+            .base
+            .write()
+            .map_err(|_| PyRuntimeError::new_err("index lock poisoned"))? = base;
+        Ok(())
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        Ok(self.snapshot()?.len())
+    }
+
+    /// Dimension of the points.
+    #[getter]
+    fn dim(&self) -> PyResult<usize> {
+        Ok(self.snapshot()?.dim())
+    }
+
+    /// The metric's name (`l2`, `cosine`, ..., `expr`).
+    #[getter]
+    fn metric(&self) -> PyResult<String> {
+        Ok(self.snapshot()?.metric().name().to_string())
+    }
+
+    /// The device in use (`cpu`, `cuda:0`, ...).
+    #[getter]
+    fn device(&self) -> PyResult<String> {
+        Ok(self.snapshot()?.device().map_err(to_py)?.to_string())
+    }
+
+    /// A copy of the base rows, `len × dim` float32 (for pickling).
+    fn rows<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let base = self.snapshot()?;
+        let (n, d) = (base.len(), base.dim());
+        base.rows().to_vec().into_pyarray(py).reshape([n, d])
+    }
+}
+
+impl NativeIndex {
+    /// The base as it is now (rows shared, not copied): calls run on it without holding the
+    /// lock, so `add` waits for no search.
+    fn snapshot(&self) -> PyResult<Base> {
+        self.base
+            .read()
+            .map(|b| b.clone())
+            .map_err(|_| PyRuntimeError::new_err("index lock poisoned"))
+    }
+}
+
+/// The metric from its name, or from an expression, with a covariance for Mahalanobis.
+fn parse_metric(
+    name: &str,
+    expr: Option<&str>,
+    covariance: Option<PyReadonlyArray2<'_, f32>>,
+) -> PyResult<Metric> {
+    if let Some(text) = expr {
+        if covariance.is_some() {
+            return Err(PyValueError::new_err(
+                "covariance is only for metric='mahalanobis', not metric_expr",
+            ));
+        }
+        let e = MetricExpr::parse(text)
+            .map_err(|e| PyValueError::new_err(format!("metric_expr: {e}")))?;
+        return Ok(Metric::Expr(Arc::new(e)));
+    }
+    let metric: Metric = name.parse().map_err(to_py)?;
+    match (&metric, covariance) {
+        (Metric::Mahalanobis(_), Some(c)) => {
+            let d = c.shape()[1];
+            let values = contiguous(&c)?.to_vec();
+            let c = Matrix::new("covariance", values, d).map_err(to_py)?;
+            Ok(Metric::Mahalanobis(Covariance::Given(Arc::new(c))))
+        }
+        (_, Some(_)) => Err(PyValueError::new_err(
+            "covariance is only for metric='mahalanobis'",
+        )),
+        (_, None) => Ok(metric),
+    }
+}
+
+/// The values of a C-contiguous array (the Python layer makes every input so).
+fn contiguous<'a>(a: &'a PyReadonlyArray2<'_, f32>) -> PyResult<&'a [f32]> {
+    a.as_slice()
+        .map_err(|_| PyValueError::new_err("expected a C-contiguous float32 array"))
+}
+
+/// `(distances float32, ids int64)`, each `rows × k`; the distances are moved, not copied.
+fn to_numpy(py: Python<'_>, nn: Neighbors) -> Pair<'_> {
+    let (rows, k) = (nn.rows(), nn.k);
+    let ids: Vec<i64> = nn.ids.iter().map(|&i| i64::from(i)).collect();
+    let distances = nn.distances.into_pyarray(py);
+    let ids = ids.into_pyarray(py);
+    (
+        distances.reshape([rows, k]).expect("rows·k values"),
+        ids.reshape([rows, k]).expect("rows·k values"),
+    )
+}
+
+/// Usable CUDA devices: a list of (ordinal, description).
+#[pyfunction]
+fn devices() -> Vec<(usize, String)> {
+    knn::gpu_devices()
+}
+
+/// Why no GPU is usable, or "ok".
+#[pyfunction]
+fn gpu_status() -> String {
+    knn::gpu_status()
+}
+
+#[pymodule]
+fn _knn(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<NativeIndex>()?;
+    m.add_function(wrap_pyfunction!(devices, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_status, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

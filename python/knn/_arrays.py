@@ -1,0 +1,97 @@
+"""Inputs as the native code takes them: 2-D, C-contiguous float32 NumPy arrays."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+_RESHAPE_HINT = (
+    "Reshape your data either using array.reshape(-1, 1) if your data has a single "
+    "feature or array.reshape(1, -1) if it contains a single sample."
+)
+
+
+def as_matrix(x, what: str) -> np.ndarray:
+    """``x`` as a 2-D C-contiguous float32 array, without a copy when it already is one.
+
+    Accepts NumPy arrays of any real dtype and memory order, nested lists, and objects NumPy
+    converts (PyTorch CPU tensors, array-likes). Refuses 1-D input with scikit-learn's hint.
+    """
+    if _is_torch_tensor(x):
+        if x.device.type != "cpu":
+            raise ValueError(
+                f"{what}: a {x.device.type} tensor; this version takes CPU arrays only "
+                "(use tensor.cpu())"
+            )
+        x = x.detach().numpy()
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what}: not an array of numbers ({e})") from None
+    if a.dtype.kind not in "biuf":
+        if a.dtype.kind == "O":
+            try:
+                a = a.astype(np.float64)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{what}: not an array of numbers ({e})") from None
+        else:
+            raise ValueError(
+                f"{what}: dtype {a.dtype} is not a real number type "
+                "(use integers, float32 or float64)"
+            )
+    if a.ndim == 1:
+        raise ValueError(
+            f"{what}: expected 2D array, got 1D array instead:\narray={a}.\n{_RESHAPE_HINT}"
+        )
+    if a.ndim != 2:
+        raise ValueError(f"{what}: expected a 2-D array (rows x dimension), got {a.ndim}-D")
+    if a.dtype.kind == "f" and a.dtype.itemsize > 4:
+        big = np.abs(a) > np.finfo(np.float32).max
+        if np.any(big & np.isfinite(a)):
+            row, col = np.argwhere(big & np.isfinite(a))[0]
+            raise ValueError(
+                f"{what}: row {row}, column {col} is {a[row, col]!r}, beyond the float32 "
+                "range this version computes in"
+            )
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _is_torch_tensor(x) -> bool:
+    t = type(x)
+    return t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter")
+
+
+def parse_bytes(size) -> int | None:
+    """A byte count from an int or a string such as ``"2GiB"``, ``"512MiB"``, ``"1e9"``."""
+    if size is None:
+        return None
+    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+        if size < 1:
+            raise ValueError(f"gpu_memory={size}: a size must be at least 1 byte")
+        return int(size)
+    if not isinstance(size, str):
+        raise TypeError(f"gpu_memory: expected bytes (int) or a string like '2GiB', not {size!r}")
+    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([A-Za-z]*)\s*", size)
+    units = {
+        "": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
+        "t": 1e12, "tb": 1e12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+    }
+    if m is None or m.group(2).lower() not in units:
+        raise ValueError(f"gpu_memory={size!r}: not a size (e.g. 2GiB, 512MiB, 1e9)")
+    try:
+        value = float(m.group(1)) * units[m.group(2).lower()]
+    except ValueError:
+        raise ValueError(f"gpu_memory={size!r}: not a size (e.g. 2GiB, 512MiB, 1e9)") from None
+    if not value >= 1:
+        raise ValueError(f"gpu_memory={size!r}: a size must be at least 1 byte")
+    return int(value)
+
+
+def as_k(k, what: str = "k") -> int:
+    """``k`` as a positive int (bools and floats refused)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"{what} must be an integer, not {k!r}")
+    if k < 1:
+        raise ValueError(f"{what} must be at least 1 (got {k})")
+    return int(k)

@@ -1,0 +1,252 @@
+"""``knn.Index``, ``knn.search`` and ``knn.graph``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _knn
+from ._arrays import as_k, as_matrix, parse_bytes
+
+_SYMMETRIC = {True: "on", False: "off", "auto": "auto", "on": "on", "off": "off"}
+
+
+class Index:
+    """An exact k-nearest-neighbour index over a fixed set of base points.
+
+    Built once, searched many times, from any number of threads at once (the GIL is released
+    while it computes). Every answer is exact: each row holds a true k-nearest set, ordered by
+    (distance, id) with the smaller id first among equal distances, the same on every device
+    and thread count.
+
+    Parameters
+    ----------
+    data : array_like, shape (n, d)
+        The base points: a NumPy array of any real dtype and memory order, a nested list, or
+        anything NumPy converts (a PyTorch CPU tensor). Converted to C-contiguous float32 when
+        it is not already. NaN, infinite values, empty input and 1-D input are refused with a
+        ``ValueError``. The index keeps its own copy of the rows.
+    metric : str, default "l2"
+        ``"l2"`` (Euclidean), ``"sqeuclidean"``, ``"ip"`` (inner product, largest first, the
+        similarity is reported), ``"cosine"`` (1 - cos), ``"l1"``, ``"linf"``, ``"hellinger"``
+        (sqrt(0.5 * sum (sqrt x - sqrt y)^2), inputs >= 0) or ``"mahalanobis"``. Aliases:
+        ``"euclidean"``, ``"manhattan"``, ``"cityblock"``, ``"chebyshev"``.
+    device : str, default "auto"
+        ``"auto"`` (a usable NVIDIA GPU, else the CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        The same wheel runs with or without a GPU; CUDA is loaded at run time.
+    metric_expr : str, optional
+        A distance of your own instead of ``metric``: a per-coordinate accumulation over
+        ``acc`` (running value, from 0), ``x`` (query coordinate) and ``y`` (base coordinate),
+        optionally followed by ``; FINAL``, a non-decreasing step over ``acc`` for the reported
+        distance. For example ``"acc + (sqrt(x) - sqrt(y))^2 ; sqrt(0.5 * acc)"`` is Hellinger.
+        Numbers, ``+ - * /``, ``^n`` (whole n), ``abs sqrt exp log min max``.
+    covariance : array_like, shape (d, d), optional
+        For ``metric="mahalanobis"``: the covariance (symmetric positive definite). Without
+        it the covariance is estimated from the base (unbiased, divisor n - 1).
+    gpu_memory : int or str, optional
+        Cap on the GPU memory used for tiles, in bytes or as ``"2GiB"``, ``"512MiB"``;
+        smaller caps stream the base from host memory. Default: 70 % of free memory.
+    threads : int, optional
+        CPU threads. Default: one per core.
+
+    Attributes
+    ----------
+    dim : int
+        Dimension of the points.
+    metric : str
+        The metric's name (``"expr"`` for ``metric_expr``).
+    device : str
+        The device in use: ``"cpu"`` or ``"cuda:N"``.
+
+    Notes
+    -----
+    Computation is in float32 with an exact float64 re-rank: float64 input is rounded to
+    float32 first, so results are exact for the float32 values, and distances are float32.
+    Exactness for float64 input itself is planned. Ids are int64.
+
+    Ctrl-C raises ``KeyboardInterrupt`` and leaves the index usable: a search stops between
+    pieces of work (well under a second each); an interrupted ``graph`` returns at once and
+    finishes its current work on a thread of its own.
+
+    Examples
+    --------
+    >>> import numpy as np, knn
+    >>> base = np.array([[0.0, 0.0], [1.0, 0.0], [5.0, 5.0]])
+    >>> index = knn.Index(base, device="cpu")
+    >>> distances, ids = index.search([[0.9, 0.1]], k=2)
+    >>> ids
+    array([[1, 0]])
+    """
+
+    def __init__(
+        self,
+        data,
+        metric: str = "l2",
+        device: str = "auto",
+        *,
+        metric_expr: str | None = None,
+        covariance=None,
+        gpu_memory: int | str | None = None,
+        threads: int | None = None,
+    ):
+        if not isinstance(metric, str):
+            raise TypeError(f"metric must be a string, not {metric!r}")
+        if not isinstance(device, str):
+            raise TypeError(f"device must be a string such as 'cpu' or 'cuda:0', not {device!r}")
+        if threads is not None:
+            threads = as_k(threads, "threads")
+        rows = as_matrix(data, "base")
+        cov = None if covariance is None else as_matrix(covariance, "covariance")
+        self._args = dict(
+            metric=metric, device=device, metric_expr=metric_expr, covariance=cov,
+            gpu_memory=gpu_memory, threads=threads,
+        )
+        self._native = _knn.NativeIndex(
+            rows, metric, device, metric_expr, cov, parse_bytes(gpu_memory), threads
+        )
+
+    def search(self, queries, k: int):
+        """The k nearest base points of every query.
+
+        Parameters
+        ----------
+        queries : array_like, shape (m, d)
+            Query points, converted like the base.
+        k : int
+            Neighbours per query, 1 <= k <= len(index).
+
+        Returns
+        -------
+        distances : ndarray of float32, shape (m, k)
+            Row i: the distances of query i's neighbours, ascending (for ``"ip"``: the inner
+            products, descending).
+        ids : ndarray of int64, shape (m, k)
+            Row i: the neighbours' row numbers in the base (ids of added rows continue).
+
+        Raises
+        ------
+        ValueError
+            Bad input (NaN or infinite values naming row and column, a dimension mismatch,
+            k = 0 or k > len(index), negative values for Hellinger).
+        """
+        return self._native.search(as_matrix(queries, "queries"), as_k(k))
+
+    def graph(self, k: int, symmetric="auto"):
+        """The kNN graph of the base: each point's k nearest *other* points.
+
+        A point's own id is left out; duplicates of it are still its neighbours, at
+        distance 0.
+
+        Parameters
+        ----------
+        k : int
+            Neighbours per point, 1 <= k < len(index).
+        symmetric : {"auto", "on", "off"} or bool, default "auto"
+            Compute each unordered pair's distance once and take it into both points' lists:
+            ``"auto"`` where that was measured faster, ``"on"``/``"off"`` force it. The answer
+            is the same either way.
+
+        Returns
+        -------
+        distances : ndarray of float32, shape (n, k)
+        ids : ndarray of int64, shape (n, k)
+        """
+        try:
+            mode = _SYMMETRIC[symmetric]
+        except (KeyError, TypeError):
+            raise ValueError(
+                f"symmetric={symmetric!r}: expected 'auto', 'on', 'off', True or False"
+            ) from None
+        return self._native.graph(as_k(k), mode)
+
+    def add(self, data) -> None:
+        """Append points to the base; their ids continue from ``len(index)``.
+
+        Parameters
+        ----------
+        data : array_like, shape (m, d)
+            Points of the index's dimension, validated like the base.
+        """
+        self._native.add(as_matrix(data, "added rows"))
+
+    def __len__(self) -> int:
+        return len(self._native)
+
+    @property
+    def dim(self) -> int:
+        """Dimension of the points."""
+        return self._native.dim
+
+    @property
+    def metric(self) -> str:
+        """The metric's name (``"expr"`` for a ``metric_expr``)."""
+        return self._native.metric
+
+    @property
+    def device(self) -> str:
+        """The device in use: ``"cpu"`` or ``"cuda:N"``."""
+        return self._native.device
+
+    def __repr__(self) -> str:
+        return f"knn.Index(n={len(self)}, dim={self.dim}, metric={self.metric!r}, device={self.device!r})"
+
+    def __reduce__(self):
+        args = dict(self._args)
+        return (_rebuild, (self._native.rows(), args))
+
+
+def _rebuild(rows, args):
+    return Index(rows, **args)
+
+
+def search(base, queries, k: int, metric: str = "l2", device: str = "auto", **options):
+    """The k nearest ``base`` points of every query, in one call.
+
+    ``Index(base, metric, device, **options).search(queries, k)``: see :class:`Index` for
+    the arguments (``metric_expr``, ``covariance``, ``gpu_memory``, ``threads``).
+
+    Returns
+    -------
+    distances : ndarray of float32, shape (m, k)
+    ids : ndarray of int64, shape (m, k)
+    """
+    return Index(base, metric, device, **options).search(queries, k)
+
+
+def graph(
+    points, k: int, metric: str = "l2", device: str = "auto", *, symmetric="auto",
+    format: str = "arrays", **options,
+):
+    """The kNN graph of ``points``: each point's k nearest other points, in one call.
+
+    Parameters
+    ----------
+    points : array_like, shape (n, d)
+    k : int
+        Neighbours per point, 1 <= k < n.
+    metric, device, metric_expr, covariance, gpu_memory, threads
+        As for :class:`Index`.
+    symmetric : {"auto", "on", "off"} or bool, default "auto"
+        As for :meth:`Index.graph`.
+    format : {"arrays", "csr"}, default "arrays"
+        ``"arrays"``: ``(distances, ids)``, each (n, k). ``"csr"``: a
+        ``scipy.sparse.csr_matrix`` of shape (n, n) whose row i holds point i's neighbours
+        with their distances (as stored entries, zeros included), in (distance, id) order.
+        Needs SciPy.
+    """
+    if format not in ("arrays", "csr"):
+        raise ValueError(f"format={format!r}: expected 'arrays' or 'csr'")
+    distances, ids = Index(points, metric, device, **options).graph(k, symmetric)
+    if format == "arrays":
+        return distances, ids
+    return to_csr(distances, ids, ids.shape[0])
+
+
+def to_csr(values, ids, columns: int):
+    """A ``scipy.sparse.csr_matrix`` of shape (rows, columns) from (rows, k) values and ids."""
+    try:
+        from scipy.sparse import csr_matrix
+    except ImportError:
+        raise ImportError("format='csr' needs SciPy (pip install scipy)") from None
+    rows, k = ids.shape
+    indptr = np.arange(0, rows * k + 1, k, dtype=np.int64)
+    return csr_matrix((values.ravel(), ids.ravel(), indptr), shape=(rows, columns))
