@@ -25,6 +25,7 @@ pub mod prepare;
 mod search;
 pub mod synth;
 mod topk;
+mod validate;
 
 pub use engine::{
     base_key, CandidateRequest, CandidateRows, Candidates, Engine, ExactFrom, FinishedRows,
@@ -36,7 +37,10 @@ pub use matrix::{CentredRoots, Matrix, MatrixRef, RootsView};
 pub use metric::{Covariance, Kernel, Metric};
 pub use neighbors::Neighbors;
 pub use oracle::{check, check_with_truth, id_recall, oracle, CheckReport, DEFAULT_TOLERANCE};
+pub use prepare::PreparedBase;
 pub use search::{
-    graph, graph_rows, graph_with_progress, search, search_with_progress, ProgressFn,
+    graph, graph_prepared, graph_rows, graph_with_progress, search, search_prepared,
+    search_with_progress, ProgressFn,
 };
 pub use topk::TopK;
+pub use validate::check_base;

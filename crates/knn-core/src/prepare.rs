@@ -30,6 +30,8 @@ impl Data<'_> {
 pub enum EngineRows<'a> {
     /// Transformed values.
     Owned(Matrix),
+    /// Transformed values kept elsewhere (a [`PreparedBase`]'s).
+    Borrowed(MatrixRef<'a>),
     /// Derived from given rows on first read.
     Roots(CentredRoots<'a>),
 }
@@ -39,6 +41,7 @@ impl EngineRows<'_> {
     pub fn view(&self) -> MatrixRef<'_> {
         match self {
             EngineRows::Owned(m) => m.view(),
+            EngineRows::Borrowed(m) => *m,
             EngineRows::Roots(r) => r.view(),
         }
     }
@@ -288,27 +291,46 @@ pub fn whitener(
     cov: &Covariance,
     base: MatrixRef<'_>,
 ) -> Result<impl Fn(&[f32], &mut [f32]) + Sync> {
-    let d = base.dim();
-    let c = match cov {
-        Covariance::FromBase => covariance(base)?,
-        Covariance::Given(m) => {
-            let v: Vec<f64> = m.view().as_slice().iter().map(|&x| x as f64).collect();
-            for i in 0..d {
-                for j in 0..i {
-                    let (a, b) = (v[i * d + j], v[j * d + i]);
-                    if (a - b).abs() > 1e-6 * a.abs().max(b.abs()).max(1e-30) {
-                        return Err(KnnError::Covariance(format!(
-                            "the covariance is not symmetric: ({i},{j}) = {a} but ({j},{i}) = {b}"
-                        )));
+    let w = Whitener::new(cov, base)?;
+    Ok(move |x: &[f32], o: &mut [f32]| w.apply(x, o))
+}
+
+/// The Cholesky factor `L` behind [`whitener`], kept to whiten later rows the same way.
+#[derive(Clone, Debug)]
+struct Whitener {
+    l: Vec<f64>,
+    d: usize,
+}
+
+impl Whitener {
+    fn new(cov: &Covariance, base: MatrixRef<'_>) -> Result<Self> {
+        let d = base.dim();
+        let c = match cov {
+            Covariance::FromBase => covariance(base)?,
+            Covariance::Given(m) => {
+                let v: Vec<f64> = m.view().as_slice().iter().map(|&x| x as f64).collect();
+                for i in 0..d {
+                    for j in 0..i {
+                        let (a, b) = (v[i * d + j], v[j * d + i]);
+                        if (a - b).abs() > 1e-6 * a.abs().max(b.abs()).max(1e-30) {
+                            return Err(KnnError::Covariance(format!(
+                                "the covariance is not symmetric: ({i},{j}) = {a} but ({j},{i}) = {b}"
+                            )));
+                        }
                     }
                 }
+                v
             }
-            v
-        }
-    };
-    let l = cholesky(&c, d)?;
-    Ok(move |x: &[f32], o: &mut [f32]| {
-        // Forward substitution L y = x, in f64.
+        };
+        Ok(Whitener {
+            l: cholesky(&c, d)?,
+            d,
+        })
+    }
+
+    /// Forward substitution `L y = x`, in f64, rounded once to f32.
+    fn apply(&self, x: &[f32], o: &mut [f32]) {
+        let (l, d) = (&self.l, self.d);
         let mut y = vec![0.0f64; d];
         for i in 0..d {
             let s: f64 = (0..i).map(|p| l[i * d + p] * y[p]).sum();
@@ -317,7 +339,164 @@ pub fn whitener(
         for (o, v) in o.iter_mut().zip(y) {
             *o = v as f32;
         }
+    }
+}
+
+/// The engine-space map of a metric whose kernel works on other rows than the exact ones.
+#[derive(Clone, Debug)]
+enum EngineMap {
+    /// The exact rows themselves.
+    Same,
+    /// Rows scaled to unit length (cosine).
+    Normalise,
+    /// Square roots (Hellinger near the origin).
+    Roots,
+    /// Square roots less a centre (Hellinger far from the origin; see [`CentredRoots`]).
+    CentredRoots(Vec<f64>),
+    /// The exact rows less a centre (squared-L2 kernels far from the origin).
+    Centred(Vec<f64>),
+}
+
+/// How a metric turns given rows into the rows the exact re-rank sees (the exact space) and
+/// the rows the engine computes on (the engine space): fixed by the base alone (whitening,
+/// centre), so that it is applied to the base once and to every batch of queries alike.
+struct Transform {
+    whiten: Option<Whitener>,
+    engine: EngineMap,
+    /// The largest |value| of the engine base, when the base's scan found it.
+    base_top: Option<f32>,
+    /// See [`Prepared::base_nonnegative`].
+    base_nonnegative: bool,
+}
+
+impl Transform {
+    /// Reads the base (one pass, plus the covariance for an estimated Mahalanobis); also
+    /// returns the base's exact-space rows where they differ from the given ones ([`Transform::exact_rows`]).
+    /// Not for expression metrics.
+    fn of_base(metric: &Metric, base: MatrixRef<'_>) -> Result<(Self, Option<Matrix>)> {
+        let whiten = match metric {
+            Metric::Mahalanobis(cov) => Some(Whitener::new(cov, base)?),
+            _ => None,
+        };
+        let exact = whiten
+            .as_ref()
+            .map(|w| map_rows(base, |x, o| w.apply(x, o)));
+        let mut t = Transform {
+            whiten,
+            engine: EngineMap::Same,
+            base_top: None,
+            base_nonnegative: false,
+        };
+        if matches!(metric, Metric::Cosine) {
+            t.engine = EngineMap::Normalise;
+        } else if metric.kernel() == Kernel::SqL2 {
+            // The metric's transform of the exact values (Hellinger: square roots), and how far
+            // from the origin they must sit to be centred here. Engines centre exact data
+            // themselves when it pays (on the device, with one rounding of their own), but not
+            // data derived by a rounding (see `CandidateRequest::exact_data`): square roots are
+            // centred here whenever that shrinks their squared norms by half (uniform data: by
+            // 9x, and a TF32 or bf16 first try's bound with them, without which its candidate
+            // lists do not prove k = 100 of 80 000 points).
+            // (Each transform is its own closure, inlined into the passes: through a function
+            // pointer the f64 square roots were a call per value, 177 ms for 80 000 × 256 on
+            // two cores.)
+            let hellinger = matches!(metric, Metric::Hellinger);
+            let b = exact.as_ref().map_or(base, Matrix::view);
+            let scan = if hellinger {
+                far_centre(b, |v: f32| (v as f64).sqrt(), 1.0)
+            } else {
+                far_centre(b, |v: f32| v as f64, 16.0)
+            };
+            t.base_top = Some(scan.top);
+            // (Each column's smallest value; NaN never lowers it.)
+            t.base_nonnegative = scan.range.iter().all(|&(lo, _)| lo >= 0.0);
+            t.engine = match (hellinger, scan.centre) {
+                (true, Some(c)) => {
+                    // The roots' largest magnitude follows from the columns' ranges.
+                    t.base_top = Some(roots_top(&scan.range, &c));
+                    EngineMap::CentredRoots(c)
+                }
+                (true, None) => EngineMap::Roots,
+                (false, Some(c)) => {
+                    t.base_top = None;
+                    EngineMap::Centred(c)
+                }
+                (false, None) => EngineMap::Same,
+            };
+        }
+        Ok((t, exact))
+    }
+
+    /// Exact-space rows of `m` (whitened for Mahalanobis, else `None`: the rows as given).
+    fn exact_rows(&self, m: MatrixRef<'_>) -> Option<Matrix> {
+        self.whiten
+            .as_ref()
+            .map(|w| map_rows(m, |x, o| w.apply(x, o)))
+    }
+
+    /// Engine-space rows of the given rows `given` whose exact-space rows are `exact`
+    /// (`None`: the engine space is the exact one), one rounding from the exact values.
+    fn engine_rows(&self, given: MatrixRef<'_>, exact: MatrixRef<'_>) -> Option<Matrix> {
+        let root = |v: f32| (v as f64).sqrt();
+        match &self.engine {
+            EngineMap::Same => None,
+            EngineMap::Normalise => Some(map_rows(exact, |x, o| {
+                let n = x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>().sqrt();
+                for (o, &v) in o.iter_mut().zip(x) {
+                    *o = (v as f64 / n) as f32;
+                }
+            })),
+            EngineMap::Roots => Some(map_rows(given, |x, o| {
+                for (o, &v) in o.iter_mut().zip(x) {
+                    *o = v.sqrt();
+                }
+            })),
+            EngineMap::CentredRoots(c) => Some(centred(given, c, root)),
+            EngineMap::Centred(c) => Some(centred(exact, c, |v: f32| v as f64)),
+        }
+    }
+}
+
+/// Largest magnitude, compared as bits (those of non-negative floats order like them; NaN
+/// ignored), block by block: this vectorises, where a per-element parallel fold costs more
+/// than the rest of the preparation.
+fn max_abs(m: MatrixRef<'_>) -> f32 {
+    let bits = m
+        .as_slice()
+        .par_chunks(1 << 16)
+        .map(|c| {
+            c.iter().fold(0u32, |a, v| {
+                let b = v.to_bits() & 0x7fff_ffff;
+                a.max(if b > 0x7f80_0000 { 0 } else { b })
+            })
+        })
+        .max()
+        .unwrap_or(0);
+    f32::from_bits(bits)
+}
+
+/// The power of two engine rows are scaled by when their largest magnitude `top` would let
+/// squares or sums overflow or underflow f32 (`None`: no scaling).
+fn scale_for(top: f32) -> Option<f64> {
+    (top > 0.0 && !(2f32.powi(-40)..=2f32.powi(40)).contains(&top))
+        .then(|| 2f64.powi(-(top.log2().round() as i32)))
+}
+
+/// `m` times `s` (a power of two: exact).
+fn scaled(m: MatrixRef<'_>, s: f64) -> Matrix {
+    map_rows(m, |x, o| {
+        o.iter_mut()
+            .zip(x)
+            .for_each(|(o, &v)| *o = (v as f64 * s) as f32)
     })
+}
+
+/// How engine keys relate to exact keys once engine rows are scaled by `s`.
+fn key_scale(metric: &Metric, s: f64) -> f64 {
+    match metric.kernel() {
+        Kernel::SqL2 | Kernel::NegDot => s * s,
+        Kernel::L1 | Kernel::Linf => s,
+    }
 }
 
 /// Prepares base and (optional) queries for `metric`. Domain checks happen before this.
@@ -326,156 +505,160 @@ pub fn prepare<'a>(
     base: MatrixRef<'a>,
     queries: Option<MatrixRef<'a>>,
 ) -> Result<Prepared<'a>> {
-    let borrowed = |m: MatrixRef<'a>| Data::Borrowed(m);
     if let Metric::Expr(e) = metric {
         // Neither centred nor scaled: the expression is not translation or scale invariant.
         let (plan, engine) = crate::expr::prepare_expr(e, base, queries)?;
         return Ok(Prepared {
-            exact_base: borrowed(base),
-            exact_queries: queries.map(borrowed),
+            exact_base: Data::Borrowed(base),
+            exact_queries: queries.map(Data::Borrowed),
             engine: engine.map(|(b, q)| (EngineRows::Owned(b), q)),
             key_scale: 1.0,
             expr: Some(plan),
             base_nonnegative: false,
         });
     }
-    // Exact space: the original data, except whitened data for Mahalanobis.
-    let (exact_base, exact_queries) = match metric {
-        Metric::Mahalanobis(cov) => {
-            let w = whitener(cov, base)?;
-            (
-                Data::Owned(map_rows(base, &w)),
-                queries.map(|q| Data::Owned(map_rows(q, &w))),
-            )
-        }
-        _ => (borrowed(base), queries.map(borrowed)),
-    };
-    // Engine space: normalised or square-rooted copies where the metric needs them, then
-    // centred when far from the origin (SqL2 kernel only: translation changes nothing there).
-    let mut engine: Option<(EngineRows<'a>, Option<Matrix>)> = match metric {
-        Metric::Cosine => {
-            let norm = |x: &[f32], o: &mut [f32]| {
-                let n = x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>().sqrt();
-                for (o, &v) in o.iter_mut().zip(x) {
-                    *o = (v as f64 / n) as f32;
-                }
-            };
-            Some((
-                EngineRows::Owned(map_rows(base, norm)),
-                queries.map(|q| map_rows(q, norm)),
-            ))
-        }
-        // Square roots: made below, centred or not.
-        _ => None,
-    };
-    // Largest |value| of the engine base when the pass below saw it unchanged.
-    let mut base_top = None;
-    let mut base_nonnegative = false;
-    if metric.kernel() == Kernel::SqL2 {
-        // The metric's transform of the exact values (Hellinger: square roots), and how far
-        // from the origin they must sit to be centred here. Engines centre exact data
-        // themselves when it pays (on the device, with one rounding of their own), but not
-        // data derived by a rounding (see `CandidateRequest::exact_data`): square roots are
-        // centred here whenever that shrinks their squared norms by half (uniform data: by
-        // 9x, and a TF32 or bf16 first try's bound with them, without which its candidate
-        // lists do not prove k = 100 of 80 000 points).
-        // (Each transform is its own closure, inlined into the passes: through a function
-        // pointer the f64 square roots were a call per value, 177 ms for 80 000 × 256 on
-        // two cores.)
-        let hellinger = matches!(metric, Metric::Hellinger);
-        let (b, q) = if hellinger {
-            (base, queries)
-        } else {
-            (exact_base.view(), exact_queries.as_ref().map(|q| q.view()))
-        };
-        let root = |v: f32| (v as f64).sqrt();
-        let same = |v: f32| v as f64;
-        let scan = if hellinger {
-            far_centre(b, root, 1.0)
-        } else {
-            far_centre(b, same, 16.0)
-        };
-        base_top = Some(scan.top);
-        // (Each column's smallest value; NaN never lowers it.)
-        base_nonnegative = scan.range.iter().all(|&(lo, _)| lo >= 0.0);
-        if let Some(c) = scan.centre {
-            // From the exact values through the metric's transform, one rounding in all.
-            engine = Some(if hellinger {
-                // The base's roots are made when first read (an engine that derives them
-                // itself never makes the host pay for them); their largest magnitude follows
-                // from the columns' ranges.
-                base_top = Some(roots_top(&scan.range, &c));
-                let q = q.map(|q| centred(q, &c, root));
-                (EngineRows::Roots(CentredRoots::new(base, c)), q)
-            } else {
-                base_top = None;
-                (
-                    EngineRows::Owned(centred(b, &c, same)),
-                    q.map(|q| centred(q, &c, same)),
-                )
-            });
-        } else if hellinger {
-            let root = |x: &[f32], o: &mut [f32]| {
-                for (o, &v) in o.iter_mut().zip(x) {
-                    *o = v.sqrt();
-                }
-            };
-            engine = Some((
-                EngineRows::Owned(map_rows(base, root)),
-                queries.map(|q| map_rows(q, root)),
-            ));
-        }
+    let (t, exact) = Transform::of_base(metric, base)?;
+    let exact_base = exact.map_or(Data::Borrowed(base), Data::Owned);
+    let exact_queries = queries.map(|q| t.exact_rows(q).map_or(Data::Borrowed(q), Data::Owned));
+    let mut engine = match &t.engine {
+        EngineMap::Same => None,
+        // The base's roots are made when first read (an engine that derives them itself never
+        // makes the host pay for them).
+        EngineMap::CentredRoots(c) => Some(EngineRows::Roots(CentredRoots::new(base, c.clone()))),
+        _ => t
+            .engine_rows(base, exact_base.view())
+            .map(EngineRows::Owned),
     }
+    .map(|b| {
+        let q = queries
+            .zip(exact_queries.as_ref())
+            .and_then(|(q, x)| t.engine_rows(q, x.view()));
+        (b, q)
+    });
     // Scale by a power of two (exact) when squares or sums could overflow or underflow f32.
     let (eb, eq) = match &engine {
         Some((b, q)) => (b.view(), q.as_ref().map(|q| q.view())),
         None => (exact_base.view(), exact_queries.as_ref().map(|q| q.view())),
     };
-    // Largest magnitude, compared as bits (those of non-negative floats order like them; NaN
-    // ignored), block by block: this vectorises, where a per-element parallel fold costs more
-    // than the rest of the preparation.
-    let max_abs = |m: MatrixRef<'_>| {
-        let bits = m
-            .as_slice()
-            .par_chunks(1 << 16)
-            .map(|c| {
-                c.iter().fold(0u32, |a, v| {
-                    let b = v.to_bits() & 0x7fff_ffff;
-                    a.max(if b > 0x7f80_0000 { 0 } else { b })
-                })
-            })
-            .max()
-            .unwrap_or(0);
-        f32::from_bits(bits)
-    };
-    let top = base_top
+    let top = t
+        .base_top
         .unwrap_or_else(|| max_abs(eb))
         .max(eq.map_or(0.0, max_abs));
-    let mut key_scale = 1.0;
-    if top > 0.0 && !(2f32.powi(-40)..=2f32.powi(40)).contains(&top) {
-        let e = -(top.log2().round() as i32);
-        let s = 2f64.powi(e);
-        let scale = |m: MatrixRef<'_>| {
-            map_rows(m, |x, o| {
-                o.iter_mut()
-                    .zip(x)
-                    .for_each(|(o, &v)| *o = (v as f64 * s) as f32)
-            })
-        };
-        engine = Some((EngineRows::Owned(scale(eb)), eq.map(scale)));
-        key_scale = match metric.kernel() {
-            Kernel::SqL2 | Kernel::NegDot => s * s,
-            Kernel::L1 | Kernel::Linf => s,
-        };
+    let mut ks = 1.0;
+    if let Some(s) = scale_for(top) {
+        engine = Some((EngineRows::Owned(scaled(eb, s)), eq.map(|q| scaled(q, s))));
+        ks = key_scale(metric, s);
     }
     Ok(Prepared {
         exact_base,
         exact_queries,
         engine,
-        key_scale,
+        key_scale: ks,
         expr: None,
-        base_nonnegative,
+        base_nonnegative: t.base_nonnegative,
     })
+}
+
+/// A base prepared once for many searches (the index's): its exact-space and engine-space
+/// rows made and kept, the transform kept for the queries. Searching with it gives what
+/// [`prepare`] of the same base and queries gives, bit for bit ([`PreparedBase::with_queries`]).
+pub struct PreparedBase {
+    /// `None` for expression metrics, whose preparation reads the queries too.
+    transform: Option<Transform>,
+    /// Exact-space base when it differs from the given rows (whitened).
+    exact: Option<Matrix>,
+    /// Engine-space base when it differs from the exact rows (materialised, scaled).
+    engine: Option<Matrix>,
+    /// The largest |value| of the unscaled engine base.
+    top: f32,
+    /// The power of two the engine base was scaled by, if any.
+    scale: Option<f64>,
+    /// See [`Prepared::base_nonnegative`].
+    pub base_nonnegative: bool,
+    /// Identifies this preparation in engine requests ([`crate::CandidateRequest::base_key`]),
+    /// so that engines keep what they derived from it (a device copy) between searches.
+    pub key: u64,
+}
+
+impl PreparedBase {
+    /// Prepares `base` for `metric` (domain checks happen before this).
+    pub fn new(metric: &Metric, base: MatrixRef<'_>) -> Result<Self> {
+        if metric.is_expr() {
+            return Ok(PreparedBase {
+                transform: None,
+                exact: None,
+                engine: None,
+                top: 0.0,
+                scale: None,
+                base_nonnegative: false,
+                key: crate::engine::base_key(),
+            });
+        }
+        let (t, exact) = Transform::of_base(metric, base)?;
+        let xb = exact.as_ref().map_or(base, Matrix::view);
+        let engine = t.engine_rows(base, xb);
+        let eb = engine.as_ref().map_or(xb, Matrix::view);
+        let top = t.base_top.unwrap_or_else(|| max_abs(eb));
+        let scale = scale_for(top);
+        let engine = match scale {
+            Some(s) => Some(scaled(eb, s)),
+            None => engine,
+        };
+        Ok(PreparedBase {
+            base_nonnegative: t.base_nonnegative,
+            transform: Some(t),
+            exact,
+            engine,
+            top,
+            scale,
+            key: crate::engine::base_key(),
+        })
+    }
+
+    /// The preparation of `base` (the rows this was made from) with `queries` (`None`: a
+    /// self-join), as [`prepare`] would make it, the base's part reused; `None` when the
+    /// queries change it (an expression metric, or queries whose magnitude calls for
+    /// another scaling): then [`prepare`] both.
+    pub fn with_queries<'a>(
+        &'a self,
+        metric: &Metric,
+        base: MatrixRef<'a>,
+        queries: Option<MatrixRef<'a>>,
+    ) -> Option<Prepared<'a>> {
+        let t = self.transform.as_ref()?;
+        let exact_queries = queries.map(|q| t.exact_rows(q).map_or(Data::Borrowed(q), Data::Owned));
+        let engine_queries = queries
+            .zip(exact_queries.as_ref())
+            .and_then(|(q, x)| t.engine_rows(q, x.view()));
+        let eq = engine_queries
+            .as_ref()
+            .map(Matrix::view)
+            .or(exact_queries.as_ref().map(Data::view));
+        let top = self.top.max(eq.map_or(0.0, max_abs));
+        if scale_for(top) != self.scale {
+            return None;
+        }
+        let exact_base = match &self.exact {
+            Some(m) => Data::Borrowed(m.view()),
+            None => Data::Borrowed(base),
+        };
+        let engine_queries = match (self.scale, eq) {
+            (Some(s), Some(q)) => Some(scaled(q, s)),
+            _ => engine_queries,
+        };
+        let engine = self
+            .engine
+            .as_ref()
+            .map(|b| (EngineRows::Borrowed(b.view()), engine_queries));
+        Some(Prepared {
+            exact_base,
+            exact_queries,
+            engine,
+            key_scale: self.scale.map_or(1.0, |s| key_scale(metric, s)),
+            expr: None,
+            base_nonnegative: self.base_nonnegative,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@ use crate::error::{KnnError, Result};
 use crate::matrix::{Matrix, MatrixRef};
 use crate::metric::Metric;
 use crate::neighbors::Neighbors;
-use crate::prepare::{prepare, Data, EngineRows, Prepared};
+use crate::prepare::{prepare, Data, EngineRows, Prepared, PreparedBase};
+use crate::validate::{check_domains, validate};
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
@@ -21,66 +22,6 @@ const CANDIDATE_BYTES_PER_ROUND: usize = 64 << 20;
 /// Past this width a failing row is finished by a direct exact scan instead of a wider engine call.
 fn max_engine_width(available: usize) -> usize {
     (available / 4).max(4096).min(available)
-}
-
-/// Checks the shapes and sizes shared by search and graph (the values: [`check_domains`]).
-fn validate(
-    metric: &Metric,
-    base: MatrixRef<'_>,
-    queries: Option<MatrixRef<'_>>,
-    k: usize,
-) -> Result<usize> {
-    if base.rows() == 0 {
-        return Err(KnnError::EmptyBase);
-    }
-    if base.rows() > u32::MAX as usize {
-        return Err(KnnError::TooManyPoints { n: base.rows() });
-    }
-    if k == 0 {
-        return Err(KnnError::ZeroK);
-    }
-    if let Some(q) = queries {
-        if q.dim() != base.dim() {
-            return Err(KnnError::DimMismatch {
-                base: base.dim(),
-                queries: q.dim(),
-            });
-        }
-    }
-    metric.check_shape(base.dim())?;
-    let available = base.rows() - usize::from(queries.is_none());
-    if k > available {
-        let hint = if queries.is_none() {
-            format!(
-                " (a graph excludes each point itself: {} points less one)",
-                base.rows()
-            )
-        } else {
-            String::new()
-        };
-        return Err(KnnError::KTooLarge {
-            k,
-            n: available,
-            hint,
-        });
-    }
-    Ok(available)
-}
-
-/// Checks the values against the metric's domain (a pass over them; see
-/// [`Metric::check_domain`]).
-fn check_domains(
-    metric: &Metric,
-    base: Option<MatrixRef<'_>>,
-    queries: Option<MatrixRef<'_>>,
-) -> Result<()> {
-    if let Some(b) = base {
-        metric.check_domain("base", b)?;
-    }
-    if let Some(q) = queries {
-        metric.check_domain("queries", q)?;
-    }
-    Ok(())
 }
 
 /// Called with (queries done, queries in all) as work completes.
@@ -108,7 +49,7 @@ pub fn search_with_progress(
 ) -> Result<Neighbors> {
     run(
         engine,
-        base,
+        Base::given(base),
         Some(queries),
         k,
         metric,
@@ -136,7 +77,8 @@ pub fn graph_with_progress(
     metric: &Metric,
     progress: ProgressFn<'_>,
 ) -> Result<Neighbors> {
-    run(engine, points, None, k, metric, 0..points.rows(), progress)
+    let rows = 0..points.rows();
+    run(engine, Base::given(points), None, k, metric, rows, progress)
 }
 
 /// Rows `rows` of the kNN graph of `points` (a `rows.len() × k` result, row `i` for point
@@ -150,15 +92,52 @@ pub fn graph_rows(
     metric: &Metric,
     progress: ProgressFn<'_>,
 ) -> Result<Neighbors> {
-    if rows.start > rows.end || rows.end > points.rows() {
+    check_graph_rows(&rows, points.rows())?;
+    run(engine, Base::given(points), None, k, metric, rows, progress)
+}
+
+/// [`search_with_progress`] against a base prepared once ([`PreparedBase::new`] of `base`
+/// under `metric`; `base` holds the very rows it was made from, unchanged): the same answer,
+/// without preparing the base again, and with the engine's copy of it (a device copy) kept
+/// from one call to the next.
+pub fn search_prepared(
+    engine: &dyn Engine,
+    prepared: &PreparedBase,
+    base: MatrixRef<'_>,
+    queries: MatrixRef<'_>,
+    k: usize,
+    metric: &Metric,
+    progress: ProgressFn<'_>,
+) -> Result<Neighbors> {
+    let rows = 0..queries.rows();
+    let base = Base::prepared(base, prepared);
+    run(engine, base, Some(queries), k, metric, rows, progress)
+}
+
+/// [`graph_rows`] of a base prepared once (see [`search_prepared`]).
+pub fn graph_prepared(
+    engine: &dyn Engine,
+    prepared: &PreparedBase,
+    points: MatrixRef<'_>,
+    rows: std::ops::Range<usize>,
+    k: usize,
+    metric: &Metric,
+    progress: ProgressFn<'_>,
+) -> Result<Neighbors> {
+    check_graph_rows(&rows, points.rows())?;
+    let base = Base::prepared(points, prepared);
+    run(engine, base, None, k, metric, rows, progress)
+}
+
+/// Rows of a graph of `n` points.
+fn check_graph_rows(rows: &std::ops::Range<usize>, n: usize) -> Result<()> {
+    if rows.start > rows.end || rows.end > n {
         return Err(KnnError::Option(format!(
-            "graph rows {}..{} outside the {} points",
-            rows.start,
-            rows.end,
-            points.rows()
+            "graph rows {}..{} outside the {n} points",
+            rows.start, rows.end,
         )));
     }
-    run(engine, points, None, k, metric, rows, progress)
+    Ok(())
 }
 
 /// Queries per round when reporting progress: small enough for a smooth bar, large enough to
@@ -845,6 +824,30 @@ fn workers(engine: &dyn Engine) -> Vec<&dyn Engine> {
     out
 }
 
+/// The base of a pipeline run: the given rows, and their preparation when it was made once
+/// before ([`search_prepared`]).
+#[derive(Clone, Copy)]
+struct Base<'a> {
+    rows: MatrixRef<'a>,
+    prepared: Option<&'a PreparedBase>,
+}
+
+impl<'a> Base<'a> {
+    fn given(rows: MatrixRef<'a>) -> Self {
+        Base {
+            rows,
+            prepared: None,
+        }
+    }
+
+    fn prepared(rows: MatrixRef<'a>, prepared: &'a PreparedBase) -> Self {
+        Base {
+            rows,
+            prepared: Some(prepared),
+        }
+    }
+}
+
 /// Values of a base from which the engine is told of it before the host prepares (smaller
 /// ones are not worth a thread).
 const PREFETCH_MIN: usize = 1 << 22;
@@ -856,16 +859,20 @@ const PREFETCH_MIN: usize = 1 << 22;
 /// here (see [`validate`], [`check_domains`]).
 fn run(
     engine: &dyn Engine,
-    base: MatrixRef<'_>,
+    base: Base<'_>,
     queries: Option<MatrixRef<'_>>,
     k: usize,
     metric: &Metric,
     rows: std::ops::Range<usize>,
     progress: ProgressFn<'_>,
 ) -> Result<Neighbors> {
+    let Base {
+        rows: base,
+        prepared: prepared_base,
+    } = base;
     let profile = std::env::var_os("KNN_PROFILE").is_some();
     let mut since = std::time::Instant::now();
-    let base_key = crate::engine::base_key();
+    let base_key = prepared_base.map_or_else(crate::engine::base_key, |p| p.key);
     let t0 = since;
     // When each concurrent part ended, for the profile (ms from the start).
     let ended = |what: &str| {
@@ -915,7 +922,7 @@ fn run(
             out
         });
         let ctx = (|| {
-            if base.rows() * base.dim() >= PREFETCH_MIN {
+            if prepared_base.is_none() && base.rows() * base.dim() >= PREFETCH_MIN {
                 s.spawn(|| {
                     // Set however the copy ends (a panic too): the output's thread waits for it.
                     let _set = fetched.set_when_dropped();
@@ -928,7 +935,8 @@ fn run(
             // Hellinger's check of the base waits for the preparation, whose pass over the
             // base sees every column's smallest value (one pass over memory the base's copy
             // reads meanwhile, instead of two).
-            let after = matches!(metric, Metric::Hellinger);
+            // A prepared base was checked when it was prepared.
+            let after = matches!(metric, Metric::Hellinger) || prepared_base.is_some();
             let (domain, prep) = rayon::join(
                 || {
                     let r = check_domains(metric, (!after).then_some(base), queries);
@@ -936,12 +944,16 @@ fn run(
                     r
                 },
                 || {
-                    let r = prepare(metric, base, queries);
+                    let reused = prepared_base.and_then(|p| p.with_queries(metric, base, queries));
+                    let r = reused.map_or_else(|| prepare(metric, base, queries), Ok);
                     ended("prepare");
                     r
                 },
             );
-            let domain = if after && !prep.as_ref().is_ok_and(|p| p.base_nonnegative) {
+            let domain = if prepared_base.is_none()
+                && after
+                && !prep.as_ref().is_ok_and(|p| p.base_nonnegative)
+            {
                 domain.and(check_domains(metric, Some(base), None))
             } else {
                 domain
@@ -1174,6 +1186,7 @@ fn release(prep: Prepared<'_>) {
     if let Some((b, q)) = engine {
         match b {
             EngineRows::Owned(b) => owned.push(b.into_vec()),
+            EngineRows::Borrowed(_) => {}
             // The values, if the host made them: the borrow of the given rows ends here.
             EngineRows::Roots(r) => owned.extend(r.into_values()),
         }

@@ -97,20 +97,46 @@ impl Case {
             None => graph(engine, b, self.k, &self.metric),
         }
         .map_err(|e| format!("{}: error {e}", self.name))?;
-        let rep = check(b, q, self.k, &self.metric, &res, DEFAULT_TOLERANCE)
-            .map_err(|e| format!("{}: oracle error {e}", self.name))?;
-        if rep.passed() {
-            Ok(())
-        } else {
-            Err(format!(
-                "{}: {} of {} rows wrong, recall {:.5}, first: {}",
-                self.name,
-                rep.bad_rows,
-                rep.rows,
-                rep.recall,
-                rep.first_problem.unwrap_or_default()
-            ))
-        }
+        compare_with_oracle(&self.name, b, q, self.k, &self.metric, &res)
+    }
+}
+
+/// `Err` describing the first problem when `res` is not an exact answer for base `b` and
+/// queries `q` (`None`: the graph of `b`), by the tie-aware check against the f64 oracle.
+pub fn compare_with_oracle(
+    name: &str,
+    b: MatrixRef<'_>,
+    q: Option<MatrixRef<'_>>,
+    k: usize,
+    metric: &Metric,
+    res: &knn_core::Neighbors,
+) -> Result<(), String> {
+    let rep = check(b, q, k, metric, res, DEFAULT_TOLERANCE)
+        .map_err(|e| format!("{name}: oracle error {e}"))?;
+    if rep.passed() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name}: {} of {} rows wrong, recall {:.5}, first: {}",
+            rep.bad_rows,
+            rep.rows,
+            rep.recall,
+            rep.first_problem.unwrap_or_default()
+        ))
+    }
+}
+
+/// [`compare_with_oracle`] that panics with the problem.
+pub fn check_with_oracle(
+    name: &str,
+    b: MatrixRef<'_>,
+    q: Option<MatrixRef<'_>>,
+    k: usize,
+    metric: &Metric,
+    res: &knn_core::Neighbors,
+) {
+    if let Err(e) = compare_with_oracle(name, b, q, k, metric, res) {
+        panic!("{e}");
     }
 }
 

@@ -4,6 +4,7 @@
 //!
 //! | task | call |
 //! |---|---|
+//! | a base prepared once, searched many times (kept on the GPU) | [`Index`] |
 //! | k nearest base points of each query | [`Knn::search`] or [`search`] |
 //! | kNN graph (self-join, own id excluded) | [`Knn::graph`] or [`graph`] |
 //! | a graph with each unordered pair computed once (on by default where it pays) | [`Options::symmetric`] |
@@ -47,7 +48,7 @@ pub use knn_core::pages;
 pub use knn_core::synth;
 pub use knn_core::{
     check, check_with_truth, id_recall, oracle, CheckReport, Covariance, Engine, ExprError, Kernel,
-    KnnError, Matrix, MatrixRef, Metric, MetricExpr, Neighbors, Result, Symmetry,
+    KnnError, Matrix, MatrixRef, Metric, MetricExpr, Neighbors, ProgressFn, Result, Symmetry,
     DEFAULT_TOLERANCE,
 };
 pub use knn_cpu::CpuEngine;
@@ -57,7 +58,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::OnceLock;
 
+mod index;
 mod multi;
+
+pub use index::{Index, Rows};
 
 /// Where to compute.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -183,7 +187,7 @@ pub struct Options {
 /// A configured engine: the device is chosen once, then used for every call; with
 /// [`Method::Auto`] each call picks brute force or the grid from its data.
 pub struct Knn {
-    brute: Box<dyn Engine>,
+    brute: Box<dyn Engine + Send>,
     device: Device,
     method: Method,
     threads: Option<usize>,
@@ -199,7 +203,7 @@ impl Knn {
             opts.method,
             Method::Global | Method::Texture | Method::Cublas
         );
-        let (brute, device): (Box<dyn Engine>, Device) = match opts.device {
+        let (brute, device): (Box<dyn Engine + Send>, Device) = match opts.device {
             Device::Cpu if gpu_only => {
                 return Err(KnnError::Option(format!(
                     "method {} runs on a GPU only (use --device cuda or auto)",
@@ -367,7 +371,7 @@ mod gpu {
     use super::*;
     use knn_cuda::{CudaEngine, Method as CudaMethod};
 
-    pub(super) fn engine(ordinal: usize, opts: &Options) -> Result<Box<dyn Engine>> {
+    pub(super) fn engine(ordinal: usize, opts: &Options) -> Result<Box<dyn Engine + Send>> {
         let method = match opts.method {
             Method::Global => CudaMethod::Global,
             Method::Texture => CudaMethod::Texture,
@@ -385,7 +389,7 @@ mod gpu {
         Ok(Box::new(knn_cuda::CudaGridEngine::new(ordinal)?))
     }
 
-    pub(super) fn multi(ordinals: &[usize], opts: &Options) -> Result<Box<dyn Engine>> {
+    pub(super) fn multi(ordinals: &[usize], opts: &Options) -> Result<Box<dyn Engine + Send>> {
         let mut seen = std::collections::HashSet::new();
         if let Some(d) = ordinals.iter().find(|&&d| !seen.insert(d)) {
             return Err(KnnError::Option(format!("GPU {d} is listed twice")));

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 /// taken from a shared queue by one host thread per GPU, so faster or less loaded GPUs take
 /// more; each tile's rows come back in place.
 pub(crate) struct MultiEngine {
-    engines: Vec<Box<dyn Engine>>,
+    engines: Vec<Box<dyn Engine + Send>>,
 }
 
 /// Tiles per engine and request. Each tile is one engine call, and a CUDA engine call uploads
@@ -20,7 +20,7 @@ const MIN_TILE: usize = 1024;
 
 impl MultiEngine {
     /// The engines, at least one.
-    pub(crate) fn new(engines: Vec<Box<dyn Engine>>) -> Self {
+    pub(crate) fn new(engines: Vec<Box<dyn Engine + Send>>) -> Self {
         assert!(!engines.is_empty(), "MultiEngine needs an engine");
         MultiEngine { engines }
     }

@@ -1,0 +1,241 @@
+//! `knn::Index`: searches of an index built once equal the one-off calls bit for bit (every
+//! metric, adversarial data, queries that change the scaling), its graph equals the one-off
+//! graph, `add` continues the ids, many threads get what one gets, and bad input is refused.
+//! The CPU cases run everywhere; the GPU ones where a GPU is usable (`KNN_REQUIRE_GPU=1`
+//! makes a missing one a failure).
+
+use knn::synth::{generate, Distribution};
+use knn::{Device, Index, Knn, Matrix, MatrixRef, Metric, Options, Rows};
+use knn_testkit::{all_metrics, check_with_oracle, gpu_available_or_skip};
+use std::sync::Arc;
+
+fn cpu() -> Options {
+    Options {
+        device: Device::Cpu,
+        ..Options::default()
+    }
+}
+
+fn gpu() -> Option<Options> {
+    let opts = Options {
+        device: Device::Cuda(0),
+        ..Options::default()
+    };
+    let usable = Knn::new(&opts).is_ok();
+    gpu_available_or_skip(usable, "index (GPU)").then_some(opts)
+}
+
+fn uniform(n: usize, d: usize, seed: u64) -> Vec<f32> {
+    generate(Distribution::Uniform { lo: 0.0, hi: 1.0 }, n, d, seed)
+}
+
+/// Data sets: (name, base, queries).
+fn data_sets(d: usize) -> Vec<(&'static str, Vec<f32>, Vec<f32>)> {
+    let mut far = uniform(700, d, 3);
+    far.iter_mut().for_each(|v| *v += 4.0e6);
+    let mut far_q = uniform(90, d, 4);
+    far_q.iter_mut().for_each(|v| *v += 4.0e6);
+    let tiny: Vec<f32> = uniform(600, d, 5).iter().map(|v| v * 1e-30).collect();
+    let tiny_q: Vec<f32> = uniform(60, d, 6).iter().map(|v| v * 1e-30).collect();
+    // Duplicates: ties everywhere.
+    let protos = uniform(5, d, 7);
+    let dup: Vec<f32> = (0..400)
+        .flat_map(|i| protos[(i * 7 % 5) * d..(i * 7 % 5 + 1) * d].to_vec())
+        .collect();
+    vec![
+        ("uniform", uniform(1100, d, 1), uniform(130, d, 2)),
+        ("far from the origin", far, far_q),
+        ("tiny values", tiny, tiny_q),
+        ("duplicates", dup.clone(), dup[..50 * d].to_vec()),
+    ]
+}
+
+/// Every metric on every data set: the index's search and graph equal the one-off calls'.
+fn index_equals_one_off(opts: &Options) {
+    let d = 6;
+    let knn = Knn::new(opts).unwrap();
+    let mut failures = Vec::new();
+    for metric in all_metrics(d) {
+        for (name, base, queries) in data_sets(d) {
+            let b = MatrixRef::new("base", &base, d).unwrap();
+            let q = MatrixRef::new("queries", &queries, d).unwrap();
+            let index = match Index::new(base.clone(), d, metric.clone(), opts) {
+                Ok(index) => index,
+                Err(e) => {
+                    // Refused as the one-off call refuses it (a singular covariance).
+                    let one_off = knn.search(b, q, 1, &metric).unwrap_err();
+                    assert_eq!(e.to_string(), one_off.to_string(), "{metric} {name}");
+                    continue;
+                }
+            };
+            for k in [1, 10, 33] {
+                let want = knn.search(b, q, k, &metric).unwrap();
+                // Twice: the second search reuses what the first left on the engine.
+                for pass in 0..2 {
+                    let got = index.search(q, k).unwrap();
+                    if got != want {
+                        failures.push(format!("{metric} {name} k={k} search pass {pass}"));
+                    }
+                }
+                let want = knn.graph(b, k, &metric).unwrap();
+                if index.graph(k).unwrap() != want {
+                    failures.push(format!("{metric} {name} k={k} graph"));
+                }
+            }
+            check_with_oracle(
+                &format!("{metric} {name}"),
+                b,
+                Some(q),
+                10,
+                &metric,
+                &index.search(q, 10).unwrap(),
+            );
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "differ from one-off calls: {failures:#?}"
+    );
+}
+
+#[test]
+fn cpu_index_equals_one_off_calls() {
+    index_equals_one_off(&cpu());
+}
+
+#[test]
+fn gpu_index_equals_one_off_calls() {
+    if let Some(opts) = gpu() {
+        index_equals_one_off(&opts);
+    }
+}
+
+/// Queries far larger or smaller than the base call for another scaling than the base's own:
+/// the index then prepares both together, as the one-off call does.
+#[test]
+fn queries_that_change_the_scaling() {
+    let d = 4;
+    let base = uniform(300, d, 8);
+    let knn = Knn::new(&cpu()).unwrap();
+    for metric in [Metric::L2, Metric::L1, Metric::InnerProduct, Metric::Cosine] {
+        let index = Index::new(base.clone(), d, metric.clone(), &cpu()).unwrap();
+        for factor in [1e30f32, 1e-30] {
+            let queries: Vec<f32> = uniform(20, d, 9).iter().map(|v| v * factor).collect();
+            let q = MatrixRef::new("queries", &queries, d).unwrap();
+            let b = MatrixRef::new("base", &base, d).unwrap();
+            let want = knn.search(b, q, 5, &metric).unwrap();
+            assert_eq!(index.search(q, 5).unwrap(), want, "{metric} x{factor}");
+        }
+    }
+}
+
+/// `add` appends: ids continue, and the index equals one built from all the rows.
+#[test]
+fn add_continues_the_ids() {
+    let d = 5;
+    let all = uniform(900, d, 10);
+    let queries = uniform(40, d, 11);
+    let q = MatrixRef::new("queries", &queries, d).unwrap();
+    for metric in [Metric::L2, Metric::Hellinger, Metric::Cosine, Metric::L1] {
+        let whole = Index::new(all.clone(), d, metric.clone(), &cpu()).unwrap();
+        let mut grown = Index::new(all[..400 * d].to_vec(), d, metric.clone(), &cpu()).unwrap();
+        let rest = MatrixRef::new("rows", &all[400 * d..], d).unwrap();
+        grown.add(rest).unwrap();
+        assert_eq!(grown.len(), 900);
+        assert_eq!(
+            grown.search(q, 12).unwrap(),
+            whole.search(q, 12).unwrap(),
+            "{metric}"
+        );
+        assert_eq!(grown.graph(7).unwrap(), whole.graph(7).unwrap(), "{metric}");
+    }
+    // A point added later is found under its new id.
+    let mut index = Index::new(vec![0.0f32, 0.0, 10.0, 10.0], 2, Metric::L2, &cpu()).unwrap();
+    index
+        .add(MatrixRef::new("rows", &[5.0, 5.0], 2).unwrap())
+        .unwrap();
+    let nn = index
+        .search(MatrixRef::new("q", &[5.1, 5.0], 2).unwrap(), 1)
+        .unwrap();
+    assert_eq!(nn.ids_of(0), &[2]);
+}
+
+/// Bad rows are refused and leave the index as it was.
+#[test]
+fn bad_input_is_refused() {
+    let d = 3;
+    let err = |r: knn::Result<Index>| r.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err(Index::new(Vec::new(), d, Metric::L2, &cpu())).contains("empty"));
+    let nan = vec![0.0f32, 1.0, f32::NAN];
+    assert!(err(Index::new(nan, d, Metric::L2, &cpu())).contains("row 0, column 2"));
+    let neg = vec![0.5f32, -1.0, 0.5];
+    assert!(err(Index::new(neg, d, Metric::Hellinger, &cpu())).contains(">= 0"));
+    let ragged = vec![0.0f32; 7];
+    assert!(!err(Index::new(ragged, d, Metric::L2, &cpu())).is_empty());
+
+    let mut index = Index::new(uniform(10, d, 1), d, Metric::Hellinger, &cpu()).unwrap();
+    let q2 = MatrixRef::new("queries", &[0.5, 0.5], 2).unwrap();
+    assert!(index.search(q2, 1).unwrap_err().to_string().contains("d=3"));
+    let q = MatrixRef::new("queries", &[0.5, 0.5, 0.5], 3).unwrap();
+    let msg = index.search(q, 11).unwrap_err().to_string();
+    assert!(msg.contains("11") && msg.contains("10"), "{msg}");
+    assert!(index.add(q2).is_err());
+    let bad = MatrixRef::new("rows", &[0.5, -0.5, 0.5], 3).unwrap();
+    assert!(index.add(bad).unwrap_err().to_string().contains(">= 0"));
+    assert_eq!(index.len(), 10);
+    assert_eq!(index.search(q, 10).unwrap().ids_of(0).len(), 10);
+}
+
+/// Shared rows are used in place: the index keeps the caller's very values.
+#[test]
+fn shared_rows_are_used_in_place() {
+    let d = 8;
+    let values: Arc<Vec<f32>> = Arc::new(uniform(500, d, 12));
+    let rows = Rows::Shared(values.clone());
+    let index = Index::new(rows, d, Metric::L2, &cpu()).unwrap();
+    assert_eq!(index.rows().as_slice().as_ptr(), values.as_ptr());
+    let queries = uniform(9, d, 13);
+    let q = MatrixRef::new("queries", &queries, d).unwrap();
+    let one_off = knn::search(MatrixRef::new("b", &values, d).unwrap(), q, 4, &Metric::L2);
+    let want = Knn::new(&cpu())
+        .unwrap()
+        .search(MatrixRef::new("b", &values, d).unwrap(), q, 4, &Metric::L2)
+        .unwrap();
+    assert_eq!(index.search(q, 4).unwrap(), want);
+    drop(one_off);
+}
+
+/// 8 threads × 100 searches of one index give what one thread gets.
+fn threads_share_one_index(opts: &Options) {
+    let d = 16;
+    let index = Index::new(uniform(3000, d, 14), d, Metric::L2, opts).unwrap();
+    let batches: Vec<Matrix> = (0..8)
+        .map(|t| Matrix::new("q", uniform(50, d, 100 + t), d).unwrap())
+        .collect();
+    let want: Vec<_> = batches
+        .iter()
+        .map(|q| index.search(q.view(), 10).unwrap())
+        .collect();
+    std::thread::scope(|s| {
+        for (q, want) in batches.iter().zip(&want) {
+            let index = &index;
+            s.spawn(move || {
+                for _ in 0..100 {
+                    assert_eq!(&index.search(q.view(), 10).unwrap(), want);
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn threads_share_one_cpu_index() {
+    threads_share_one_index(&cpu());
+}
+
+#[test]
+fn threads_share_one_gpu_index() {
+    if let Some(opts) = gpu() {
+        threads_share_one_index(&opts);
+    }
+}
