@@ -1,0 +1,263 @@
+"""knn.Index, knn.search and knn.graph on NumPy arrays, lists and (when installed) PyTorch."""
+
+import pickle
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import knn
+
+
+def oracle(base, queries, k, metric="l2"):
+    """float64 brute force: (distances, ids) ordered by (distance, id)."""
+    b = np.asarray(base, np.float32).astype(np.float64)
+    q = np.asarray(queries, np.float32).astype(np.float64)
+    diff = q[:, None, :] - b[None, :, :]
+    if metric == "l2":
+        d = np.sqrt((diff**2).sum(-1))
+    elif metric == "sqeuclidean":
+        d = (diff**2).sum(-1)
+    elif metric == "l1":
+        d = np.abs(diff).sum(-1)
+    elif metric == "linf":
+        d = np.abs(diff).max(-1)
+    elif metric == "cosine":
+        d = 1 - (q @ b.T) / np.linalg.norm(q, axis=1)[:, None] / np.linalg.norm(b, axis=1)[None]
+    elif metric == "hellinger":
+        d = np.sqrt(0.5 * ((np.sqrt(q)[:, None] - np.sqrt(b)[None]) ** 2).sum(-1))
+    elif metric == "ip":
+        d = -(q @ b.T)
+    else:
+        raise ValueError(metric)
+    ids = np.lexsort((np.broadcast_to(np.arange(b.shape[0]), d.shape), d), axis=1)[:, :k]
+    dist = np.take_along_axis(d, ids, 1)
+    return (-dist if metric == "ip" else dist), ids
+
+
+def assert_exact(dist, ids, want_dist, want_ids):
+    """Distances within float32 rounding; ids equal except among equal distances."""
+    np.testing.assert_allclose(dist, want_dist, rtol=1e-5, atol=1e-5)
+    for r in range(ids.shape[0]):
+        if not np.array_equal(ids[r], want_ids[r]):
+            # ties: the same distances, so the same sets within the tolerance
+            np.testing.assert_allclose(np.sort(dist[r]), np.sort(want_dist[r]), rtol=1e-5, atol=1e-5)
+            assert len(set(ids[r])) == ids.shape[1]
+
+
+@pytest.mark.parametrize("metric", ["l2", "sqeuclidean", "l1", "linf", "cosine", "ip", "hellinger"])
+def test_search_matches_the_oracle(rng, metric):
+    base = rng.random((300, 7))
+    queries = rng.random((40, 7))
+    index = knn.Index(base, metric, device="cpu")
+    dist, ids = index.search(queries, 6)
+    assert dist.dtype == np.float32 and ids.dtype == np.int64
+    assert dist.shape == ids.shape == (40, 6)
+    assert_exact(dist, ids, *oracle(base, queries, 6, metric))
+
+
+def test_metric_expr_is_hellinger(rng):
+    base, queries = rng.random((200, 5)), rng.random((20, 5))
+    mine = knn.search(base, queries, 4, metric_expr="acc + (sqrt(x) - sqrt(y))^2 ; sqrt(0.5 * acc)", device="cpu")
+    builtin = knn.search(base, queries, 4, "hellinger", device="cpu")
+    np.testing.assert_array_equal(mine[1], builtin[1])
+    np.testing.assert_allclose(mine[0], builtin[0], rtol=1e-6)
+    assert knn.Index(base, metric_expr="acc + abs(x - y)", device="cpu").metric == "expr"
+
+
+def test_mahalanobis_with_a_given_covariance(rng):
+    base, queries = rng.random((150, 3)), rng.random((10, 3))
+    cov = np.array([[2.0, 0.3, 0.0], [0.3, 1.0, 0.1], [0.0, 0.1, 0.5]])
+    dist, ids = knn.search(base, queries, 3, "mahalanobis", covariance=cov, device="cpu")
+    white = np.linalg.cholesky(np.linalg.inv(cov))  # x -> x @ L: L L^T = inverse
+    want = oracle(base @ white, queries @ white, 3)
+    np.testing.assert_allclose(dist, want[0], rtol=1e-4, atol=1e-5)
+    # Estimated from the base when not given:
+    assert knn.Index(base, "mahalanobis", device="cpu").search(queries, 3)[1].shape == (10, 3)
+
+
+def test_any_dtype_order_and_lists_give_the_same_answer(rng):
+    base = rng.integers(0, 20, (120, 4))
+    queries = rng.integers(0, 20, (15, 4))
+    want = knn.search(base.astype(np.float32), queries.astype(np.float32), 5, device="cpu")
+    for b, q in [
+        (base, queries),  # int64
+        (base.astype(np.int8), queries.astype(np.uint16)),
+        (base.astype(np.float64), queries.astype(np.float16)),
+        (np.asfortranarray(base), np.asfortranarray(queries)),
+        (base.tolist(), queries.tolist()),
+        (base[:, ::-1][:, ::-1], queries),  # a non-contiguous view
+    ]:
+        got = knn.search(b, q, 5, device="cpu")
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_pytorch_cpu_tensors(rng):
+    torch = pytest.importorskip("torch")
+    base, queries = rng.random((100, 6)), rng.random((9, 6))
+    got = knn.search(torch.from_numpy(base), torch.from_numpy(queries).float(), 3, device="cpu")
+    want = knn.search(base, queries, 3, device="cpu")
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_index_attributes_add_and_pickle(rng):
+    base = rng.random((50, 3))
+    index = knn.Index(base, "cosine", device="cpu", threads=1)
+    assert (len(index), index.dim, index.metric, index.device) == (50, 3, "cosine", "cpu")
+    assert "n=50" in repr(index)
+    extra = rng.random((5, 3))
+    index.add(extra)
+    assert len(index) == 55
+    _, ids = index.search(extra, 1)
+    np.testing.assert_array_equal(ids[:, 0], np.arange(50, 55))  # ids continue
+    again = pickle.loads(pickle.dumps(index))
+    assert len(again) == 55 and again.metric == "cosine"
+    q = rng.random((7, 3))
+    np.testing.assert_array_equal(again.search(q, 4)[1], index.search(q, 4)[1])
+
+
+def test_graph_leaves_each_point_out_and_keeps_duplicates(rng):
+    points = rng.random((400, 5))
+    points[10] = points[3]  # a duplicate: each is the other's neighbour at distance 0
+    index = knn.Index(points, device="cpu")
+    for symmetric in ("auto", "on", "off", True, False):
+        dist, ids = index.graph(4, symmetric=symmetric)
+        assert not (ids == np.arange(400)[:, None]).any()
+        assert ids[3, 0] == 10 and ids[10, 0] == 3 and dist[3, 0] == 0.0
+    want_d, want_i = oracle(points, points, 5)
+    np.testing.assert_allclose(dist, want_d[:, 1:], rtol=1e-5, atol=1e-6)
+
+
+def test_graph_as_csr(rng):
+    scipy_sparse = pytest.importorskip("scipy.sparse")
+    points = rng.random((60, 4))
+    g = knn.graph(points, 3, device="cpu", format="csr")
+    assert isinstance(g, scipy_sparse.csr_matrix) and g.shape == (60, 60)
+    dist, ids = knn.graph(points, 3, device="cpu")
+    np.testing.assert_array_equal(g.indices.reshape(60, 3), ids)
+    np.testing.assert_array_equal(g.data.reshape(60, 3), dist)
+
+
+def test_many_threads_searching_one_index_agree(rng):
+    base, queries = rng.random((3000, 16)), rng.random((500, 16))
+    index = knn.Index(base, device="cpu")
+    want = index.search(queries, 10)
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: index.search(queries, 10), range(16)))
+        graphs = list(pool.map(lambda _: index.graph(5), range(4)))
+    for dist, ids in results:
+        np.testing.assert_array_equal(ids, want[1])
+        np.testing.assert_array_equal(dist, want[0])
+    for g in graphs[1:]:
+        np.testing.assert_array_equal(g[1], graphs[0][1])
+
+
+def test_the_gil_is_released_while_searching(rng):
+    base, queries = rng.random((20000, 32)), rng.random((4000, 32))
+    index = knn.Index(base, device="cpu")
+    ticks = []
+    done = threading.Event()
+
+    def tick():
+        while not done.is_set():
+            ticks.append(1)
+            done.wait(0.001)
+
+    t = threading.Thread(target=tick)
+    t.start()
+    index.search(queries, 10)
+    done.set()
+    t.join()
+    assert len(ticks) > 5
+
+
+@pytest.mark.parametrize("call", ["search", "graph"])
+def test_ctrl_c_raises_keyboard_interrupt_and_the_index_stays_usable(rng, call):
+    import _thread
+    base = rng.random((20000, 64)).astype(np.float32)
+    index = knn.Index(base, device="cpu")
+    queries = rng.random((60000, 64)).astype(np.float32)
+    timer = threading.Timer(0.2, _thread.interrupt_main)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        if call == "search":
+            index.search(queries, 10)
+        else:
+            big = knn.Index(np.vstack([base, queries[:20000]]), device="cpu")
+            big.graph(10)
+        raise AssertionError("not interrupted")  # (the KeyboardInterrupt would come later)
+    timer.join()
+    small = queries[:5]
+    assert_exact(*index.search(small, 3), *oracle(base, small, 3))
+
+
+def test_large_searches_in_pieces_number_rows_in_the_whole_query_set(rng):
+    base = rng.random((20000, 64)).astype(np.float32)
+    queries = rng.random((9000, 64)).astype(np.float32)  # more than one piece
+    index = knn.Index(base, device="cpu")
+    dist, ids = index.search(queries, 2)
+    assert ids.shape == (9000, 2)
+    assert_exact(dist[-20:], ids[-20:], *oracle(base, queries[-20:], 2))
+    h = knn.Index(base, "hellinger", device="cpu")
+    queries[8500, 7] = -1.0
+    with pytest.raises(ValueError, match="queries: row 8500, column 7 is -1"):
+        h.search(queries, 2)
+
+
+# Every error is a Python exception with the library's message; never a crash.
+ERRORS = [
+    (lambda: knn.Index([[0, 1], [np.nan, 2]]), ValueError, "base: row 1, column 0 is NaN"),
+    (lambda: knn.search([[0, 1]], [[0, 1], [2, np.inf]], 1), ValueError, "queries: row 1, column 1 is inf"),
+    (lambda: knn.search([[0, 1]], [[0, 1, 2]], 1), ValueError, "dimension mismatch: base has d=2, queries have d=3"),
+    (lambda: knn.Index(np.zeros((0, 3))), ValueError, "the base set is empty"),
+    (lambda: knn.Index(np.zeros((4, 0))), ValueError, "dimension must be at least 1"),
+    (lambda: knn.search(np.zeros((10, 2)), [[0, 0]], 20), ValueError, "k=20 is larger than the 10 points available"),
+    (lambda: knn.search(np.zeros((10, 2)), [[0, 0]], 0), ValueError, "k must be at least 1"),
+    (lambda: knn.search(np.zeros((10, 2)), [[0, 0]], 2.0), TypeError, "k must be an integer"),
+    (lambda: knn.Index(np.zeros(5)), ValueError, r"Reshape your data either using array.reshape\(-1, 1\)"),
+    (lambda: knn.search(np.zeros((5, 2)), np.zeros(2), 1), ValueError, r"array.reshape\(1, -1\)"),
+    (lambda: knn.Index(np.zeros((2, 2, 2))), ValueError, "expected a 2-D array"),
+    (lambda: knn.Index(np.zeros((3, 2), complex)), ValueError, "not a real number type"),
+    (lambda: knn.Index([["a", "b"]]), ValueError, "not a real number type"),
+    (lambda: knn.Index([[1, 2], [3]]), ValueError, "not an array of numbers"),
+    (lambda: knn.Index([[1e300, 0.0]]), ValueError, "beyond the float32 range"),
+    (lambda: knn.Index([[1.0, -0.5]], "hellinger"), ValueError, "needs values >= 0"),
+    (lambda: knn.Index([[1.0]], "nope"), ValueError, "unknown metric 'nope'"),
+    (lambda: knn.Index([[1.0]], device="tpu"), ValueError, "unknown device 'tpu'"),
+    (lambda: knn.Index([[1.0]], metric_expr="acc + sqr(x - y)"), ValueError, "metric_expr: .*unknown function 'sqr'"),
+    (lambda: knn.Index(np.eye(3), "mahalanobis", covariance=np.eye(2)), ValueError, "covariance is 2×2, the data has d=3"),
+    (lambda: knn.Index(np.eye(3), covariance=np.eye(3)), ValueError, "covariance is only for metric='mahalanobis'"),
+    (lambda: knn.Index(np.eye(3), threads=0), ValueError, "threads must be at least 1"),
+    (lambda: knn.Index(np.eye(3), gpu_memory="lots"), ValueError, "not a size"),
+    (lambda: knn.Index(np.eye(3), metric=2), TypeError, "metric must be a string"),
+    (lambda: knn.Index(np.eye(3)).graph(3), ValueError, "k=3 is larger than the 2 points available"),
+    (lambda: knn.Index(np.eye(3)).graph(1, symmetric="maybe"), ValueError, "symmetric='maybe'"),
+    (lambda: knn.graph(np.eye(3), 1, format="coo"), ValueError, "format='coo'"),
+    (lambda: knn.Index(np.eye(3)).add(np.eye(2)), ValueError, "the added rows have d=2, the index has d=3"),
+    (lambda: knn.Index(np.eye(3)).add([[0, np.nan, 0]]), ValueError, "added rows: row 0, column 1 is NaN"),
+]
+
+
+@pytest.mark.parametrize("call,kind,message", ERRORS, ids=[e[2][:40] for e in ERRORS])
+def test_errors(call, kind, message):
+    with pytest.raises(kind, match=message):
+        call()
+
+
+def test_a_missing_gpu_is_a_clear_error():
+    if knn.devices():
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError):
+        knn.Index(np.eye(3), device="cuda")
+    assert knn.Index(np.eye(3), device="auto").device == "cpu"
+    assert isinstance(knn.gpu_status(), str)
+
+
+def test_help_explains_every_argument():
+    doc = knn.Index.__doc__
+    for arg in ["data", "metric", "device", "metric_expr", "covariance", "gpu_memory", "threads"]:
+        assert f"{arg} :" in doc, arg
+    for method in (knn.Index.search, knn.Index.graph, knn.Index.add, knn.search, knn.graph):
+        assert "Returns" in method.__doc__ or "Parameters" in method.__doc__
