@@ -1,22 +1,142 @@
-//! CSV: one row of comma-separated numbers per line.
+//! CSV and other delimited text: one row of numbers per line.
 //!
+//! Values are separated by a comma, a tab, a semicolon or runs of spaces (NumPy's `savetxt`
+//! default), detected from the first lines unless [`CsvOptions::delimiter`] says which.
 //! Spaces and tabs around values are ignored, values may be enclosed in double quotes (which
-//! may not contain commas or line breaks: cells hold numbers), line ends may be `\n` or
-//! `\r\n`, a UTF-8 byte order mark is skipped, blank lines are skipped. If the first line has a
-//! cell that is neither empty nor a number it is a header and is skipped. Every other line must
-//! have as many cells as the first data line.
+//! may not contain the delimiter or line breaks: cells hold numbers), line ends may be `\n` or
+//! `\r\n`, a UTF-8 byte order mark is skipped, blank lines are skipped. The first line is a
+//! header (skipped) when none of its cells is a number, or when [`Header::Present`] says so.
+//! Every other line must have as many cells as the first data line. Positions in messages are
+//! `line L, column C`, both counted from 1 as editors count them.
 
+use std::fmt;
 use std::io::Write;
+use std::str::FromStr;
 
 use crate::{IoError, Table};
 
 /// Longest cell text quoted in an error message.
 const MAX_QUOTED_CELL: usize = 40;
 
+/// Lines looked at to detect the delimiter.
+const SNIFF_LINES: usize = 32;
+
+/// Whether the first line of a text file is a header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Header {
+    /// A header when none of its cells is a number (`x,y` is one; `1,NA` is data, and an error).
+    #[default]
+    Auto,
+    /// The first line is a header, whatever it holds.
+    Present,
+    /// The first line is data.
+    Absent,
+}
+
+/// What separates the values of a line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delimiter {
+    /// One byte: `,` `;` tab, `|` ...; two in a row make an empty (invalid) cell.
+    Byte(u8),
+    /// Runs of spaces and tabs, as NumPy's `savetxt` writes by default.
+    Whitespace,
+}
+
+impl Delimiter {
+    /// The delimiters detected when none is given, in the order they are preferred.
+    const DETECTED: [Delimiter; 4] = [
+        Delimiter::Byte(b','),
+        Delimiter::Byte(b'\t'),
+        Delimiter::Byte(b';'),
+        Delimiter::Whitespace,
+    ];
+
+    /// How to write this delimiter as a `--delimiter` value.
+    pub fn flag_value(self) -> String {
+        match self {
+            Delimiter::Byte(b'\t') => "tab".to_owned(),
+            Delimiter::Byte(b' ') | Delimiter::Whitespace => "space".to_owned(),
+            Delimiter::Byte(b) => format!("'{}'", b as char),
+        }
+    }
+
+    /// Splits a line into its cells (trimmed, enclosing quotes removed) into `cells`.
+    fn split<'a>(self, line: &'a [u8], cells: &mut Vec<&'a [u8]>) {
+        cells.clear();
+        match self {
+            Delimiter::Byte(d) => cells.extend(line.split(move |&b| b == d).map(clean_cell)),
+            Delimiter::Whitespace => cells.extend(
+                line.split(|&b| b == b' ' || b == b'\t')
+                    .filter(|c| !c.is_empty())
+                    .map(clean_cell),
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Delimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Delimiter::Byte(b'\t') => f.write_str("tab"),
+            Delimiter::Byte(b) => write!(f, "'{}'", *b as char),
+            Delimiter::Whitespace => f.write_str("spaces"),
+        }
+    }
+}
+
+/// A delimiter that names none.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "'{given}' is not a delimiter: give one character (',' ';' '|' ...), tab, or space (runs \
+     of spaces and tabs)"
+)]
+pub struct ParseDelimiterError {
+    /// The text that was given.
+    pub given: String,
+}
+
+impl FromStr for Delimiter {
+    type Err = ParseDelimiterError;
+
+    /// One ASCII character other than a digit, letter, `.`, `+`, `-` or quote (`,` `;` `|`),
+    /// `tab` or `\t`, `space` or `whitespace` (runs of spaces and tabs), `comma`, `semicolon`.
+    fn from_str(s: &str) -> Result<Delimiter, ParseDelimiterError> {
+        let err = || ParseDelimiterError {
+            given: s.to_owned(),
+        };
+        match s.to_ascii_lowercase().as_str() {
+            "tab" | "\\t" | "\t" => Ok(Delimiter::Byte(b'\t')),
+            "space" | "spaces" | "whitespace" | " " => Ok(Delimiter::Whitespace),
+            "comma" => Ok(Delimiter::Byte(b',')),
+            "semicolon" => Ok(Delimiter::Byte(b';')),
+            other => match other.as_bytes() {
+                [b] if b.is_ascii_punctuation() && !matches!(b, b'.' | b'+' | b'-' | b'"') => {
+                    Ok(Delimiter::Byte(*b))
+                }
+                _ => Err(err()),
+            },
+        }
+    }
+}
+
+/// How to read a text file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CsvOptions {
+    /// Whether the first line is a header.
+    pub header: Header,
+    /// The delimiter; `None` detects it from the first lines.
+    pub delimiter: Option<Delimiter>,
+    /// Refuse NaN and infinite values, naming their line and column (data points need finite
+    /// coordinates; distances read back may be infinite).
+    pub finite_only: bool,
+}
+
 /// How a CSV cell becomes a value.
 pub(crate) trait CsvCell: Sized + Copy {
     /// Parses a trimmed cell; on failure says why (`"is not a number"`), to follow the text.
     fn parse_cell(text: &str) -> Result<Self, &'static str>;
+    /// Whether the value is finite (integers always are).
+    fn is_finite(self) -> bool;
 }
 
 impl CsvCell for f32 {
@@ -28,6 +148,9 @@ impl CsvCell for f32 {
             Ok(v) => Ok(v),
             Err(_) => Err("is not a number"),
         }
+    }
+    fn is_finite(self) -> bool {
+        f32::is_finite(self)
     }
 }
 
@@ -47,6 +170,9 @@ impl CsvCell for i64 {
             Err(_) if text.parse::<f64>().is_ok() => Err("is not an integer"),
             Err(_) => Err("is not a number"),
         }
+    }
+    fn is_finite(self) -> bool {
+        true
     }
 }
 
@@ -77,29 +203,105 @@ fn clean_cell(cell: &[u8]) -> &[u8] {
     }
 }
 
-/// Reads a CSV table. An input with no data lines is 0 rows of `c` columns, `c` being the
-/// header's cell count (0 when there is no header).
-pub(crate) fn read<T: CsvCell>(bytes: &[u8], name: &str) -> Result<Table<T>, IoError> {
+/// The non-blank lines of a text, with their line numbers (from 1), `\r` removed.
+fn lines(bytes: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
+    bytes
+        .split(|&b| b == b'\n')
+        .enumerate()
+        .map(|(i, line)| (i + 1, line.strip_suffix(b"\r").unwrap_or(line)))
+        .filter(|(_, line)| !line.iter().all(|&b| b == b' ' || b == b'\t'))
+}
+
+/// The delimiter of a text, from its first lines: of comma, tab, semicolon and runs of spaces,
+/// the first that splits every data line sampled into the same number (two or more) of cells,
+/// preferring one whose cells are all numbers. A file of one column reads as comma-separated.
+fn detect(bytes: &[u8]) -> Delimiter {
+    let sample: Vec<&[u8]> = lines(bytes).take(SNIFF_LINES).map(|(_, l)| l).collect();
+    // The first line may be a header with other cells than the data; judge by the data lines.
+    let data = if sample.len() > 1 {
+        &sample[1..]
+    } else {
+        &sample[..]
+    };
+    let mut cells = Vec::new();
+    let mut consistent = None;
+    for d in Delimiter::DETECTED {
+        let mut count = None;
+        let mut numbers = true;
+        let mut same = true;
+        for line in data {
+            d.split(line, &mut cells);
+            numbers &= cells.iter().all(|c| is_number(c));
+            same &= *count.get_or_insert(cells.len()) == cells.len();
+        }
+        if same && count.is_some_and(|c| c >= 2) {
+            if numbers {
+                return d;
+            }
+            consistent = consistent.or(Some(d));
+        }
+    }
+    consistent.unwrap_or(Delimiter::Byte(b','))
+}
+
+/// A hint for a cell that is not a number but holds several numbers separated by another
+/// delimiter: the delimiter to give.
+fn delimiter_hint(cell: &[u8], used: Delimiter) -> String {
+    let mut parts = Vec::new();
+    for d in Delimiter::DETECTED {
+        if d == used || matches!((d, used), (Delimiter::Whitespace, Delimiter::Byte(b'\t'))) {
+            continue;
+        }
+        d.split(cell, &mut parts);
+        if parts.len() >= 2 && parts.iter().all(|p| is_number(p)) {
+            return format!(
+                " (it holds {} numbers separated by {d}: is that the delimiter? Say so with \
+                 --delimiter {})",
+                parts.len(),
+                d.flag_value()
+            );
+        }
+    }
+    String::new()
+}
+
+/// Reads a delimited text table. An input with no data lines is 0 rows of `c` columns, `c`
+/// being the header's cell count (0 when there is no header).
+pub(crate) fn read<T: CsvCell>(
+    bytes: &[u8],
+    name: &str,
+    options: &CsvOptions,
+) -> Result<Table<T>, IoError> {
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+    let delimiter = options.delimiter.unwrap_or_else(|| detect(bytes));
     let mut data = Vec::new();
     let mut rows = 0usize;
     let mut header_cols = 0usize;
     // Column count and line number of the first data line.
     let mut shape: Option<(usize, usize)> = None;
     let mut first_line = true;
-    for (index, line) in bytes.split(|&b| b == b'\n').enumerate() {
-        let line_no = index + 1;
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.iter().all(|&b| b == b' ' || b == b'\t') {
-            continue;
+    let mut cells = Vec::new();
+    for (line_no, line) in lines(bytes) {
+        delimiter.split(line, &mut cells);
+        if std::mem::take(&mut first_line) {
+            let header = match options.header {
+                Header::Present => true,
+                Header::Absent => false,
+                // A cell of numbers in another delimiter (`1;2` read with commas) counts as
+                // numbers: the line is data, and its error names the delimiter.
+                Header::Auto => {
+                    cells.iter().any(|c| !c.is_empty())
+                        && !cells
+                            .iter()
+                            .any(|c| is_number(c) || !delimiter_hint(c, delimiter).is_empty())
+                }
+            };
+            if header {
+                header_cols = cells.len();
+                continue;
+            }
         }
-        let cells = line.split(|&b| b == b',').map(clean_cell);
-        if std::mem::take(&mut first_line) && cells.clone().any(|c| !c.is_empty() && !is_number(c))
-        {
-            header_cols = cells.count();
-            continue;
-        }
-        let count = cells.clone().count();
+        let count = cells.len();
         match shape {
             None => shape = Some((count, line_no)),
             Some((cols, first)) if cols != count => {
@@ -107,19 +309,34 @@ pub(crate) fn read<T: CsvCell>(bytes: &[u8], name: &str) -> Result<Table<T>, IoE
                     name,
                     format!(
                         "line {line_no}: {count} columns, but the first data line ({first}) has \
-                         {cols}"
+                         {cols} (delimiter: {delimiter})"
                     ),
                 ))
             }
             Some(_) => {}
         }
-        for (j, cell) in cells.enumerate() {
+        for (j, cell) in cells.iter().enumerate() {
             let at = || format!("line {line_no}, column {}", j + 1);
             let text = std::str::from_utf8(cell)
                 .map_err(|_| IoError::invalid(name, format!("{}: not valid UTF-8", at())))?;
             let value = T::parse_cell(text).map_err(|reason| {
-                IoError::invalid(name, format!("{}: {} {reason}", at(), quoted(text)))
+                let hint = if reason == "is not a number" {
+                    delimiter_hint(cell, delimiter)
+                } else {
+                    String::new()
+                };
+                IoError::invalid(name, format!("{}: {} {reason}{hint}", at(), quoted(text)))
             })?;
+            if options.finite_only && !value.is_finite() {
+                return Err(IoError::invalid(
+                    name,
+                    format!(
+                        "{}: {} is not a finite number (points need finite coordinates)",
+                        at(),
+                        quoted(text)
+                    ),
+                ));
+            }
             data.push(value);
         }
         rows += 1;

@@ -72,6 +72,7 @@ mod csv_text;
 mod dtype;
 mod error;
 mod format;
+pub mod hdf5;
 mod input;
 mod labels;
 mod npy;
@@ -81,6 +82,7 @@ mod vecs;
 
 use std::path::Path;
 
+pub use csv_text::{CsvOptions, Delimiter, Header, ParseDelimiterError};
 pub use error::{IoError, ParseFormatError};
 pub use format::Format;
 pub use labels::{read_labels, read_labels_from_bytes, write_labels, write_labels_to, Labels};
@@ -134,10 +136,11 @@ fn read_from_bytes<T: Element + csv_text::CsvCell>(
     bytes: &[u8],
     format: Format,
     name: &str,
+    csv: &CsvOptions,
 ) -> Result<Table<T>, IoError> {
     match format {
-        Format::Csv => csv_text::read(bytes, name),
-        _ => read_binary(&mut &bytes[..], bytes.len(), format, name),
+        Format::Csv => csv_text::read(bytes, name, csv),
+        _ => read_binary(&mut &bytes[..], bytes.len(), format, name, csv),
     }
 }
 
@@ -147,6 +150,7 @@ fn read_binary<T: Element + csv_text::CsvCell>(
     len: usize,
     format: Format,
     name: &str,
+    csv: &CsvOptions,
 ) -> Result<Table<T>, IoError> {
     match format {
         Format::Fvecs | Format::Ivecs | Format::Bvecs => vecs::read(src, len, format, name),
@@ -155,24 +159,55 @@ fn read_binary<T: Element + csv_text::CsvCell>(
             let mut bytes = Vec::with_capacity(len);
             src.read_to_end(&mut bytes)
                 .map_err(|e| IoError::io(name, e))?;
-            csv_text::read(&bytes, name)
+            csv_text::read(&bytes, name, csv)
         }
     }
 }
 
 fn read_path<T: Element + csv_text::CsvCell>(
     path: &Path,
-    format: Option<Format>,
+    options: &ReadOptions,
 ) -> Result<Table<T>, IoError> {
-    let format = resolve(path, format)?;
+    if options.format.is_none() {
+        if let Some(h) = hdf5::parse(path) {
+            let dataset = h.dataset.as_deref().or(options.dataset.as_deref());
+            return hdf5::read(&h.file, dataset);
+        }
+    }
+    let format = resolve(path, options.format)?;
     let name = path.display().to_string();
     if format == Format::Csv {
         let file = FileBytes::open(path, &name)?;
-        return read_from_bytes(file.bytes(), format, &name);
+        return read_from_bytes(file.bytes(), format, &name, &options.csv);
     }
     match Input::open(path, &name)? {
-        Input::File { reader, len } => read_binary(&mut { reader }, len, format, &name),
-        Input::Bytes(bytes) => read_from_bytes(&bytes, format, &name),
+        Input::File { reader, len } => {
+            read_binary(&mut { reader }, len, format, &name, &options.csv)
+        }
+        Input::Bytes(bytes) => read_from_bytes(&bytes, format, &name, &options.csv),
+    }
+}
+
+/// How to read an input beyond its path: everything a command line can say about it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// The format; `None` takes the one the extension names (and HDF5 by its name or
+    /// signature, see [`hdf5::is_hdf5`]).
+    pub format: Option<Format>,
+    /// For text files: header, delimiter, and whether NaN and infinities are refused.
+    pub csv: CsvOptions,
+    /// For HDF5 files named without a dataset (`data.hdf5`, not `data.hdf5:NAME`): the dataset
+    /// to read (`train`, `test`); `None` reads the file's only dataset.
+    pub dataset: Option<String>,
+}
+
+impl ReadOptions {
+    /// Options that only name the format (`None`: from the extension).
+    pub fn format(format: Option<Format>) -> ReadOptions {
+        ReadOptions {
+            format,
+            ..ReadOptions::default()
+        }
     }
 }
 
@@ -180,16 +215,28 @@ fn read_path<T: Element + csv_text::CsvCell>(
 /// named by the extension.
 ///
 /// fvecs as is; bvecs `u8` converted; ivecs `i32` converted exactly when `|v| <= 2^24`, else an
-/// error; npy of any numeric dtype (see the crate docs for the range rules); CSV numbers.
+/// error; npy of any numeric dtype (see the crate docs for the range rules); CSV numbers; the
+/// only dataset of an HDF5 file, or the one named as `FILE.hdf5:NAME`.
 /// An empty fvecs/ivecs/bvecs or CSV file is `Ok` with 0 rows.
 pub fn read_f32(path: &Path, format: Option<Format>) -> Result<Table<f32>, IoError> {
-    read_path(path, format)
+    read_path(path, &ReadOptions::format(format))
 }
 
 /// Reads integer ids or labels as `i64` from `path`: ivecs, bvecs, npy of any integer dtype
-/// (range-checked), or CSV of decimal integers. fvecs and floating-point npy are refused.
+/// (range-checked), CSV of decimal integers, or an HDF5 dataset of integers. fvecs and
+/// floating-point npy are refused.
 pub fn read_i64(path: &Path, format: Option<Format>) -> Result<Table<i64>, IoError> {
-    read_path(path, format)
+    read_path(path, &ReadOptions::format(format))
+}
+
+/// [`read_f32`] with everything [`ReadOptions`] can say.
+pub fn read_f32_with(path: &Path, options: &ReadOptions) -> Result<Table<f32>, IoError> {
+    read_path(path, options)
+}
+
+/// [`read_i64`] with everything [`ReadOptions`] can say.
+pub fn read_i64_with(path: &Path, options: &ReadOptions) -> Result<Table<i64>, IoError> {
+    read_path(path, options)
 }
 
 /// [`read_f32`] on the bytes of a file already in memory; `name_for_errors` starts every error
@@ -199,7 +246,7 @@ pub fn read_f32_from_bytes(
     format: Format,
     name_for_errors: &str,
 ) -> Result<Table<f32>, IoError> {
-    read_from_bytes(bytes, format, name_for_errors)
+    read_from_bytes(bytes, format, name_for_errors, &CsvOptions::default())
 }
 
 /// [`read_i64`] on the bytes of a file already in memory; `name_for_errors` starts every error
@@ -209,7 +256,16 @@ pub fn read_i64_from_bytes(
     format: Format,
     name_for_errors: &str,
 ) -> Result<Table<i64>, IoError> {
-    read_from_bytes(bytes, format, name_for_errors)
+    read_from_bytes(bytes, format, name_for_errors, &CsvOptions::default())
+}
+
+/// [`read_f32_from_bytes`] for text, with the header, delimiter and finiteness of `csv`.
+pub fn read_csv_f32_from_bytes(
+    bytes: &[u8],
+    csv: &CsvOptions,
+    name_for_errors: &str,
+) -> Result<Table<f32>, IoError> {
+    csv_text::read(bytes, name_for_errors, csv)
 }
 
 fn check_consistent<T>(t: &Table<T>, name: &str) -> Result<(), IoError> {
