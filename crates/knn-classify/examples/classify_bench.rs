@@ -39,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("give --train, --labels and --queries".into());
     };
     let x = files::read_points(&train, None)?;
-    let y = files::read_labels(&labels, None, x.rows())?;
+    let y = files::encode(&files::read_labels(&labels, None, x.rows())?);
     let q = files::read_points(&queries, None)?;
     let opts = Options {
         device: Device::Cpu,
@@ -47,7 +47,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Options::default()
     };
     let mut clf = Classifier::new(params.clone(), &opts)?;
-    clf.fit(x.view(), &y)?;
+    let classes: Vec<i64> = (0..y.classes.len() as i64).collect();
+    clf.fit_with_classes(x.view(), &y.codes, &classes)?;
     let mut times = Vec::new();
     let mut last = None;
     for _ in 0..repeat.max(1) {
@@ -71,7 +72,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         p.stats
     );
     if let Some(o) = out {
-        files::write_labels(&o, None, &p.labels)?;
+        files::write_labels(&o, None, &files::decode(&y.classes, &p.labels))?;
     }
     if let Some(j) = json {
         let list: Vec<String> = times.iter().map(|t| format!("{t:.3}")).collect();

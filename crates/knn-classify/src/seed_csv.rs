@@ -20,8 +20,6 @@
 
 use crate::error::{ClassifyError, Result};
 use knn::synth::Rng;
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::Path;
 
 /// A parsed seed-003 CSV file.
@@ -353,39 +351,11 @@ pub fn fill_predictions(bytes: &[u8], name: &str, predictions: &[i64]) -> Result
     Ok(out)
 }
 
-/// Writes `bytes` to `path`: into a new temporary file next to it, synced, then renamed over
-/// it, so `path` is either untouched or complete.
+/// Writes `bytes` to `path`: a new or regular file into a temporary file next to it, synced,
+/// then renamed over it (behind symbolic links, over the file they lead to), so `path` is
+/// either untouched or complete; a device or pipe (`/dev/stdout`) is written through.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let name = path.display().to_string();
-    let werr = |error| ClassifyError::File {
-        file: name.clone(),
-        error,
-    };
-    let file_name = path.file_name().ok_or_else(|| {
-        werr(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "the output path does not name a file",
-        ))
-    })?;
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(file_name);
-    tmp_name.push(format!(".{}.tmp", std::process::id()));
-    let tmp = dir.join(tmp_name);
-    let result = (|| {
-        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(werr)
+    Ok(knn_io::write_bytes(path, bytes)?)
 }
 
 /// Labelled and new row counts for `rows` rows of which a share `share_new` (0..=1) is to be

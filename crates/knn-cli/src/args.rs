@@ -6,7 +6,8 @@ use std::path::PathBuf;
 /// Exact k-nearest neighbours on CPUs and NVIDIA GPUs.
 ///
 /// Every answer is exact: each row holds a true k-nearest set, ordered by (distance, id),
-/// the same on every device and thread count. With no command, runs `knn bench`.
+/// the same on every device and thread count. Start with `knn bench` (a timed run on random
+/// data) or `knn search --help`.
 #[derive(Parser, Debug)]
 #[command(name = "knn", version, propagate_version = true)]
 pub struct Cli {
@@ -44,10 +45,12 @@ pub struct EngineArgs {
     /// CPU threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// How candidates are computed: auto (the grid for d <= 3 unless --device cuda, else
-    /// brute force), brute (GEMM form + fused top-k on the CPU, fused kernels on a GPU), grid
-    /// (exact grid for low dimensions; l2, sqeuclidean, l1, linf and metrics reduced to l2),
-    /// or the seed-000 GPU baselines global, texture, cublas.
+    /// How the neighbours are found (the answer is the same; the speed differs): auto (the
+    /// fastest for the data: grid for 1 to 3 dimensions, else brute), brute (compares every
+    /// query with every base point; best for more than 3 dimensions), grid (sorts the base
+    /// points into cells and searches the nearby cells first; best for 1 to 3 dimensions with
+    /// l2, sqeuclidean, l1 or linf), or global, texture, cublas (the three GPU programs of
+    /// seed 000, kept to compare against).
     #[arg(long, default_value = "auto")]
     pub method: String,
     /// Several GPUs at once: all, or CUDA ordinals such as 0,2,3. Query tiles go to the GPUs
@@ -87,14 +90,18 @@ pub struct MetricArgs {
 /// Where results go.
 #[derive(Args, Debug, Clone)]
 pub struct OutputArgs {
-    /// Output file for the neighbour ids (.npy int64, .ivecs or .csv). Distances go to
-    /// `--distances`, by default next to it as <stem>.dist.npy / <stem>.fvecs / <stem>.dist.csv.
+    /// Output file for the neighbour ids (.npy int64, .ivecs or .csv); its name says the
+    /// format. Distances go to `--distances`, by default next to it as <stem>.dist.npy /
+    /// <stem>.fvecs / <stem>.dist.csv. `-` writes to standard output (CSV unless
+    /// --output-format says otherwise; in CSV each row holds the k ids, then the k distances);
+    /// devices and pipes such as /dev/stdout are written through, never replaced.
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
     /// Output file for the distances (.npy float32, .fvecs or .csv).
     #[arg(long)]
     pub distances: Option<PathBuf>,
-    /// Output format, overriding the extension (npy, ivecs, csv).
+    /// Output format (npy, ivecs, csv) for standard output and names without one of these
+    /// extensions; a name that says a format must agree with it.
     #[arg(long)]
     pub output_format: Option<String>,
     /// Replace output files that already exist (never an input file).
@@ -115,10 +122,12 @@ pub struct OutputArgs {
 
 #[derive(Args, Debug)]
 pub struct SearchArgs {
-    /// Base points (.fvecs, .bvecs, .ivecs, .npy, .csv).
+    /// Base points (.fvecs, .bvecs, .ivecs, .npy, .csv); `-` reads standard input (npy or
+    /// CSV, or the --input-format).
     #[arg(long, short = 'b')]
     pub base: PathBuf,
-    /// Query points, same dimension as the base.
+    /// Query points, same dimension as the base (a 2-D array: one row per query); `-` reads
+    /// standard input.
     #[arg(long, short = 'q')]
     pub queries: PathBuf,
     /// Neighbours per query (1 ..= number of base points).
@@ -247,19 +256,4 @@ pub struct BenchArgs {
     /// Random seed of the data.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-}
-
-impl Default for BenchArgs {
-    fn default() -> Self {
-        BenchArgs {
-            refs: 16384,
-            queries: 4096,
-            dim: 128,
-            k: 16,
-            repeat: 5,
-            metric: "l2".into(),
-            devices: "all".into(),
-            seed: 0,
-        }
-    }
 }

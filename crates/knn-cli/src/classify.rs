@@ -2,14 +2,15 @@
 //! (seed 003), from the seed's CSV or from separate files.
 
 use crate::args::{EngineArgs, MetricArgs};
-use crate::data::{check_output, load_matrix, parse_format};
-use crate::run::{engine, metric};
+use crate::data::{load_matrix, parse_format};
+use crate::output::{check_output, is_std_stream, output_format, shown, write_bytes};
+use crate::run::{engine, in_words, input_format_hint, metric, refuse_one_d};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use knn::MatrixRef;
-use knn_classify::{
-    files, fill_predictions, Classifier, Mode, Params, Prediction, SeedCsv, Weights,
-};
+use knn_classify::files::{self, Labels};
+use knn_classify::{fill_predictions, Classifier, Mode, Params, Prediction, SeedCsv, Weights};
+use knn_io::Format;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -18,14 +19,18 @@ use std::time::Instant;
 #[derive(Args, Debug)]
 pub struct ClassifyArgs {
     /// Seed-003 CSV input: header `numels,newels,classes,dim`, then one row per point
-    /// (coordinates, then the class; -1 marks a point to classify). The output (-o) is the same
-    /// file with every -1 replaced by the predicted class.
+    /// (coordinates, then the class; -1 marks a point to classify). A .csv output (-o) is the
+    /// same file with every -1 replaced by the predicted class; a .npy or .ivecs output holds
+    /// the predicted classes alone, in file order.
     #[arg(long, required_unless_present = "train", conflicts_with_all = ["train", "labels", "queries"])]
     pub csv: Option<PathBuf>,
     /// Labelled points (.npy, .csv, .fvecs, .bvecs, .ivecs); with --labels and --queries.
     #[arg(long, requires_all = ["labels", "queries"])]
     pub train: Option<PathBuf>,
-    /// Labels of the --train points, one integer per point (.npy, .csv, .ivecs).
+    /// Labels of the --train points, one per point, as scikit-learn takes them: integers, text
+    /// or floating-point numbers (.npy of any of these, NumPy unicode included; .csv with one
+    /// label per line, a header line allowed; .ivecs). Classes are ordered as numpy.unique
+    /// orders them.
     #[arg(long)]
     pub labels: Option<PathBuf>,
     /// Points to classify, same dimension as --train.
@@ -49,15 +54,18 @@ pub struct ClassifyArgs {
     pub metric: MetricArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
-    /// Output: the filled-in seed CSV (with --csv), else the predicted labels (.npy int64,
-    /// .csv, .ivecs), one per query.
+    /// Output: the predicted label of every query, as a 1-D array of the labels' kind (.npy:
+    /// int64, float64 or unicode; .csv: one per line; .ivecs: integers), or with --csv and a
+    /// .csv name the filled-in seed CSV. `-` writes to standard output (CSV).
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
-    /// Format of the labels output, overriding the extension (npy, csv, ivecs).
+    /// Format of the output (npy, csv, ivecs) for standard output and names without one of
+    /// these extensions; a name that says a format must agree with it.
     #[arg(long)]
     pub output_format: Option<String>,
-    /// Also write class probabilities, rows × classes in ascending class order (.npy float32
-    /// or .csv).
+    /// Also write class probabilities, one row per query and one column per class, classes
+    /// ordered as numpy.unique orders them: .csv with a header naming the classes, or .npy
+    /// (float32) with the classes in P.classes.npy next to it.
     #[arg(long)]
     pub proba: Option<PathBuf>,
     /// Replace output files that already exist (never an input file).
@@ -71,14 +79,25 @@ pub struct ClassifyArgs {
     pub timing_json: Option<PathBuf>,
 }
 
-/// Labelled points, labels, class list, points to classify.
+/// Labelled points, their classes, points to classify.
 struct Inputs {
     train: knn::Matrix,
-    labels: Vec<i64>,
-    classes: Option<Vec<i64>>,
+    /// The class of each labelled point: an index into `classes`.
+    codes: Vec<i64>,
+    /// The classes, ordered as `numpy.unique` orders them.
+    classes: Labels,
     queries: knn::Matrix,
     /// The seed CSV's bytes, to fill in.
     csv: Option<Vec<u8>>,
+}
+
+/// Reads a matrix of points for classification (a 1-D npy array is refused as scikit-learn
+/// refuses it).
+fn read_matrix(path: &Path, format: Option<Format>) -> Result<knn::Matrix> {
+    if let Ok(dims) = knn_io::array_dims(path, format) {
+        refuse_one_d(dims, &path.display().to_string())?;
+    }
+    load_matrix(path, format).map_err(input_format_hint)
 }
 
 fn read_inputs(a: &ClassifyArgs) -> Result<Inputs> {
@@ -93,8 +112,8 @@ fn read_inputs(a: &ClassifyArgs) -> Result<Inputs> {
         let queries = f.unlabelled();
         return Ok(Inputs {
             train: knn::Matrix::new(&name, train, f.dim)?,
-            labels,
-            classes: Some((0..f.classes as i64).collect()),
+            codes: labels,
+            classes: Labels::Int((0..f.classes as i64).collect()),
             // newels may be 0: an empty matrix of the right dimension.
             queries: knn::Matrix::new(&name, queries, f.dim)?,
             csv: Some(bytes),
@@ -104,13 +123,15 @@ fn read_inputs(a: &ClassifyArgs) -> Result<Inputs> {
         bail!("give --csv FILE, or --train, --labels and --queries");
     };
     let fmt = parse_format(&a.input_format)?;
-    let train = load_matrix(t, fmt)?;
-    let labels = files::read_labels(l, fmt, train.rows())?;
-    let queries = load_matrix(q, fmt)?;
+    let train = read_matrix(t, fmt)?;
+    let labels =
+        files::read_labels(l, fmt, train.rows()).map_err(|e| input_format_hint(e.into()))?;
+    let encoded = files::encode(&labels);
+    let queries = read_matrix(q, fmt)?;
     Ok(Inputs {
         train,
-        labels,
-        classes: None,
+        codes: encoded.codes,
+        classes: encoded.classes,
         queries,
         csv: None,
     })
@@ -146,14 +167,41 @@ pub fn classify(a: &ClassifyArgs, quiet: bool) -> Result<ExitCode> {
     for out in [&a.output, &a.proba].into_iter().flatten() {
         check_output(out, a.force, &inputs_paths)?;
     }
-    let output_format = parse_format(&a.output_format)?;
+    let output_format = match &a.output {
+        Some(o) => Some(output_format(
+            o,
+            parse_format(&a.output_format)?,
+            "--output-format",
+        )?),
+        None => None,
+    };
+    let proba_format = match &a.proba {
+        Some(p) => Some(proba_format(p)?),
+        None => None,
+    };
+    if let (Some(p), Some(Format::Npy)) = (&a.proba, proba_format) {
+        check_output(&files::classes_sidecar(p), a.force, &inputs_paths)?;
+    }
     let input = read_inputs(a)?;
+    if let (Some(out), Some(format)) = (&a.output, output_format) {
+        let seed_csv = a.csv.is_some() && format == Format::Csv;
+        let fits = match (format, &input.classes) {
+            (Format::Npy | Format::Csv, _) | (Format::Ivecs, Labels::Int(_)) => true,
+            _ => seed_csv,
+        };
+        if !fits {
+            bail!(
+                "{}: the labels are {}, which format {format} cannot hold; name a .npy or .csv \
+                 output",
+                shown(out),
+                input.classes.kind()
+            );
+        }
+    }
     let mut clf = Classifier::with_engine(params, engine(&a.engine)?)?;
     let train = input.train.view();
-    match &input.classes {
-        Some(c) => clf.fit_with_classes(train, &input.labels, c)?,
-        None => clf.fit(train, &input.labels)?,
-    }
+    let class_codes: Vec<i64> = (0..input.classes.len() as i64).collect();
+    clf.fit_with_classes(train, &input.codes, &class_codes)?;
     let queries: MatrixRef<'_> = input.queries.view();
     let mut times = Vec::new();
     let mut result: Option<Prediction> = None;
@@ -175,17 +223,39 @@ pub fn classify(a: &ClassifyArgs, quiet: bool) -> Result<ExitCode> {
         )
         .with_context(|| format!("writing {}", path.display()))?;
     }
-    if let Some(out) = &a.output {
-        match (&input.csv, &a.csv) {
-            (Some(bytes), Some(csv)) => {
+    let predicted = files::decode(&input.classes, &p.labels);
+    let mut written = Vec::new();
+    if let (Some(out), Some(format)) = (&a.output, output_format) {
+        match (&input.csv, &a.csv, format) {
+            (Some(bytes), Some(csv), Format::Csv) => {
                 let filled = fill_predictions(bytes, &csv.display().to_string(), &p.labels)?;
-                knn_classify::write_atomically(out, &filled)?;
+                write_bytes(out, &filled)?;
+                written.push(format!("the seed CSV filled in: {}", shown(out)));
             }
-            _ => files::write_labels(out, output_format, &p.labels)?,
+            _ if is_std_stream(out) => {
+                let stdout = std::io::stdout();
+                knn_io::write_labels_to(&mut stdout.lock(), format, &predicted, "standard output")?;
+                written.push("predicted labels: standard output".to_owned());
+            }
+            _ => {
+                files::write_labels(out, Some(format), &predicted)?;
+                written.push(format!("predicted labels: {}", shown(out)));
+            }
         }
     }
     if let (Some(path), Some(proba)) = (&a.proba, &p.proba) {
-        files::write_proba(path, None, p.classes.len(), proba)?;
+        let sidecar = files::write_proba(path, proba_format, &input.classes, proba)?;
+        written.push(match sidecar {
+            Some(c) => format!(
+                "probabilities: {} (classes of its columns: {})",
+                path.display(),
+                c.display()
+            ),
+            None => format!(
+                "probabilities: {} (a header names the classes)",
+                path.display()
+            ),
+        });
     }
     if !quiet {
         let runs = if times.len() > 1 {
@@ -202,20 +272,37 @@ pub fn classify(a: &ClassifyArgs, quiet: bool) -> Result<ExitCode> {
             String::new()
         };
         eprintln!(
-            "classify: {} new × {} labelled (d={}), {} classes, k={}, {} weights, {mode}, {} on {}: {med:.1} ms{runs}{waves}",
+            "classify: {} new × {} labelled points (d={}), {} classes ({}), k={}, {} weights, {mode}, {}, {}: {med:.1} ms{runs}{waves}",
             queries.rows(),
             train.rows(),
             train.dim(),
-            p.classes.len(),
+            input.classes.len(),
+            input.classes.kind(),
             a.k,
             weights,
             clf.params().metric,
-            clf.engine_name(),
+            in_words(&clf.engine_name()),
         );
-        match &a.output {
-            Some(o) => eprintln!("classify: written to {}", o.display()),
-            None => eprintln!("classify: no --output given, results not written"),
+        if written.is_empty() {
+            eprintln!("classify: no --output given, results not written");
+        }
+        for w in written {
+            eprintln!("classify: {w}");
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The format of the probabilities file: .csv (a header names the classes) or .npy (the
+/// classes in a file next to it).
+fn proba_format(path: &Path) -> Result<Format> {
+    match Format::from_path(path).ok() {
+        Some(f @ (Format::Csv | Format::Npy)) => Ok(f),
+        _ => bail!(
+            "{}: probabilities are written as .csv (a header names the classes) or .npy (the \
+             classes in {}); name the file with one of these extensions",
+            path.display(),
+            files::classes_sidecar(path).display()
+        ),
+    }
 }

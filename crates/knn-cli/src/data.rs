@@ -3,9 +3,9 @@
 use crate::args::GenerateArgs;
 use anyhow::{bail, Result};
 use knn::synth::{generate as synth, Distribution};
-use knn::{Matrix, MatrixRef, Neighbors};
+use knn::{Matrix, MatrixRef};
 use knn_io::{Format, Table};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 pub fn parse_format(s: &Option<String>) -> Result<Option<Format>> {
@@ -98,76 +98,8 @@ pub fn load_matrix(path: &Path, format: Option<Format>) -> Result<Matrix> {
     Ok(Matrix::new(&name, t.data, t.cols)?)
 }
 
-/// Refuses to replace an existing file unless `force`, and never replaces an input.
-pub fn check_output(path: &Path, force: bool, inputs: &[&Path]) -> Result<()> {
-    let canon = |p: &Path| std::fs::canonicalize(p).ok();
-    if let Some(c) = canon(path) {
-        if inputs.iter().any(|i| canon(i) == Some(c.clone())) {
-            bail!("{}: refusing to overwrite an input file", path.display());
-        }
-        if !force {
-            bail!(
-                "{}: file exists (use --force to replace it)",
-                path.display()
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Default distances path next to the ids: `x.npy` → `x.dist.npy`, `x.ivecs` → `x.fvecs`,
-/// `x.csv` → `x.dist.csv`.
-pub fn distances_path(ids: &Path, format: Format) -> PathBuf {
-    let stem = ids
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let name = match format {
-        Format::Ivecs | Format::Fvecs => format!("{stem}.fvecs"),
-        Format::Npy => format!("{stem}.dist.npy"),
-        _ => format!("{stem}.dist.csv"),
-    };
-    ids.with_file_name(name)
-}
-
-/// Writes ids and distances. Returns the two paths written.
-pub fn write_neighbors(
-    nn: &Neighbors,
-    ids_path: &Path,
-    dist_path: Option<&Path>,
-    format: Option<Format>,
-    force: bool,
-    inputs: &[&Path],
-) -> Result<(PathBuf, PathBuf)> {
-    let ids_format = match format {
-        Some(f) => f,
-        None => Format::from_path(ids_path)?,
-    };
-    let dist_path = dist_path
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| distances_path(ids_path, ids_format));
-    let dist_format = match (format, ids_format) {
-        (Some(Format::Ivecs), _) => Format::Fvecs,
-        (Some(f), _) => f,
-        _ => Format::from_path(&dist_path)?,
-    };
-    check_output(ids_path, force, inputs)?;
-    check_output(&dist_path, force, inputs)?;
-    let rows = nn.rows();
-    let ids = Table {
-        data: nn.ids.iter().map(|&i| i as i64).collect(),
-        rows,
-        cols: nn.k,
-    };
-    knn_io::write_i64(ids_path, Some(ids_format), &ids)?;
-    let d = Table {
-        data: nn.distances.clone(),
-        rows,
-        cols: nn.k,
-    };
-    knn_io::write_f32(&dist_path, Some(dist_format), &d)?;
-    Ok((ids_path.to_path_buf(), dist_path))
-}
+/// Output checks live with the writers (`crate::output`).
+pub use crate::output::check_output;
 
 /// `knn generate`.
 pub fn generate(a: &GenerateArgs, quiet: bool) -> Result<ExitCode> {

@@ -1,6 +1,7 @@
 //! `knn`: exact k-nearest neighbours from the command line.
 //!
-//! With no arguments it runs `knn bench` (the seed-000 experiment on built-in random data).
+//! With no arguments it prints the help; `knn bench` runs the seed-000 experiment on built-in
+//! random data.
 
 mod args;
 mod bench;
@@ -8,20 +9,26 @@ mod checkpoint;
 mod classify;
 mod data;
 mod info;
+mod output;
 mod progress;
 mod run;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     knn::pages::fresh_pages_for_large_buffers();
     let cli = args::Cli::parse();
     let quiet = cli.quiet;
-    let result = match cli
-        .command
-        .unwrap_or(args::Command::Bench(args::BenchArgs::default()))
-    {
+    let Some(command) = cli.command else {
+        // No command: what the tool does and how to start, not a computation.
+        let mut help = args::Cli::command();
+        return match help.print_long_help() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::from(2),
+        };
+    };
+    let result = match command {
         args::Command::Search(a) => run::search(&a, quiet),
         args::Command::Graph(a) => run::graph(&a, quiet),
         args::Command::Generate(a) => data::generate(&a, quiet),

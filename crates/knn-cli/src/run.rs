@@ -2,11 +2,14 @@
 
 use crate::args::{EngineArgs, GraphArgs, MetricArgs, OutputArgs, SearchArgs, VerifyArgs};
 use crate::checkpoint::{self, chunk_rows, Checkpointed};
-use crate::data::{distances_path, load_matrix, load_points, parse_format, write_neighbors};
+use crate::data::{load_matrix, load_points, parse_format, Points};
+use crate::output::{distances_path, is_std_stream, Plan};
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
-use knn::{Covariance, Device, Knn, Method, Metric, MetricExpr, Neighbors, Options, Symmetry};
-use knn_io::Format;
+use knn::{
+    Covariance, Device, Knn, KnnError, Method, Metric, MetricExpr, Neighbors, Options, Symmetry,
+};
+use knn_io::{Format, IoError};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -17,7 +20,7 @@ pub fn metric(a: &MetricArgs) -> Result<Metric> {
         if a.covariance.is_some() {
             bail!("--covariance is only for --metric mahalanobis, not --metric-expr");
         }
-        let e = MetricExpr::parse(text).map_err(|e| anyhow::anyhow!("--metric-expr: {e}"))?;
+        let e = MetricExpr::parse(text).map_err(|e| anyhow::anyhow!("metric expression: {e}"))?;
         return Ok(Metric::Expr(Arc::new(e)));
     }
     let m: Metric = a.metric.parse()?;
@@ -137,12 +140,30 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// Where the results go, checked before any work (see [`Plan::new`]).
+fn plan(out: &OutputArgs, inputs: &[&Path]) -> Result<Option<Plan>> {
+    out.output
+        .as_deref()
+        .map(|o| {
+            Plan::new(
+                o,
+                out.distances.as_deref(),
+                parse_format(&out.output_format)?,
+                out.force,
+                inputs,
+            )
+        })
+        .transpose()
+}
+
+#[allow(clippy::too_many_arguments)]
 fn finish(
     what: &str,
+    unit: &str,
     nn: &Neighbors,
     times: &[f64],
     out: &OutputArgs,
-    inputs: &[&Path],
+    plan: Option<Plan>,
     quiet: bool,
     describe: String,
 ) -> Result<ExitCode> {
@@ -158,17 +179,7 @@ fn finish(
         )
         .with_context(|| format!("writing {}", p.display()))?;
     }
-    let written = match &out.output {
-        Some(o) => Some(write_neighbors(
-            nn,
-            o,
-            out.distances.as_deref(),
-            parse_format(&out.output_format)?,
-            out.force,
-            inputs,
-        )?),
-        None => None,
-    };
+    let written = plan.map(|p| p.write(nn)).transpose()?;
     if let (Some(c), Some(_)) = (&out.checkpoint, &written) {
         Checkpointed::remove(c);
     }
@@ -179,13 +190,9 @@ fn finish(
         } else {
             String::new()
         };
-        eprintln!("{what}: {describe}: {med:.1} ms{runs}, {rate:.0} queries/s");
+        eprintln!("{what}: {describe}: {med:.1} ms{runs}, {rate:.0} {unit}/s");
         match written {
-            Some((i, d)) => eprintln!(
-                "{what}: ids in {}, distances in {}",
-                i.display(),
-                d.display()
-            ),
+            Some(where_) => eprintln!("{what}: {where_}"),
             None => eprintln!("{what}: no --output given, results not written"),
         }
     }
@@ -214,6 +221,9 @@ fn compute(
     if out.repeat > 1 {
         bail!("--checkpoint runs the computation once: leave out --repeat");
     }
+    if inputs.iter().any(|p| is_std_stream(p)) {
+        bail!("--checkpoint needs input files: standard input cannot be read again to resume");
+    }
     let canon = |p: &Path| std::fs::canonicalize(p).ok();
     if canon(path).is_some() && inputs.iter().any(|i| canon(i) == canon(path)) {
         bail!("{}: the checkpoint cannot be an input file", path.display());
@@ -240,14 +250,146 @@ fn metric_tag(a: &MetricArgs) -> String {
     }
 }
 
+/// Reads the points of `path` for search and graph; `-` is standard input (read whole, at
+/// most once: `stdin_taken`). A 1-D npy array is refused with scikit-learn's hint.
+fn read_points(path: &Path, format: Option<Format>, stdin_taken: &mut bool) -> Result<Points> {
+    if !is_std_stream(path) {
+        if let Ok(dims) = knn_io::array_dims(path, format) {
+            refuse_one_d(dims, &path.display().to_string())?;
+        }
+        return load_points(path, format).map_err(input_format_hint);
+    }
+    if std::mem::replace(stdin_taken, true) {
+        bail!("only one input can be read from standard input (-); give the other as a file");
+    }
+    let name = "standard input";
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut bytes)
+        .context("reading standard input")?;
+    let format = match format {
+        Some(f) => f,
+        None if bytes.starts_with(b"\x93NUMPY") => Format::Npy,
+        None if !bytes.iter().take(1 << 16).any(|&b| b == 0) => Format::Csv,
+        None => bail!(
+            "standard input: neither an npy file nor text; give --input-format \
+             (fvecs, ivecs, bvecs, npy, csv)"
+        ),
+    };
+    refuse_one_d(knn_io::array_dims_from_bytes(&bytes, format, name), name)?;
+    let t = knn_io::read_f32_from_bytes(&bytes, format, name)?;
+    if t.rows == 0 {
+        bail!("{name}: no points");
+    }
+    Ok(Points::Owned(knn::Matrix::new(name, t.data, t.cols)?))
+}
+
+/// A 1-D array is refused as scikit-learn refuses it: one point or one coordinate per point?
+pub fn refuse_one_d(dims: Option<usize>, name: &str) -> Result<()> {
+    if dims == Some(1) {
+        bail!(
+            "{name}: Expected 2D array, got 1D array instead. Reshape your data either using \
+             array.reshape(-1, 1) if your data has a single feature or array.reshape(1, -1) if \
+             it contains a single sample."
+        );
+    }
+    Ok(())
+}
+
+/// Points an unknown input extension to `--input-format`.
+pub fn input_format_hint(e: anyhow::Error) -> anyhow::Error {
+    match e.downcast_ref::<IoError>() {
+        Some(io @ IoError::UnknownFormat { .. }) => anyhow::anyhow!(
+            "{}",
+            io.to_string().replace(
+                "name the format explicitly",
+                "name it with --input-format (fvecs, ivecs, bvecs, npy, csv)"
+            )
+        ),
+        _ => e,
+    }
+}
+
+/// Names the file behind a Hellinger negative-value error (the engine knows "base" and
+/// "queries" only).
+fn name_the_file(e: anyhow::Error, base: &Path, queries: &Path) -> anyhow::Error {
+    let Some(KnnError::Negative {
+        what,
+        row,
+        col,
+        value,
+    }) = e.downcast_ref::<KnnError>()
+    else {
+        return e;
+    };
+    let file = match what.as_str() {
+        "base" => base,
+        "queries" => queries,
+        _ => return e,
+    };
+    let file = if is_std_stream(file) {
+        "standard input".to_owned()
+    } else {
+        file.display().to_string()
+    };
+    anyhow::anyhow!(
+        "{file}: row {row}, column {col} is {value}, but the Hellinger distance needs values >= 0 \
+         (it compares distributions: counts, frequencies, histograms)"
+    )
+}
+
+/// The method and device of the engine named `name` in the user's words: "brute force on the
+/// CPU", "exact grid on GPU 0", "brute force on GPUs 0, 1".
+pub fn in_words(name: &str) -> String {
+    let parts: Vec<&str> = name.split('+').collect();
+    fn method(m: &str) -> &str {
+        match m {
+            "cpu" | "fused" | "brute" => "brute force",
+            "grid" => "exact grid",
+            "global" => "seed 000's global-memory kernel",
+            "texture" => "seed 000's texture-memory kernel",
+            "cublas" => "seed 000's cuBLAS kernel",
+            other => other,
+        }
+    }
+    let gpu = |p: &str| -> Option<(String, String)> {
+        let rest = p.strip_prefix("cuda:")?;
+        let (n, m) = rest.split_once('/').unwrap_or((rest, "fused"));
+        Some((n.to_owned(), method(m).to_owned()))
+    };
+    match parts[..] {
+        ["cpu"] => "brute force on the CPU".to_owned(),
+        ["grid"] => "exact grid on the CPU".to_owned(),
+        [one] => match gpu(one) {
+            Some((n, m)) => format!("{m} on GPU {n}"),
+            None => one.to_owned(),
+        },
+        _ => {
+            let gpus: Option<Vec<(String, String)>> = parts.iter().map(|p| gpu(p)).collect();
+            match gpus {
+                Some(g) => format!(
+                    "{} on GPUs {}",
+                    g[0].1,
+                    g.iter()
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                None => name.to_owned(),
+            }
+        }
+    }
+}
+
 pub fn search(a: &SearchArgs, quiet: bool) -> Result<ExitCode> {
     let fmt = parse_format(&a.input_format)?;
-    let base = load_points(&a.base, fmt)?;
-    let queries = load_points(&a.queries, fmt)?;
-    let metric = metric(&a.metric)?;
-    let knn = engine(&a.engine)?;
     let mut inputs: Vec<&Path> = vec![&a.base, &a.queries];
     inputs.extend(a.metric.covariance.as_deref());
+    let plan = plan(&a.out, &inputs)?;
+    let mut stdin_taken = false;
+    let base = read_points(&a.base, fmt, &mut stdin_taken)?;
+    let queries = read_points(&a.queries, fmt, &mut stdin_taken)?;
+    let metric = metric(&a.metric)?;
+    let knn = engine(&a.engine)?;
     let Some((nn, times)) = compute(
         "search",
         &a.out,
@@ -263,29 +405,33 @@ pub fn search(a: &SearchArgs, quiet: bool) -> Result<ExitCode> {
                 progress.update(offset + d, queries.rows())
             })
         },
-    )?
+    )
+    .map_err(|e| name_the_file(e, &a.base, &a.queries))?
     else {
         return Ok(ExitCode::from(130));
     };
     let describe = format!(
-        "{} queries × {} base (d={}), k={}, {} on {}",
+        "{} queries × {} base points (d={}), k={}, {}, {}",
         queries.rows(),
         base.rows(),
         base.dim(),
         a.k,
         metric,
-        knn.engine_for(base.rows(), base.dim(), &metric)?.name()
+        in_words(&knn.engine_for(base.rows(), base.dim(), &metric)?.name())
     );
-    finish("search", &nn, &times, &a.out, &inputs, quiet, describe)
+    finish(
+        "search", "queries", &nn, &times, &a.out, plan, quiet, describe,
+    )
 }
 
 pub fn graph(a: &GraphArgs, quiet: bool) -> Result<ExitCode> {
-    let points = load_points(&a.points, parse_format(&a.input_format)?)?;
+    let mut inputs: Vec<&Path> = vec![&a.points];
+    inputs.extend(a.metric.covariance.as_deref());
+    let plan = plan(&a.out, &inputs)?;
+    let points = read_points(&a.points, parse_format(&a.input_format)?, &mut false)?;
     let metric = metric(&a.metric)?;
     let symmetric: Symmetry = a.symmetric.parse().context("--symmetric")?;
     let knn = engine_with_symmetry(&a.engine, symmetric)?;
-    let mut inputs: Vec<&Path> = vec![&a.points];
-    inputs.extend(a.metric.covariance.as_deref());
     let n = points.rows();
     let Some((nn, times)) = compute(
         "graph",
@@ -305,19 +451,22 @@ pub fn graph(a: &GraphArgs, quiet: bool) -> Result<ExitCode> {
                 })
             }
         },
-    )?
+    )
+    .map_err(|e| name_the_file(e, &a.points, &a.points))?
     else {
         return Ok(ExitCode::from(130));
     };
     let describe = format!(
-        "{} points (d={}), k={}, {} on {}",
+        "{} points (d={}), k={}, {}, {}",
         points.rows(),
         points.dim(),
         a.k,
         metric,
-        knn.engine_for(points.rows(), points.dim(), &metric)?.name()
+        in_words(&knn.engine_for(points.rows(), points.dim(), &metric)?.name())
     );
-    finish("graph", &nn, &times, &a.out, &inputs, quiet, describe)
+    finish(
+        "graph", "points", &nn, &times, &a.out, plan, quiet, describe,
+    )
 }
 
 fn read_result(ids: &Path, dists: Option<&Path>) -> Result<Neighbors> {

@@ -312,7 +312,7 @@ impl FromStr for Metric {
             "mahalanobis" => Metric::Mahalanobis(Covariance::FromBase),
             _ => {
                 return Err(KnnError::Option(format!(
-                    "unknown metric '{s}' (expected one of: sqeuclidean, l2, ip, cosine, l1, linf, hellinger, mahalanobis)"
+                    "unknown metric '{s}': the metrics are l2 (euclidean), sqeuclidean, ip (inner product), cosine, l1 (manhattan), linf (chebyshev), hellinger, mahalanobis; for a distance of your own, write it with --metric-expr (e.g. --metric-expr 'acc + abs(x - y)')"
                 )))
             }
         })

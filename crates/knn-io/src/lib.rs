@@ -86,7 +86,7 @@ pub use csv_text::{CsvOptions, Delimiter, Header, ParseDelimiterError};
 pub use error::{IoError, ParseFormatError};
 pub use format::Format;
 pub use labels::{read_labels, read_labels_from_bytes, write_labels, write_labels_to, Labels};
-pub use output::{output_target, write_f32_to, write_i64_to, OutputTarget};
+pub use output::{output_target, write_bytes, write_f32_to, write_i64_to, OutputTarget};
 pub use shape::{array_dims, array_dims_from_bytes};
 
 use dtype::Element;

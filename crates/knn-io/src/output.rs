@@ -219,6 +219,13 @@ pub(crate) fn write_atomically(
     Ok(())
 }
 
+/// Writes `bytes` to `path` as the table writers write files: a new or regular file
+/// atomically, a device, pipe or open descriptor through (see [`output_target`]).
+pub fn write_bytes(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
+    let name = path.display().to_string();
+    write_atomically(path, &name, |w| w.write_all(bytes))
+}
+
 /// Checks that `t` can be written as `f32` values in `format`.
 pub(crate) fn check_f32(t: &Table<f32>, format: Format, name: &str) -> Result<(), IoError> {
     crate::check_consistent(t, name)?;

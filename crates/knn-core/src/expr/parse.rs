@@ -339,6 +339,17 @@ impl<'t> Parser<'t> {
                 }
             }
             Tok::End => Err(self.err(at, "the expression ends where a value is expected")),
+            Tok::Sym('*')
+                if self
+                    .text
+                    .get(..at.start as usize)
+                    .is_some_and(|t| t.trim_end().ends_with('*')) =>
+            {
+                Err(self.err(
+                    at,
+                    "'**' is not an operator here: write powers with ^ (x^2, (x - y)^3)",
+                ))
+            }
             Tok::Sym(c) => Err(self.err(
                 at,
                 format!("expected a number, a variable, a function or '(', found '{c}'"),
