@@ -24,7 +24,10 @@ class Index:
         The base points: a NumPy array of any real dtype and memory order, a nested list, or
         anything NumPy converts (a PyTorch CPU tensor). Converted to C-contiguous float32 when
         it is not already. NaN, infinite values, empty input and 1-D input are refused with a
-        ``ValueError``. The index keeps its own copy of the rows.
+        ``ValueError``. A C-contiguous float32 array is used in place, with no copy: the index
+        keeps a reference to it, and it must not be modified while the index lives (the
+        answers would no longer be exact). Other inputs are converted once, into an array the
+        index keeps.
     metric : str, default "l2"
         ``"l2"`` (Euclidean), ``"sqeuclidean"``, ``"ip"`` (inner product, largest first, the
         similarity is reported), ``"cosine"`` (1 - cos), ``"l1"``, ``"linf"``, ``"hellinger"``

@@ -261,3 +261,24 @@ def test_help_explains_every_argument():
         assert f"{arg} :" in doc, arg
     for method in (knn.Index.search, knn.Index.graph, knn.Index.add, knn.search, knn.graph):
         assert "Returns" in method.__doc__ or "Parameters" in method.__doc__
+
+
+def test_a_c_contiguous_float32_base_is_used_in_place(rng):
+    import sys
+
+    base = rng.random((1000, 8)).astype(np.float32)
+    held = sys.getrefcount(base)
+    index = knn.Index(base, device="cpu")
+    assert index._native.shares_rows and sys.getrefcount(base) == held + 1  # the array itself
+    wide = base.astype(np.float64)
+    held = sys.getrefcount(wide)
+    knn.Index(wide, device="cpu")
+    assert sys.getrefcount(wide) == held  # a float32 copy of it was made and is kept instead
+    del base  # the index keeps the array alive
+    import gc
+
+    gc.collect()
+    dist, ids = index.search(index._native.rows()[:3], 1)
+    np.testing.assert_array_equal(ids[:, 0], [0, 1, 2])
+    index.add(np.zeros((1, 8)))
+    assert len(index) == 1001 and not index._native.shares_rows

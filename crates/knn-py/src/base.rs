@@ -1,124 +1,82 @@
-//! The base set the bindings search: rows kept with their dimension, metric and options.
+//! The base set the bindings search: a [`knn::Index`] behind a pointer that `add` swaps.
 //!
-//! Until `knn::Index` lands this holds its own copy of the rows and asks a [`Knn`] per call;
-//! the Python class only sees [`Base`], so moving to the index changes this file alone.
+//! Calls take a snapshot (`Arc<Index>`) and run on it without holding a lock, so no call ever
+//! waits for a lock while it holds the GIL, and `add` (which builds the grown index aside)
+//! waits for no search.
 
-use knn::{Device, Knn, KnnError, MatrixRef, Metric, Neighbors, Options, Result, Symmetry};
-use std::cell::RefCell;
-use std::rc::Rc;
-use std::sync::Arc;
+use knn::{Device, Index, KnnError, MatrixRef, Metric, Neighbors, Options, Result, Rows, Symmetry};
+use std::sync::{Arc, Mutex};
 
-/// A validated base: `rows.len() / dim` points of dimension `dim`, row-major f32.
-#[derive(Clone)]
+/// An index and the options it was built with.
 pub struct Base {
-    rows: Arc<Vec<f32>>,
-    dim: usize,
-    metric: Metric,
+    current: Mutex<Arc<Index>>,
+    /// Held while rows are added, so that two `add` calls both land.
+    adding: Mutex<()>,
     opts: Options,
 }
 
 impl Base {
-    /// Validates `rows` (finite, non-empty, the metric's domain and shape) and checks that the
-    /// device of `opts` can be used.
-    pub fn new(rows: Vec<f32>, dim: usize, metric: Metric, opts: Options) -> Result<Self> {
-        let view = MatrixRef::new("base", &rows, dim)?;
-        if view.rows() == 0 {
-            return Err(KnnError::EmptyBase);
-        }
-        metric.check_shape(dim)?;
-        metric.check_domain("base", view)?;
-        with_knn(&opts, |_| Ok(()))?;
+    /// Checks and prepares `rows` (`rows.len() / dim` points) and opens the engine of `opts`.
+    pub fn new(rows: Rows, dim: usize, metric: Metric, opts: Options) -> Result<Self> {
+        let index = Index::new(rows, dim, metric, &opts)?;
         Ok(Self {
-            rows: Arc::new(rows),
-            dim,
-            metric,
+            current: Mutex::new(Arc::new(index)),
+            adding: Mutex::new(()),
             opts,
         })
     }
 
-    /// Number of base points.
-    pub fn len(&self) -> usize {
-        self.rows.len() / self.dim
+    /// The index as it is now.
+    pub fn snapshot(&self) -> Arc<Index> {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
-    /// Dimension.
-    pub fn dim(&self) -> usize {
-        self.dim
+    /// Appends rows (checked like the base): a grown index is built from all the rows, then
+    /// takes the place of the current one. Ids continue from the current length.
+    pub fn add(&self, rows: MatrixRef<'_>) -> Result<()> {
+        let _one_at_a_time = self.adding.lock().unwrap_or_else(|e| e.into_inner());
+        let index = self.snapshot();
+        if rows.dim() != index.dim() {
+            return Err(KnnError::Option(format!(
+                "the added rows have d={}, the index has d={}",
+                rows.dim(),
+                index.dim()
+            )));
+        }
+        index.metric().check_domain("added rows", rows)?;
+        let old = index.rows().as_slice();
+        let mut all = Vec::with_capacity(old.len() + rows.as_slice().len());
+        all.extend_from_slice(old);
+        all.extend_from_slice(rows.as_slice());
+        let grown = Index::new(all, index.dim(), index.metric().clone(), &self.opts)?;
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(grown);
+        Ok(())
     }
 
-    /// The metric.
-    pub fn metric(&self) -> &Metric {
-        &self.metric
-    }
-
-    /// The device the calls run on (`Auto` resolved).
-    pub fn device(&self) -> Result<Device> {
-        with_knn(&self.opts, |knn| Ok(knn.device()))
-    }
-
-    /// The rows, row-major.
-    pub fn rows(&self) -> &[f32] {
-        &self.rows
-    }
-
-    fn view(&self) -> MatrixRef<'_> {
-        // Validated when they were given (new, add).
-        MatrixRef::new_unchecked_values("base", &self.rows, self.dim).expect("validated rows")
-    }
-
-    /// The k nearest base points of every query.
-    pub fn search(&self, queries: MatrixRef<'_>, k: usize) -> Result<Neighbors> {
-        with_knn(&self.opts, |knn| {
-            knn.search(self.view(), queries, k, &self.metric)
-        })
-    }
-
-    /// The kNN graph of the base (own id excluded), pairs computed once where `symmetric` says.
-    pub fn graph(&self, k: usize, symmetric: Symmetry) -> Result<Neighbors> {
+    /// The kNN graph of `index` with pairs computed once where `symmetric` says: the index
+    /// itself for `Auto` (its options), else an index of the same rows with that setting.
+    pub fn graph(&self, index: &Index, k: usize, symmetric: Symmetry) -> Result<Neighbors> {
+        if symmetric == self.opts.symmetric {
+            return index.graph(k);
+        }
         let opts = Options {
             symmetric,
             ..self.opts.clone()
         };
-        with_knn(&opts, |knn| knn.graph(self.view(), k, &self.metric))
+        Index::new(
+            index.rows().clone(),
+            index.dim(),
+            index.metric().clone(),
+            &opts,
+        )?
+        .graph(k)
     }
 
-    /// Appends rows (validated like the base); their ids continue the base's.
-    pub fn add(&mut self, rows: MatrixRef<'_>) -> Result<()> {
-        if rows.dim() != self.dim {
-            return Err(KnnError::Option(format!(
-                "the added rows have d={}, the index has d={}",
-                rows.dim(),
-                self.dim
-            )));
-        }
-        self.metric.check_domain("added rows", rows)?;
-        Arc::make_mut(&mut self.rows).extend_from_slice(rows.as_slice());
-        Ok(())
+    /// The device of the index (`Auto` resolved).
+    pub fn device(&self) -> Device {
+        self.snapshot().device()
     }
-}
-
-thread_local! {
-    /// This thread's engines, one per set of options (`Knn` is shared between threads by
-    /// reference only; a CUDA engine is worth keeping between calls).
-    static ENGINES: RefCell<Vec<(String, Rc<Knn>)>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Runs `f` with this thread's engine for `opts`, made on first use.
-fn with_knn<R>(opts: &Options, f: impl FnOnce(&Knn) -> Result<R>) -> Result<R> {
-    let key = format!("{opts:?}");
-    let found = ENGINES.with(|e| {
-        e.borrow()
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, knn)| knn.clone())
-    });
-    let knn = match found {
-        Some(knn) => knn,
-        None => {
-            let knn = Rc::new(Knn::new(opts)?);
-            ENGINES.with(|e| e.borrow_mut().push((key, knn.clone())));
-            knn
-        }
-    };
-    f(&knn)
 }

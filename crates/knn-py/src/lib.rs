@@ -10,18 +10,18 @@ mod errors;
 use base::Base;
 use errors::to_py;
 use knn::{
-    Covariance, Device, Matrix, MatrixRef, Metric, MetricExpr, Neighbors, Options, Symmetry,
+    Covariance, Device, Matrix, MatrixRef, Metric, MetricExpr, Neighbors, Options, Rows, Symmetry,
 };
 use numpy::{IntoPyArray, PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use std::sync::{mpsc, Arc, RwLock};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 /// Work (query rows × base rows × dimension) of one uninterrupted piece of a search on the
 /// CPU: between pieces the bindings check for Ctrl-C (a piece takes well under a second).
 const CPU_PIECE_WORK: usize = 1 << 33;
-/// The same on a GPU, where each piece also copies the base to the device.
+/// The same on a GPU.
 const GPU_PIECE_WORK: usize = 1 << 38;
 /// Fewest query rows in a piece.
 const MIN_PIECE_ROWS: usize = 64;
@@ -30,10 +30,10 @@ const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
 type Pair<'py> = (Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<i64>>);
 
-/// The native index: a validated base set, searched from any number of threads.
+/// The native index: a checked, prepared base set, searched from any number of threads.
 #[pyclass(module = "knn._knn", frozen)]
 struct NativeIndex {
-    base: RwLock<Base>,
+    base: Arc<Base>,
 }
 
 #[pymethods]
@@ -43,7 +43,7 @@ impl NativeIndex {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        data: PyReadonlyArray2<'_, f32>,
+        data: Bound<'_, PyArray2<f32>>,
         metric: &str,
         device: &str,
         metric_expr: Option<&str>,
@@ -65,12 +65,12 @@ impl NativeIndex {
             ..Options::default()
         };
         let dim = data.shape()[1];
-        let rows = contiguous(&data)?.to_vec();
+        let rows = ArrayRows::share(data)?;
         let base = py
             .detach(move || Base::new(rows, dim, metric, opts))
             .map_err(to_py)?;
         Ok(Self {
-            base: RwLock::new(base),
+            base: Arc::new(base),
         })
     }
 
@@ -81,23 +81,23 @@ impl NativeIndex {
         queries: PyReadonlyArray2<'py, f32>,
         k: usize,
     ) -> PyResult<Pair<'py>> {
-        let base = self.snapshot()?;
+        let index = self.base.snapshot();
         let dim = queries.shape()[1];
         let values = contiguous(&queries)?;
         let all = py
             .detach(|| MatrixRef::new("queries", values, dim).map(|q| q.rows()))
             .map_err(to_py)?;
-        let per_row = base.len().saturating_mul(dim.max(1));
-        let budget = match base.device() {
-            Ok(Device::Cuda(_)) => GPU_PIECE_WORK,
+        let budget = match index.device() {
+            Device::Cuda(_) => GPU_PIECE_WORK,
             _ => CPU_PIECE_WORK,
         };
-        let piece = (budget / per_row.max(1)).max(MIN_PIECE_ROWS);
+        let per_row = index.len().saturating_mul(dim.max(1)).max(1);
+        let piece = (budget / per_row).max(MIN_PIECE_ROWS);
         if all <= piece {
             let nn = py
                 .detach(|| {
                     let q = MatrixRef::new_unchecked_values("queries", values, dim)?;
-                    base.search(q, k)
+                    index.search(q, k)
                 })
                 .map_err(to_py)?;
             return Ok(to_numpy(py, nn));
@@ -116,7 +116,7 @@ impl NativeIndex {
                         &values[start * dim..end * dim],
                         dim,
                     )?;
-                    base.search(q, k)
+                    index.search(q, k)
                 })
                 .map_err(|e| to_py(errors::shift_rows(e, start)))?;
             out.ids.extend_from_slice(&nn.ids);
@@ -130,14 +130,15 @@ impl NativeIndex {
     #[pyo3(signature = (k, symmetric="auto"))]
     fn graph<'py>(&self, py: Python<'py>, k: usize, symmetric: &str) -> PyResult<Pair<'py>> {
         let symmetric: Symmetry = symmetric.parse().map_err(to_py)?;
-        let base = self.snapshot()?;
+        let base = self.base.clone();
+        let index = base.snapshot();
         // On a thread of its own, so that Ctrl-C returns at once; an interrupted graph
         // finishes there and is dropped.
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name("knn-graph".into())
             .spawn(move || {
-                let _ = tx.send(base.graph(k, symmetric));
+                let _ = tx.send(base.graph(&index, k, symmetric));
             })
             .map_err(|e| PyRuntimeError::new_err(format!("cannot start a thread: {e}")))?;
         let mut rx = rx;
@@ -158,57 +159,90 @@ impl NativeIndex {
     fn add(&self, py: Python<'_>, data: PyReadonlyArray2<'_, f32>) -> PyResult<()> {
         let dim = data.shape()[1];
         let values = contiguous(&data)?;
-        let mut base = self.snapshot()?;
-        py.detach(|| {
-            let rows = MatrixRef::new("added rows", values, dim)?;
-            base.add(rows)
-        })
-        .map_err(to_py)?;
-        *self
-            .base
-            .write()
-            .map_err(|_| PyRuntimeError::new_err("index lock poisoned"))? = base;
-        Ok(())
+        py.detach(|| self.base.add(MatrixRef::new("added rows", values, dim)?))
+            .map_err(to_py)
     }
 
-    fn __len__(&self) -> PyResult<usize> {
-        Ok(self.snapshot()?.len())
+    fn __len__(&self) -> usize {
+        self.base.snapshot().len()
     }
 
     /// Dimension of the points.
     #[getter]
-    fn dim(&self) -> PyResult<usize> {
-        Ok(self.snapshot()?.dim())
+    fn dim(&self) -> usize {
+        self.base.snapshot().dim()
     }
 
     /// The metric's name (`l2`, `cosine`, ..., `expr`).
     #[getter]
-    fn metric(&self) -> PyResult<String> {
-        Ok(self.snapshot()?.metric().name().to_string())
+    fn metric(&self) -> String {
+        self.base.snapshot().metric().name().to_string()
     }
 
     /// The device in use (`cpu`, `cuda:0`, ...).
     #[getter]
-    fn device(&self) -> PyResult<String> {
-        Ok(self.snapshot()?.device().map_err(to_py)?.to_string())
+    fn device(&self) -> String {
+        self.base.device().to_string()
+    }
+
+    /// Whether the index uses the given array's memory in place (no copy of it).
+    #[getter]
+    fn shares_rows(&self) -> bool {
+        matches!(self.base.snapshot().rows(), Rows::Shared(_))
     }
 
     /// A copy of the base rows, `len × dim` float32 (for pickling).
     fn rows<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let base = self.snapshot()?;
-        let (n, d) = (base.len(), base.dim());
-        base.rows().to_vec().into_pyarray(py).reshape([n, d])
+        let index = self.base.snapshot();
+        let (n, d) = (index.len(), index.dim());
+        index
+            .rows()
+            .as_slice()
+            .to_vec()
+            .into_pyarray(py)
+            .reshape([n, d])
     }
 }
 
-impl NativeIndex {
-    /// The base as it is now (rows shared, not copied): calls run on it without holding the
-    /// lock, so `add` waits for no search.
-    fn snapshot(&self) -> PyResult<Base> {
-        self.base
-            .read()
-            .map(|b| b.clone())
-            .map_err(|_| PyRuntimeError::new_err("index lock poisoned"))
+/// A C-contiguous float32 NumPy array used in place as an index's rows.
+struct ArrayRows {
+    /// Keeps the array, and so its buffer, alive (it cannot be resized while referenced).
+    _array: Py<PyArray2<f32>>,
+    data: *const f32,
+    len: usize,
+}
+
+// SAFETY: the rows are only read, through `data`, while `_array` holds a strong reference to
+// the array that owns them (NumPy neither frees nor moves the buffer of a referenced array);
+// `Py` itself may be sent and shared between threads.
+unsafe impl Send for ArrayRows {}
+unsafe impl Sync for ArrayRows {}
+
+impl AsRef<[f32]> for ArrayRows {
+    fn as_ref(&self) -> &[f32] {
+        // SAFETY: `data` points at `len` initialised f32 values kept alive by `_array`.
+        unsafe { std::slice::from_raw_parts(self.data, self.len) }
+    }
+}
+
+impl ArrayRows {
+    /// The rows of `array` in place, or owned empty rows (an empty array's pointer may dangle).
+    fn share(array: Bound<'_, PyArray2<f32>>) -> PyResult<Rows> {
+        if !array.is_c_contiguous() {
+            return Err(PyValueError::new_err(
+                "expected a C-contiguous float32 array",
+            ));
+        }
+        let len = array.len();
+        if len == 0 {
+            return Ok(Rows::Owned(Vec::new()));
+        }
+        let data = array.data() as *const f32;
+        Ok(Rows::Shared(Arc::new(ArrayRows {
+            _array: array.unbind(),
+            data,
+            len,
+        })))
     }
 }
 
