@@ -7,6 +7,7 @@
 //! | [`write_f32`]`(path, None, &table)` | distances, generated data |
 //! | [`write_i64`]`(path, None, &table)` | neighbour ids, labels |
 //! | [`read_f32_from_bytes`], [`read_i64_from_bytes`] | the same parsers on bytes in memory |
+//! | [`read_f32_with`]`(path, &options)`, [`read_i64_with`] | with a CSV header / delimiter, an HDF5 dataset |
 //!
 //! `None` picks the [`Format`] from the extension; `Some(format)` overrides it. Results are
 //! a row-major [`Table`]. Path readers read fvecs, ivecs, bvecs and npy files as a stream,
@@ -33,14 +34,22 @@
 //!   that is short or has bytes left over is an error with the expected and actual byte counts.
 //!   An empty file is an error (an npy file always has a header). Written files are 2-D,
 //!   C order, version 1.0, `<f4` for `f32` and `<i8` for `i64`.
-//! - **CSV** (`.csv`, `.txt`): comma-separated numbers, one row per line, optional spaces or
-//!   quotes around values, `\n` or `\r\n` line ends. If the first line has a cell that is not
-//!   empty and not a number it is a header and is skipped. Blank lines are skipped. Every row
-//!   must have as many cells as the first. `NaN`, `inf`, `-inf` (any case) are read as those
-//!   values; cells that do not parse are errors with line and column (both from 1):
-//!   `x.csv: line 5, column 3: 'abc' is not a number`. An input without data lines reads as 0
-//!   rows. Written files have no header; `f32` values are written in the shortest form that
-//!   reads back to the same value.
+//! - **CSV** (`.csv`, `.txt`): numbers separated by commas, tabs, semicolons or runs of
+//!   spaces (NumPy's `savetxt`), detected from the first lines unless [`CsvOptions`] names the
+//!   [`Delimiter`]; one row per line, optional spaces or quotes around values, `\n` or `\r\n`
+//!   line ends. The first line is a header (skipped) only when none of its cells is a number
+//!   (so `1,NA` is data, and an error), or when [`Header`] says. Blank lines are skipped. Every
+//!   row must have as many cells as the first. `NaN`, `inf`, `-inf` (any case) are read as
+//!   those values (refused with [`CsvOptions::finite_only`]); cells that do not parse are
+//!   errors with line and column (both from 1): `x.csv: line 5, column 3: 'abc' is not a
+//!   number`, with the delimiter to give when the cell holds several numbers. An input without
+//!   data lines reads as 0 rows. Written files have no header; `f32` values are written in the
+//!   shortest form that reads back to the same value.
+//! - **HDF5** (`.hdf5`, `.h5`, or any file that starts with the HDF5 signature; read only,
+//!   see [`hdf5`]): a 1-D or 2-D dataset of any integer or floating-point type, contiguous or
+//!   chunked, deflate- or shuffle-compressed: the one named as `FILE.hdf5:NAME`, else
+//!   [`ReadOptions::dataset`], else the file's only dataset. ann-benchmarks files hold `train`,
+//!   `test`, `neighbors`, `distances` and a `distance` attribute ([`hdf5::file_attribute`]).
 //!
 //! # Value conversions
 //! - Into `f32` ([`read_f32`]): `f32` and `f16` exactly; `f64` rounded to nearest, values beyond
@@ -419,6 +428,9 @@ fn make_spill_file(dir: &Path) -> std::io::Result<std::fs::File> {
 /// place. `Ok(None)` for every other file (read those with [`read_f32`], which also names what
 /// is wrong with a bad file); an error only when the file cannot be opened.
 pub fn map_f32(path: &Path, format: Option<Format>) -> Result<Option<MappedF32>, IoError> {
+    if format.is_none() && hdf5::parse(path).is_some() {
+        return Ok(None);
+    }
     if !cfg!(target_endian = "little") || resolve(path, format)? != Format::Npy {
         return Ok(None);
     }
