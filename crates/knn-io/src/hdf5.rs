@@ -137,9 +137,23 @@ fn root_cause(e: &hdf5_reader::error::Error) -> &hdf5_reader::error::Error {
     }
 }
 
+/// Reader limits from the file's size: nothing a damaged header claims can make a read
+/// allocate more than the file could hold (see [`MAX_EXPANSION`]).
+fn options(file_len: u64) -> OpenOptions {
+    let limit = read_limit(file_len);
+    let mut options = OpenOptions::default()
+        .with_max_read_bytes(limit)
+        .with_max_chunk_bytes(limit.min(hdf5_reader::DEFAULT_MAX_CHUNK_BYTES));
+    // No object header is larger than the file.
+    options.max_object_header_bytes = options
+        .max_object_header_bytes
+        .min(usize::try_from(file_len).unwrap_or(usize::MAX).max(1 << 12));
+    options
+}
+
 fn open(path: &Path, file_len: u64) -> Result<Opened, IoError> {
     let name = path.display().to_string();
-    let options = OpenOptions::default().with_max_read_bytes(read_limit(file_len));
+    let options = options(file_len);
     let file = match std::fs::metadata(path) {
         Err(e) => return Err(IoError::io(&name, e)),
         Ok(m) if m.is_dir() => return Err(IoError::invalid(&name, "is a directory, not a file")),
@@ -150,8 +164,7 @@ fn open(path: &Path, file_len: u64) -> Result<Opened, IoError> {
 }
 
 fn open_bytes(bytes: &[u8], name: &str) -> Result<Opened, IoError> {
-    let options = OpenOptions::default().with_max_read_bytes(read_limit(bytes.len() as u64));
-    let file = Hdf5File::from_bytes_with_options(bytes, options).map_err(|e| unreadable(name, e))?;
+    let file = Hdf5File::from_bytes_with_options(bytes, options(bytes.len() as u64)).map_err(|e| unreadable(name, e))?;
     Ok(Opened {
         file,
         name: name.to_owned(),

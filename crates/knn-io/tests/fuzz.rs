@@ -3,7 +3,10 @@
 
 mod common;
 
-use knn_io::{read_f32, read_f32_from_bytes, read_i64, read_i64_from_bytes, Format};
+use knn_io::{
+    hdf5, read_csv_f32_from_bytes, read_f32, read_f32_from_bytes, read_i64, read_i64_from_bytes,
+    CsvOptions, Delimiter, Format, Header,
+};
 use proptest::prelude::*;
 
 /// Runs both readers on `bytes` in `format`; any `Ok` must be a consistent table.
@@ -285,5 +288,102 @@ proptest! {
             apply(&mut bytes, m);
         }
         path_reads_like_bytes(&bytes, format);
+    }
+}
+
+/// The HDF5 files h5py wrote for the tests (`tests/data/make_hdf5.py`).
+fn hdf5_file() -> impl Strategy<Value = Vec<u8>> {
+    prop::sample::select(vec!["ann.hdf5", "angular.hdf5", "latest.hdf5"]).prop_map(|name| {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data")
+            .join(name);
+        std::fs::read(path).unwrap()
+    })
+}
+
+/// Every dataset of the test files, and names that are none, read both ways.
+fn read_hdf5_all_ways(bytes: &[u8]) {
+    for dataset in [
+        None,
+        Some("train"),
+        Some("test"),
+        Some("neighbors"),
+        Some("distances"),
+        Some("grp/ids"),
+        Some("half"),
+        Some("cube"),
+        Some("names"),
+        Some("nope"),
+    ] {
+        match hdf5::read_f32_from_bytes(bytes, dataset, "fuzz") {
+            Ok(t) => assert!(t.is_consistent(), "{dataset:?}"),
+            Err(e) => assert!(e.to_string().starts_with("fuzz: "), "{e}"),
+        }
+        match hdf5::read_i64_from_bytes(bytes, dataset, "fuzz") {
+            Ok(t) => assert!(t.is_consistent(), "{dataset:?}"),
+            Err(e) => assert!(e.to_string().starts_with("fuzz: "), "{e}"),
+        }
+    }
+}
+
+fn csv_options() -> impl Strategy<Value = CsvOptions> {
+    let header = prop::sample::select(vec![Header::Auto, Header::Present, Header::Absent]);
+    let delimiter = prop::sample::select(vec![
+        None,
+        Some(Delimiter::Byte(b',')),
+        Some(Delimiter::Byte(b';')),
+        Some(Delimiter::Byte(b'\t')),
+        Some(Delimiter::Byte(b'|')),
+        Some(Delimiter::Whitespace),
+    ]);
+    (header, delimiter, any::<bool>()).prop_map(|(header, delimiter, finite_only)| CsvOptions {
+        header,
+        delimiter,
+        finite_only,
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_bytes_never_panic_the_hdf5_reader(
+        bytes in prop::collection::vec(any::<u8>(), 0..2000),
+        signature in any::<bool>(),
+    ) {
+        let mut bytes = bytes;
+        if signature {
+            // Past the signature check, into the superblock parser.
+            bytes.splice(0..0, *b"\x89HDF\r\n\x1a\n");
+        }
+        read_hdf5_all_ways(&bytes);
+    }
+
+    #[test]
+    fn mutated_hdf5_files_never_panic(
+        bytes in hdf5_file(),
+        mutations in prop::collection::vec(mutation(), 1..8),
+    ) {
+        let mut bytes = bytes;
+        for m in &mutations {
+            apply(&mut bytes, m);
+        }
+        read_hdf5_all_ways(&bytes);
+    }
+
+    #[test]
+    fn random_text_with_any_options_never_panics(
+        text in "[0-9a-zA-Z ,;|.\\-+eE\"\t\r\n]{0,300}",
+        options in csv_options(),
+    ) {
+        match read_csv_f32_from_bytes(text.as_bytes(), &options, "fuzz") {
+            Ok(t) => {
+                prop_assert!(t.is_consistent());
+                if options.finite_only {
+                    prop_assert!(t.data.iter().all(|v| v.is_finite()));
+                }
+            }
+            Err(e) => prop_assert!(e.to_string().starts_with("fuzz: "), "{}", e),
+        }
     }
 }
