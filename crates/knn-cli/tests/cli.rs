@@ -198,7 +198,7 @@ fn bad_input_errors_name_the_problem() {
         2,
     );
     assert!(
-        e.contains("nan.csv") && e.contains("row 1") && e.contains("column 1"),
+        e.contains("nan.csv") && e.contains("line 2, column 2"),
         "{e}"
     );
     let e = fails(
@@ -256,7 +256,7 @@ fn bench_small_and_info() {
         "cpu",
     ]);
     assert!(
-        t.contains("cpu") && t.contains("PASSED") && !t.contains("FAILED"),
+        t.contains("brute force, CPU") && t.contains("PASSED") && !t.contains("FAILED"),
         "{t}"
     );
     let i = ok(&["info"]);
@@ -310,7 +310,7 @@ fn grid_and_brute_agree_in_low_dimensions() {
         &p(dir.path(), "auto.npy"),
     ]);
     assert!(
-        auto.contains("on grid"),
+        auto.contains("exact grid on the CPU"),
         "auto picks the grid for d=3:\n{auto}"
     );
     let brute = ok(&[
@@ -328,7 +328,7 @@ fn grid_and_brute_agree_in_low_dimensions() {
         "-o",
         &p(dir.path(), "brute.csv"),
     ]);
-    assert!(brute.contains("on cpu"), "{brute}");
+    assert!(brute.contains("brute force on the CPU"), "{brute}");
     // Same ids (exact, ties by id), both formats.
     let grid_ids = std::fs::read(p(dir.path(), "auto.npy")).unwrap();
     ok(&[
@@ -470,7 +470,10 @@ fn classify_seed_csv_batch_and_sequential() {
         "--quiet",
     ]);
     assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 50);
-    assert_eq!(std::fs::read_to_string(&proba).unwrap().lines().count(), 50);
+    // A header naming the classes, then one row per point.
+    let proba_text = std::fs::read_to_string(&proba).unwrap();
+    assert_eq!(proba_text.lines().count(), 51);
+    assert!(proba_text.starts_with("0,1,2"), "{proba_text}");
     let e = fails(
         &[
             "classify", "--train", &train, "--labels", &labels, "-q", &queries, "-o", &out,
@@ -746,7 +749,7 @@ fn metric_expr_errors_point_at_the_column() {
     };
     let e = run("acc + sqr(x - y)");
     assert!(
-        e.contains("--metric-expr: column 7: unknown function 'sqr'")
+        e.contains("metric expression: column 7: unknown function 'sqr'")
             && e.contains("    acc + sqr(x - y)\n          ^^^"),
         "{e}"
     );
