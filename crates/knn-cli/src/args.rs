@@ -67,9 +67,11 @@ pub struct EngineArgs {
 #[derive(Args, Debug, Clone)]
 pub struct MetricArgs {
     /// Metric: l2 (euclidean), sqeuclidean, ip (inner product, largest first), cosine,
-    /// l1 (manhattan), linf (chebyshev), hellinger (inputs >= 0), mahalanobis.
-    #[arg(long, short = 'm', default_value = "l2")]
-    pub metric: String,
+    /// l1 (manhattan), linf (chebyshev), hellinger (inputs >= 0), mahalanobis. Default: l2,
+    /// or what an HDF5 input's `distance` attribute says (ann-benchmarks: euclidean is l2,
+    /// angular is cosine).
+    #[arg(long, short = 'm', value_name = "METRIC")]
+    pub metric: Option<String>,
     /// For mahalanobis: a d×d covariance file (default: estimated from the base points).
     #[arg(long)]
     pub covariance: Option<PathBuf>,
@@ -85,6 +87,24 @@ pub struct MetricArgs {
     /// column of the operation.
     #[arg(long, value_name = "EXPR", conflicts_with = "metric")]
     pub metric_expr: Option<String>,
+}
+
+/// How CSV and other text inputs are read.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TextArgs {
+    /// The first line of text inputs holds column names: skip it. Without --header or
+    /// --no-header, the first line is skipped only when none of its fields is a number.
+    #[arg(long, conflicts_with = "no_header")]
+    pub header: bool,
+    /// The first line of text inputs is data, even when it holds no number (then it is an
+    /// error naming the field).
+    #[arg(long)]
+    pub no_header: bool,
+    /// What separates the values on a line of a text input: ',' ';' '|' (any one character),
+    /// tab, or space (runs of spaces and tabs, as NumPy's savetxt writes). Default: found from
+    /// the first lines (comma, tab, semicolon or spaces).
+    #[arg(long, value_name = "CHAR")]
+    pub delimiter: Option<String>,
 }
 
 /// Where results go.
@@ -122,12 +142,13 @@ pub struct OutputArgs {
 
 #[derive(Args, Debug)]
 pub struct SearchArgs {
-    /// Base points (.fvecs, .bvecs, .ivecs, .npy, .csv); `-` reads standard input (npy or
-    /// CSV, or the --input-format).
+    /// Base points (.fvecs, .bvecs, .ivecs, .npy, .csv, .hdf5); `-` reads standard input (npy
+    /// or CSV, or the --input-format). From an HDF5 file its dataset `train` (ann-benchmarks),
+    /// or the one named as FILE.hdf5:NAME.
     #[arg(long, short = 'b')]
     pub base: PathBuf,
     /// Query points, same dimension as the base (a 2-D array: one row per query); `-` reads
-    /// standard input.
+    /// standard input. From an HDF5 file its dataset `test`, or FILE.hdf5:NAME.
     #[arg(long, short = 'q')]
     pub queries: PathBuf,
     /// Neighbours per query (1 ..= number of base points).
@@ -136,6 +157,8 @@ pub struct SearchArgs {
     /// Input format, overriding the extensions (fvecs, ivecs, bvecs, npy, csv).
     #[arg(long)]
     pub input_format: Option<String>,
+    #[command(flatten)]
+    pub text: TextArgs,
     #[command(flatten)]
     pub metric: MetricArgs,
     #[command(flatten)]
@@ -146,7 +169,8 @@ pub struct SearchArgs {
 
 #[derive(Args, Debug)]
 pub struct GraphArgs {
-    /// The points (.fvecs, .bvecs, .ivecs, .npy, .csv).
+    /// The points (.fvecs, .bvecs, .ivecs, .npy, .csv, .hdf5: its dataset `train`, or the one
+    /// named as FILE.hdf5:NAME).
     #[arg(long, short = 'p')]
     pub points: PathBuf,
     /// Neighbours per point (1 ..= points − 1).
@@ -155,6 +179,8 @@ pub struct GraphArgs {
     /// Input format, overriding the extension.
     #[arg(long)]
     pub input_format: Option<String>,
+    #[command(flatten)]
+    pub text: TextArgs,
     /// Compute each unordered pair once and fold it into both points' lists: auto (wherever
     /// it was measured faster: on the CPU 64 points or more, its lists under 1 GiB, and not
     /// l2-type metrics at d <= 64 on CPUs with the int8 kernel; on one GPU 10 000 points or
@@ -214,18 +240,24 @@ pub struct VerifyArgs {
     /// Result distances (default: next to the ids, as written by `knn search`).
     #[arg(long)]
     pub result_distances: Option<PathBuf>,
-    /// Ground-truth ids (.ivecs or .npy): plain id recall of the first k columns.
+    /// Ground-truth ids (.ivecs, .npy, .csv): id recall of the first k columns. An HDF5 file
+    /// (ann-benchmarks) gives its `neighbors` and `distances`: a result id the truth lists
+    /// after the k-th still counts when its true distance ties the k-th (within 1e-3, as
+    /// ann-benchmarks counts ties).
     #[arg(long, short = 't')]
     pub truth: Option<PathBuf>,
-    /// Base points: recompute the truth exactly (f64 oracle) and check tie-aware.
+    /// Base points: recompute the truth exactly (f64 oracle) and check tie-aware (HDF5: its
+    /// `train`).
     #[arg(long, short = 'b')]
     pub base: Option<PathBuf>,
-    /// Query points (with --base); omit for a graph (self-join) result.
+    /// Query points (with --base; HDF5: its `test`); omit for a graph (self-join) result.
     #[arg(long, short = 'q')]
     pub queries: Option<PathBuf>,
     /// Required recall (0..1) for exit code 0.
     #[arg(long, default_value_t = 1.0)]
     pub min_recall: f64,
+    #[command(flatten)]
+    pub text: TextArgs,
     #[command(flatten)]
     pub metric: MetricArgs,
 }

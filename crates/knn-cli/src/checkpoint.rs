@@ -45,6 +45,12 @@ fn install_handler() {
 pub fn fingerprint(command: &str, k: usize, metric: &str, inputs: &[&Path]) -> Result<u64> {
     let mut parts: Vec<String> = vec![command.into(), k.to_string(), metric.into()];
     for p in inputs {
+        // `data.hdf5:test` names a dataset of the file `data.hdf5`.
+        let (p, dataset) = match knn_io::hdf5::parse(p) {
+            Some(h) => (h.file, h.dataset.unwrap_or_default()),
+            None => (p.to_path_buf(), String::new()),
+        };
+        let p = p.as_path();
         let meta = std::fs::metadata(p).with_context(|| format!("reading {}", p.display()))?;
         let canon = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
         let mtime = meta
@@ -52,7 +58,12 @@ pub fn fingerprint(command: &str, k: usize, metric: &str, inputs: &[&Path]) -> R
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_nanos());
-        parts.push(format!("{}|{}|{}", canon.display(), meta.len(), mtime));
+        parts.push(format!(
+            "{}{dataset}|{}|{}",
+            canon.display(),
+            meta.len(),
+            mtime
+        ));
     }
     // FNV-1a over the parts: stable across runs and machines.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;

@@ -1,10 +1,10 @@
 //! Reading inputs, writing results, and `knn generate`.
 
-use crate::args::GenerateArgs;
-use anyhow::{bail, Result};
+use crate::args::{GenerateArgs, TextArgs};
+use anyhow::{bail, Context, Result};
 use knn::synth::{generate as synth, Distribution};
 use knn::{Matrix, MatrixRef};
-use knn_io::{Format, Table};
+use knn_io::{CsvOptions, Delimiter, Format, Header, ReadOptions, Table};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -46,7 +46,8 @@ impl Points {
 
 /// Loads points for search and graph: float32 `.npy` files are mapped in place, record files
 /// too large for memory go through a mapped temporary copy, others are read.
-pub fn load_points(path: &Path, format: Option<Format>) -> Result<Points> {
+pub fn load_points(path: &Path, options: &ReadOptions) -> Result<Points> {
+    let format = options.format;
     let mapped = match knn_io::map_f32(path, format)? {
         Some(m) => Some(m),
         None if spill(path, format) => knn_io::spill_f32(path, format, &std::env::temp_dir())?,
@@ -57,7 +58,166 @@ pub fn load_points(path: &Path, format: Option<Format>) -> Result<Points> {
         MatrixRef::new(&name, m.values(), m.cols())?; // NaN/inf named by row and column
         return Ok(Points::Mapped(m));
     }
-    load_matrix(path, format).map(Points::Owned)
+    load_matrix_with(path, options).map(Points::Owned)
+}
+
+/// What the command line says about reading the points of `role` (an HDF5 file's dataset:
+/// `train` for base points, `test` for queries): the format (`None`: from the name), the
+/// text flags, and NaN or infinities refused where they are (line and column in text files).
+pub fn input_options(
+    format: &Option<String>,
+    text: &TextArgs,
+    dataset: Option<&str>,
+) -> Result<ReadOptions> {
+    let header = match (text.header, text.no_header) {
+        (true, _) => Header::Present,
+        (_, true) => Header::Absent,
+        _ => Header::Auto,
+    };
+    let delimiter = text
+        .delimiter
+        .as_deref()
+        .map(|d| {
+            d.parse::<Delimiter>()
+                .map_err(|e| anyhow::anyhow!("--delimiter: {e}"))
+        })
+        .transpose()?;
+    Ok(ReadOptions {
+        format: parse_format(format)?,
+        csv: CsvOptions {
+            header,
+            delimiter,
+            finite_only: true,
+        },
+        dataset: dataset.map(str::to_owned),
+    })
+}
+
+/// The HDF5 dataset base points are read from when the file name names none (ann-benchmarks).
+pub const BASE_DATASET: &str = "train";
+/// The HDF5 dataset queries are read from when the file name names none (ann-benchmarks).
+pub const QUERY_DATASET: &str = "test";
+
+/// The metric the `distance` attribute of the HDF5 files among `inputs` names, for when
+/// neither `-m` nor `--metric-expr` is given (ann-benchmarks: `euclidean`, `angular`).
+pub fn metric_of_inputs(inputs: &[&Path]) -> Result<Option<String>> {
+    let mut found: Option<(String, String)> = None;
+    for input in inputs {
+        let Some(h) = knn_io::hdf5::parse(input) else {
+            continue;
+        };
+        let Some(distance) = knn_io::hdf5::file_attribute(&h.file, "distance")? else {
+            continue;
+        };
+        let file = h.file.display().to_string();
+        let metric = match distance.to_ascii_lowercase().as_str() {
+            "euclidean" | "l2" => "l2",
+            "angular" | "cosine" => "cosine",
+            "sqeuclidean" => "sqeuclidean",
+            "manhattan" | "l1" | "cityblock" => "l1",
+            "chebyshev" | "linf" => "linf",
+            "ip" | "dot" | "inner_product" => "ip",
+            "hellinger" => "hellinger",
+            _ => bail!(
+                "{file}: its distance attribute says '{distance}', a metric knn does not \
+                 compute; give one with -m (l2, cosine, ip, l1, linf, ...)"
+            ),
+        };
+        match &found {
+            Some((m, other)) if m != metric => bail!(
+                "{other} and {file} name different metrics in their distance attributes; give \
+                 one with -m"
+            ),
+            Some(_) => {}
+            None => found = Some((metric.to_owned(), file)),
+        }
+    }
+    Ok(found.map(|(m, _)| m))
+}
+
+/// Ground truth to compare a result with: ids, and distances when the file has them (an
+/// HDF5 file of ann-benchmarks: its `neighbors` and `distances`).
+pub struct Truth {
+    pub ids: Table<i64>,
+    pub distances: Option<Table<f32>>,
+}
+
+/// Reads `--truth`: ids of any id format; from an HDF5 file its `neighbors` (int32 or int64)
+/// and, when present, its `distances` of the same shape.
+pub fn load_truth(path: &Path) -> Result<Truth> {
+    let Some(h) = knn_io::hdf5::parse(path) else {
+        return Ok(Truth {
+            ids: knn_io::read_i64(path, None)?,
+            distances: None,
+        });
+    };
+    if let Some(dataset) = &h.dataset {
+        let ids = knn_io::read_i64_with(path, &ReadOptions::default())
+            .with_context(|| format!("ids of {}:{dataset}", h.file.display()))?;
+        return Ok(Truth {
+            ids,
+            distances: None,
+        });
+    }
+    let named = |d: &str| ReadOptions {
+        dataset: Some(d.to_owned()),
+        ..ReadOptions::default()
+    };
+    let ids = knn_io::read_i64_with(path, &named("neighbors"))?;
+    let distances = if knn_io::hdf5::has_dataset(&h.file, "distances")? {
+        let d = knn_io::read_f32_with(path, &named("distances"))?;
+        if (d.rows, d.cols) != (ids.rows, ids.cols) {
+            bail!(
+                "{}: distances is {} x {} but neighbors is {} x {}",
+                h.file.display(),
+                d.rows,
+                d.cols,
+                ids.rows,
+                ids.cols
+            );
+        }
+        Some(d)
+    } else {
+        None
+    };
+    Ok(Truth { ids, distances })
+}
+
+/// Absolute slack on the true k-th distance within which a listed neighbour counts as a tie
+/// (ann-benchmarks' own, its `knn_threshold`).
+pub const TIE_EPSILON: f64 = 1e-3;
+
+/// Recall of `result` (its first k columns) against `truth` with ties, from the truth alone
+/// (the result's own distances are not trusted): an entry counts when its id is among the
+/// true k, or is listed further on in the truth's row at a distance no more than the true
+/// k-th plus [`TIE_EPSILON`] (a tie the truth broke otherwise). The fraction of all entries.
+pub fn recall_with_ties(
+    result: &knn::Neighbors,
+    truth: &Table<i64>,
+    distances: &Table<f32>,
+) -> f64 {
+    let k = result.k;
+    if k == 0 || result.rows() == 0 {
+        return 1.0;
+    }
+    let mut hits = 0usize;
+    for i in 0..result.rows() {
+        let (ids, dist) = (truth.row(i), distances.row(i));
+        let kth = f64::from(dist[k - 1]) + TIE_EPSILON;
+        let tied = ids
+            .iter()
+            .zip(dist)
+            .enumerate()
+            .take_while(|&(j, (_, &d))| j < k || f64::from(d) <= kth)
+            .map(|(_, (&id, _))| id)
+            .collect::<Vec<i64>>();
+        hits += result
+            .ids_of(i)
+            .iter()
+            .filter(|&&id| tied.contains(&i64::from(id)))
+            .count();
+    }
+    hits as f64 / (result.rows() * k) as f64
 }
 
 /// Whether an fvecs/ivecs/bvecs file is read through a temporary float32 copy on disk (in the
@@ -90,7 +250,24 @@ fn available_memory() -> Option<u64> {
 
 /// Reads a matrix of points into memory, validated (NaN/inf named by file, row, column).
 pub fn load_matrix(path: &Path, format: Option<Format>) -> Result<Matrix> {
-    let t = knn_io::read_f32(path, format)?;
+    let csv = CsvOptions {
+        finite_only: true,
+        ..CsvOptions::default()
+    };
+    load_matrix_with(
+        path,
+        &ReadOptions {
+            format,
+            csv,
+            dataset: None,
+        },
+    )
+}
+
+/// [`load_matrix`] with everything the command line says about the file; NaN and infinities
+/// in a text file are named by line and column, in other files by row and column.
+pub fn load_matrix_with(path: &Path, options: &ReadOptions) -> Result<Matrix> {
+    let t = knn_io::read_f32_with(path, options)?;
     let name = path.display().to_string();
     if t.rows == 0 {
         bail!("{name}: no points in the file");

@@ -2,14 +2,16 @@
 
 use crate::args::{EngineArgs, GraphArgs, MetricArgs, OutputArgs, SearchArgs, VerifyArgs};
 use crate::checkpoint::{self, chunk_rows, Checkpointed};
-use crate::data::{load_matrix, load_points, parse_format, Points};
+use crate::data::{
+    input_options, load_matrix, load_points, parse_format, Points, BASE_DATASET, QUERY_DATASET,
+};
 use crate::output::{distances_path, is_std_stream, Plan};
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
 use knn::{
     Covariance, Device, Knn, KnnError, Method, Metric, MetricExpr, Neighbors, Options, Symmetry,
 };
-use knn_io::{Format, IoError};
+use knn_io::{Format, IoError, ReadOptions};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -23,7 +25,7 @@ pub fn metric(a: &MetricArgs) -> Result<Metric> {
         let e = MetricExpr::parse(text).map_err(|e| anyhow::anyhow!("metric expression: {e}"))?;
         return Ok(Metric::Expr(Arc::new(e)));
     }
-    let m: Metric = a.metric.parse()?;
+    let m: Metric = a.metric.as_deref().unwrap_or("l2").parse()?;
     match (&m, &a.covariance) {
         (Metric::Mahalanobis(_), Some(p)) => {
             let c = load_matrix(p, None).context("covariance")?;
@@ -32,6 +34,20 @@ pub fn metric(a: &MetricArgs) -> Result<Metric> {
         (_, Some(_)) => bail!("--covariance is only for --metric mahalanobis"),
         _ => Ok(m),
     }
+}
+
+/// [`metric`], where the `distance` attribute of HDF5 inputs (ann-benchmarks) is the default
+/// when neither `-m` nor `--metric-expr` is given.
+fn metric_for(a: &MetricArgs, inputs: &[&Path]) -> Result<Metric> {
+    if a.metric.is_none() && a.metric_expr.is_none() {
+        if let Some(name) = crate::data::metric_of_inputs(inputs)? {
+            return metric(&MetricArgs {
+                metric: Some(name),
+                ..a.clone()
+            });
+        }
+    }
+    metric(a)
 }
 
 pub fn engine(a: &EngineArgs) -> Result<Knn> {
@@ -246,18 +262,19 @@ fn compute(
 fn metric_tag(a: &MetricArgs) -> String {
     match &a.metric_expr {
         Some(e) => format!("expr:{e}"),
-        None => a.metric.to_ascii_lowercase(),
+        None => a.metric.as_deref().unwrap_or("l2").to_ascii_lowercase(),
     }
 }
 
 /// Reads the points of `path` for search and graph; `-` is standard input (read whole, at
 /// most once: `stdin_taken`). A 1-D npy array is refused with scikit-learn's hint.
-fn read_points(path: &Path, format: Option<Format>, stdin_taken: &mut bool) -> Result<Points> {
+fn read_points(path: &Path, options: &ReadOptions, stdin_taken: &mut bool) -> Result<Points> {
+    let format = options.format;
     if !is_std_stream(path) {
         if let Ok(dims) = knn_io::array_dims(path, format) {
             refuse_one_d(dims, &path.display().to_string())?;
         }
-        return load_points(path, format).map_err(input_format_hint);
+        return load_points(path, options).map_err(input_format_hint);
     }
     if std::mem::replace(stdin_taken, true) {
         bail!("only one input can be read from standard input (-); give the other as a file");
@@ -276,7 +293,10 @@ fn read_points(path: &Path, format: Option<Format>, stdin_taken: &mut bool) -> R
         ),
     };
     refuse_one_d(knn_io::array_dims_from_bytes(&bytes, format, name), name)?;
-    let t = knn_io::read_f32_from_bytes(&bytes, format, name)?;
+    let t = match format {
+        Format::Csv => knn_io::read_csv_f32_from_bytes(&bytes, &options.csv, name)?,
+        _ => knn_io::read_f32_from_bytes(&bytes, format, name)?,
+    };
     if t.rows == 0 {
         bail!("{name}: no points");
     }
@@ -381,14 +401,15 @@ pub fn in_words(name: &str) -> String {
 }
 
 pub fn search(a: &SearchArgs, quiet: bool) -> Result<ExitCode> {
-    let fmt = parse_format(&a.input_format)?;
+    let base_options = input_options(&a.input_format, &a.text, Some(BASE_DATASET))?;
+    let query_options = input_options(&a.input_format, &a.text, Some(QUERY_DATASET))?;
     let mut inputs: Vec<&Path> = vec![&a.base, &a.queries];
     inputs.extend(a.metric.covariance.as_deref());
     let plan = plan(&a.out, &inputs)?;
     let mut stdin_taken = false;
-    let base = read_points(&a.base, fmt, &mut stdin_taken)?;
-    let queries = read_points(&a.queries, fmt, &mut stdin_taken)?;
-    let metric = metric(&a.metric)?;
+    let base = read_points(&a.base, &base_options, &mut stdin_taken)?;
+    let queries = read_points(&a.queries, &query_options, &mut stdin_taken)?;
+    let metric = metric_for(&a.metric, &[&a.base, &a.queries])?;
     let knn = engine(&a.engine)?;
     let Some((nn, times)) = compute(
         "search",
@@ -428,8 +449,9 @@ pub fn graph(a: &GraphArgs, quiet: bool) -> Result<ExitCode> {
     let mut inputs: Vec<&Path> = vec![&a.points];
     inputs.extend(a.metric.covariance.as_deref());
     let plan = plan(&a.out, &inputs)?;
-    let points = read_points(&a.points, parse_format(&a.input_format)?, &mut false)?;
-    let metric = metric(&a.metric)?;
+    let options = input_options(&a.input_format, &a.text, Some(BASE_DATASET))?;
+    let points = read_points(&a.points, &options, &mut false)?;
+    let metric = metric_for(&a.metric, &[&a.points])?;
     let symmetric: Symmetry = a.symmetric.parse().context("--symmetric")?;
     let knn = engine_with_symmetry(&a.engine, symmetric)?;
     let n = points.rows();
@@ -512,7 +534,10 @@ pub fn verify(a: &VerifyArgs, quiet: bool) -> Result<ExitCode> {
     let k = result.k;
     let mut ok = true;
     if let Some(t) = &a.truth {
-        let truth = knn_io::read_i64(t, None)?;
+        let crate::data::Truth {
+            ids: truth,
+            distances,
+        } = crate::data::load_truth(t)?;
         if truth.rows != result.rows() || truth.cols < k {
             bail!(
                 "{} has {} rows of {} ids; the result has {} rows of k={}",
@@ -529,20 +554,37 @@ pub fn verify(a: &VerifyArgs, quiet: bool) -> Result<ExitCode> {
             .map(|&v| v.clamp(0, u32::MAX as i64) as u32)
             .collect();
         let recall = knn::id_recall(&result, &ids, truth.cols);
-        ok &= recall >= a.min_recall;
-        println!(
-            "id recall against {}: {recall:.6} (ties not recognised without the data)",
-            t.display()
-        );
+        match &distances {
+            Some(d) => {
+                let with_ties = crate::data::recall_with_ties(&result, &truth, d);
+                ok &= with_ties >= a.min_recall;
+                println!(
+                    "id recall against {}: {recall:.6}; with ties (ids the truth lists after \
+                     the k-th, within {} of its distance, count too): {with_ties:.6}",
+                    t.display(),
+                    crate::data::TIE_EPSILON
+                );
+            }
+            None => {
+                ok &= recall >= a.min_recall;
+                println!(
+                    "id recall against {}: {recall:.6} (ties not recognised without the data)",
+                    t.display()
+                );
+            }
+        }
     }
     if let Some(b) = &a.base {
-        let base = load_points(b, None)?;
+        let base = load_points(b, &input_options(&None, &a.text, Some(BASE_DATASET))?)?;
+        let query_options = input_options(&None, &a.text, Some(QUERY_DATASET))?;
         let queries = a
             .queries
             .as_ref()
-            .map(|q| load_points(q, None))
+            .map(|q| load_points(q, &query_options))
             .transpose()?;
-        let metric = metric(&a.metric)?;
+        let mut inputs: Vec<&Path> = vec![b];
+        inputs.extend(a.queries.as_deref());
+        let metric = metric_for(&a.metric, &inputs)?;
         let t0 = Instant::now();
         let rep = knn::check(
             base.view(),

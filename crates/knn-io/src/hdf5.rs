@@ -118,12 +118,12 @@ impl Opened {
             };
         };
         self.file.dataset(wanted).map_err(|e| match root_cause(&e) {
-            hdf5_reader::error::Error::DatasetNotFound(_) | hdf5_reader::error::Error::GroupNotFound(_) => self
-                .invalid(format!(
-                    "no dataset '{wanted}' (the file holds {}; name one as {}:NAME)",
-                    self.listing(),
-                    self.name
-                )),
+            hdf5_reader::error::Error::DatasetNotFound(_)
+            | hdf5_reader::error::Error::GroupNotFound(_) => self.invalid(format!(
+                "no dataset '{wanted}' (the file holds {}; name one as {}:NAME)",
+                self.listing(),
+                self.name
+            )),
             _ => self.invalid(format!("dataset '{wanted}': {e}")),
         })
     }
@@ -164,7 +164,8 @@ fn open(path: &Path, file_len: u64) -> Result<Opened, IoError> {
 }
 
 fn open_bytes(bytes: &[u8], name: &str) -> Result<Opened, IoError> {
-    let file = Hdf5File::from_bytes_with_options(bytes, options(bytes.len() as u64)).map_err(|e| unreadable(name, e))?;
+    let file = Hdf5File::from_bytes_with_options(bytes, options(bytes.len() as u64))
+        .map_err(|e| unreadable(name, e))?;
     Ok(Opened {
         file,
         name: name.to_owned(),
@@ -179,9 +180,10 @@ fn unreadable(name: &str, e: hdf5_reader::error::Error) -> IoError {
     match e {
         hdf5_reader::error::Error::Io(e) => IoError::io(name, e),
         hdf5_reader::error::Error::Context { source, .. } => unreadable(name, *source),
-        hdf5_reader::error::Error::InvalidMagic => {
-            IoError::invalid(name, "not an HDF5 file (its first bytes are not the HDF5 signature)")
-        }
+        hdf5_reader::error::Error::InvalidMagic => IoError::invalid(
+            name,
+            "not an HDF5 file (its first bytes are not the HDF5 signature)",
+        ),
         e => IoError::invalid(name, format!("not a readable HDF5 file: {e}")),
     }
 }
@@ -292,15 +294,18 @@ fn read_dataset<T: Element>(
     } else {
         let raw = ds.read_raw_bytes().map_err(fail)?;
         if raw.len() != bytes {
-            return Err(bad(format!("decoded {} bytes, expected {bytes}", raw.len())));
+            return Err(bad(format!(
+                "decoded {} bytes, expected {bytes}",
+                raw.len()
+            )));
         }
         let mut scratch = Vec::new();
-        read_elements(&mut raw.as_slice(), dtype, count, &mut out, &mut scratch).map_err(
-            |e| match e {
+        read_elements(&mut raw.as_slice(), dtype, count, &mut out, &mut scratch).map_err(|e| {
+            match e {
                 ReadError::Io(e) => IoError::io(&h.name, e),
                 ReadError::Bad(k, v) => bad(format!("element [{}, {}]: {v}", k / cols, k % cols)),
-            },
-        )?;
+            }
+        })?;
     }
     Ok(Table::new(out, rows, cols))
 }

@@ -181,7 +181,11 @@ fn zero_column_rows_cannot_be_written() {
     );
 }
 
-fn with(text: &str, header: Header, delimiter: Option<&str>) -> Result<Table<f32>, knn_io::IoError> {
+fn with(
+    text: &str,
+    header: Header,
+    delimiter: Option<&str>,
+) -> Result<Table<f32>, knn_io::IoError> {
     let options = CsvOptions {
         header,
         delimiter: delimiter.map(|d| d.parse().unwrap()),
@@ -239,7 +243,11 @@ fn delimiters_are_detected() {
         ("spaces with a header", "# x y z\n1 2.5 -3\n4 5 6e-3\n"),
     ] {
         let t = f32s(text).unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert_eq!((t.rows, t.cols, t.data.as_slice()), (2, 3, &want[..]), "{what}");
+        assert_eq!(
+            (t.rows, t.cols, t.data.as_slice()),
+            (2, 3, &want[..]),
+            "{what}"
+        );
     }
     // One column: one value per line, whatever the delimiter.
     let t = f32s("1\n2\n3\n").unwrap();
@@ -272,7 +280,9 @@ fn delimiter_option_overrides_detection() {
         &["--delimiter tab"],
     );
     // A cell that is not a number and holds no numbers gets no hint.
-    let e = with("1,abc\n", Header::Absent, None).unwrap_err().to_string();
+    let e = with("1,abc\n", Header::Absent, None)
+        .unwrap_err()
+        .to_string();
     assert!(!e.contains("--delimiter"), "{e}");
 }
 
@@ -308,7 +318,10 @@ fn non_finite_values_are_refused_by_line_and_column_when_asked() {
         read("x,y\n1,2\n\n3,NaN\n"),
         &["x.csv: line 4, column 2: 'NaN' is not a finite number"],
     );
-    assert_err(read("-inf 1\n"), &["x.csv: line 1, column 1: '-inf' is not a finite"]);
+    assert_err(
+        read("-inf 1\n"),
+        &["x.csv: line 1, column 1: '-inf' is not a finite"],
+    );
     assert_eq!(read("1,2\n").unwrap().data, [1.0, 2.0]);
     // Without the option they are values (distances read back may be infinite).
     assert!(f32s("1,inf\n").unwrap().data[1].is_infinite());

@@ -33,7 +33,10 @@ fn ann_benchmarks_layout() {
     let test = read_f32_with(&f, &with_dataset("test")).unwrap();
     assert_eq!((train.rows, train.cols), (300, 8));
     assert_eq!((test.rows, test.cols), (25, 8));
-    assert!(train.data.iter().all(|v| v.fract() == 0.0 && (0.0..256.0).contains(v)));
+    assert!(train
+        .data
+        .iter()
+        .all(|v| v.fract() == 0.0 && (0.0..256.0).contains(v)));
     let ids = read_i64_with(&f, &with_dataset("neighbors")).unwrap();
     assert_eq!((ids.rows, ids.cols), (25, 10));
     let dist = read_f32_with(&f, &with_dataset("distances")).unwrap();
@@ -94,7 +97,12 @@ fn chunked_compressed_and_other_types() {
     // A big-endian int16 in a group.
     let t = read_i64(&named("angular.hdf5", "grp/ids"), None).unwrap();
     assert_eq!(t.data, (0..12).collect::<Vec<i64>>());
-    assert_eq!(read_f32(&named("angular.hdf5", "grp/ids"), None).unwrap().data[11], 11.0);
+    assert_eq!(
+        read_f32(&named("angular.hdf5", "grp/ids"), None)
+            .unwrap()
+            .data[11],
+        11.0
+    );
     // float16.
     let t = read_f32(&named("angular.hdf5", "half"), None).unwrap();
     assert_eq!(t.data, [0.5, 1.5, 2.0, -3.0]);
