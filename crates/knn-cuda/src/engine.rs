@@ -87,6 +87,9 @@ pub struct CudaEngine {
     graphs_made: AtomicUsize,
     /// The given base of the coming requests, copied while the host prepared.
     prefetched: Mutex<Option<fused::Prefetched>>,
+    /// Serves the requests wider than the kernels' lists ([`SELECT_WIDTH_MAX`]): the engine
+    /// the caller paired this one with (`knn` gives the CPU engine).
+    fallback: Option<Box<dyn Engine + Send>>,
     /// The device's context and its page-locked host ranges (see `Engine::adopt_output`),
     /// reachable without the device's lock.
     pins: (
@@ -177,6 +180,25 @@ impl CudaEngine {
             graph: Mutex::new(None),
             graphs_made: AtomicUsize::new(0),
             prefetched: Mutex::new(None),
+            fallback: None,
+        })
+    }
+
+    /// The same engine with `fallback` serving the requests wider than its kernels' lists
+    /// ([`SELECT_WIDTH_MAX`]; only re-asks of a few hard rows, or k beyond it). Without one
+    /// such requests are refused with an error.
+    pub fn with_fallback(mut self, fallback: Box<dyn Engine + Send>) -> Self {
+        self.fallback = Some(fallback);
+        self
+    }
+
+    /// The fallback engine for a request of width `w`.
+    fn fallback(&self, w: usize) -> Result<&dyn Engine> {
+        self.fallback.as_deref().map(|e| e as &dyn Engine).ok_or_else(|| {
+            KnnError::Option(format!(
+                "{}: candidate lists of {w} exceed the kernels' {SELECT_WIDTH_MAX} and no fallback engine was given",
+                self.name()
+            ))
         })
     }
 
@@ -716,8 +738,8 @@ impl Engine for CudaEngine {
             });
         }
         if w > SELECT_WIDTH_MAX {
-            // Only re-asks of a few hard rows get this wide: the CPU engine scans them.
-            return knn_cpu::CpuEngine::default().candidates_expr(req, plan);
+            // Only re-asks of a few hard rows get this wide.
+            return self.fallback(w)?.candidates_expr(req, plan);
         }
         let (keys, ids, cut) = {
             let mut gpu = self
@@ -793,8 +815,8 @@ impl CudaEngine {
             return Ok((none, None));
         }
         if w > SELECT_WIDTH_MAX {
-            // Only re-asks of a few hard rows get this wide: the CPU engine scans them.
-            return Ok((knn_cpu::CpuEngine::default().candidates(req)?, None));
+            // Only re-asks of a few hard rows get this wide.
+            return Ok((self.fallback(w)?.candidates(req)?, None));
         }
         let t0 = std::time::Instant::now();
         let mut info = self.base_info(req);

@@ -81,8 +81,9 @@ unsafe impl DeviceRepr for GridGeom {}
 pub struct CudaGridEngine {
     state: Mutex<State>,
     ordinal: usize,
-    /// For lists wider than [`GRID_WIDTH_MAX`] and d > 3 (its index cache persists).
-    cpu: knn_grid::GridEngine,
+    /// Serves lists wider than [`GRID_WIDTH_MAX`] and d > 3: the engine the caller paired this
+    /// one with (`knn` gives the CPU grid, whose index cache persists).
+    fallback: Option<Box<dyn Engine + Send>>,
 }
 
 /// The device (with its staging memory) and its buffers, used by one call at a time.
@@ -176,8 +177,15 @@ impl CudaGridEngine {
                 binned: None,
             }),
             ordinal,
-            cpu: knn_grid::GridEngine::default(),
+            fallback: None,
         })
+    }
+
+    /// The same engine with `fallback` serving what the device's grid does not (lists wider
+    /// than [`GRID_WIDTH_MAX`], d > 3). Without one such requests are refused with an error.
+    pub fn with_fallback(mut self, fallback: Box<dyn Engine + Send>) -> Self {
+        self.fallback = Some(fallback);
+        self
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, State>> {
@@ -811,8 +819,16 @@ impl Engine for CudaGridEngine {
             return Ok((empty, Some(vec![])));
         }
         if !Self::on_gpu(req) {
-            // Wider lists (retries of rare rows, or k > 128) and higher dimensions: the CPU grid.
-            return self.cpu.candidates_with_exact(req);
+            // Wider lists (retries of rare rows, or k > 128) and higher dimensions.
+            let fallback = self.fallback.as_deref().ok_or_else(|| {
+                KnnError::Option(format!(
+                    "{}: lists of {} in d={} are beyond the device's grid and no fallback engine was given",
+                    self.name(),
+                    req.width,
+                    req.base.dim()
+                ))
+            })?;
+            return fallback.candidates_with_exact(req);
         }
         let (c, exact) = self
             .lock()?

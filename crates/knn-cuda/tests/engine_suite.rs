@@ -7,10 +7,16 @@ use knn_core::{check, graph, search, Engine, Matrix, Metric, Symmetry, DEFAULT_T
 use knn_cuda::{CudaEngine, Method};
 use knn_testkit as kit;
 
+/// Device 0 with `method`, paired as `knn` pairs it: the CPU engine serves the lists wider
+/// than the kernels hold.
+fn cuda(method: Method) -> knn_core::Result<CudaEngine> {
+    Ok(CudaEngine::new(0, method)?.with_fallback(Box::new(knn_cpu::CpuEngine::default())))
+}
+
 fn engines() -> Vec<CudaEngine> {
     Method::ALL
         .iter()
-        .map(|&m| CudaEngine::new(0, m).expect("CUDA engine"))
+        .map(|&m| cuda(m).expect("CUDA engine"))
         .collect()
 }
 
@@ -34,7 +40,7 @@ fn smoke_devices() {
     let devs = knn_cuda::devices();
     assert!(!devs.is_empty());
     eprintln!("{devs:?}");
-    let e = CudaEngine::new(0, Method::Fused).unwrap();
+    let e = cuda(Method::Fused).unwrap();
     let b = uniform(300, 8, 1);
     let q = uniform(7, 8, 2);
     let r = search(&e, b.view(), q.view(), 3, &Metric::L2).unwrap();
@@ -154,9 +160,7 @@ fn symmetric_graphs() {
     if !kit::gpu_available_or_skip(CudaEngine::available(), "symmetric_graphs") {
         return;
     }
-    let e = CudaEngine::new(0, Method::Fused)
-        .unwrap()
-        .with_symmetry(Symmetry::On);
+    let e = cuda(Method::Fused).unwrap().with_symmetry(Symmetry::On);
     kit::check_tile_edges(&e, &TILES);
     eprintln!("tile edges: {} symmetric graphs", e.symmetric_graphs());
     kit::check_adversarial(&e);
@@ -262,7 +266,7 @@ fn prefetched_bases() {
     if !kit::gpu_available_or_skip(CudaEngine::available(), "prefetched_bases") {
         return;
     }
-    let e = CudaEngine::new(0, Method::Fused).unwrap();
+    let e = cuda(Method::Fused).unwrap();
     let b = uniform(16500, 256, 3);
     let q = uniform(700, 256, 4);
     for metric in [Metric::Hellinger, Metric::SqL2] {
@@ -280,8 +284,8 @@ fn large_widths() {
     }
     let b = uniform(9000, 32, 41);
     let q = uniform(40, 32, 42);
-    let fused = CudaEngine::new(0, Method::Fused).unwrap();
-    let cublas = CudaEngine::new(0, Method::Cublas).unwrap();
+    let fused = cuda(Method::Fused).unwrap();
+    let cublas = cuda(Method::Cublas).unwrap();
     for k in [129, 1024, 4096] {
         for metric in [Metric::L2, Metric::L1] {
             same_as_cpu(&fused, &b, Some(&q), k, &metric);
@@ -299,7 +303,7 @@ fn tiny_budget_tiles_base_and_queries() {
     let b = uniform(12000, 40, 51);
     let q = uniform(700, 40, 52);
     for m in Method::ALL {
-        let e = CudaEngine::new(0, m).unwrap().with_memory_budget(1 << 20);
+        let e = cuda(m).unwrap().with_memory_budget(1 << 20);
         for k in [5, 200] {
             same_as_cpu(&e, &b, Some(&q), k, &Metric::L2);
         }
@@ -317,7 +321,7 @@ fn device_exact_keys_are_the_host_ones() {
         return;
     }
     use knn_core::{base_key, CandidateRequest, Kernel};
-    let e = CudaEngine::new(0, Method::Fused).unwrap();
+    let e = cuda(Method::Fused).unwrap();
     for (d, lo) in [(13, 0.0f32), (64, 4e3)] {
         let shift = |m: Matrix| {
             let v: Vec<f32> = m.view().as_slice().iter().map(|x| x + lo).collect();
@@ -366,7 +370,7 @@ fn device_hellinger_keys_are_the_host_ones() {
         return;
     }
     use knn_core::{base_key, CandidateRequest, ExactFrom, Kernel, Metric};
-    let e = CudaEngine::new(0, Method::Fused).unwrap();
+    let e = cuda(Method::Fused).unwrap();
     for d in [7, 256, 515] {
         let spread = |m: Matrix, seed: u32| {
             let v: Vec<f32> = (m.view().as_slice().iter().enumerate())
@@ -429,7 +433,7 @@ fn device_derived_roots_are_the_host_ones() {
         return;
     }
     use knn_core::{base_key, CandidateRequest, CentredRoots, Kernel};
-    let e = CudaEngine::new(0, Method::Fused).unwrap();
+    let e = cuda(Method::Fused).unwrap();
     for d in [7, 256, 515] {
         let b = uniform(3001, d, 81);
         let v: Vec<f32> = b
@@ -501,7 +505,7 @@ fn expressions() {
     if !kit::gpu_available_or_skip(CudaEngine::available(), "expressions") {
         return;
     }
-    let fused = CudaEngine::new(0, Method::Fused).unwrap();
+    let fused = cuda(Method::Fused).unwrap();
     kit::check_expr(&fused);
     for d in [5, 16, 67] {
         let b = uniform(3001, d, 61 + d as u64);
@@ -521,9 +525,7 @@ fn expressions() {
         for k in [129, 1024] {
             same_as_cpu(&fused, &b, Some(&q), k, &metric);
         }
-        let small = CudaEngine::new(0, Method::Fused)
-            .unwrap()
-            .with_memory_budget(1 << 20);
+        let small = cuda(Method::Fused).unwrap().with_memory_budget(1 << 20);
         let q40 = uniform(300, 40, 66);
         same_as_cpu(&small, &uniform(12000, 40, 65), Some(&q40), 5, &metric);
     }

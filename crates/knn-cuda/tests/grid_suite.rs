@@ -7,8 +7,11 @@ use knn_core::{search, KnnError, Matrix, Metric};
 use knn_cuda::{CudaEngine, CudaGridEngine};
 use knn_testkit::{self as kit, Case};
 
+/// Device 0's grid, paired as `knn` pairs it: the CPU grid serves wide lists and d > 3.
 fn engine() -> CudaGridEngine {
-    CudaGridEngine::new(0).expect("CUDA grid engine")
+    CudaGridEngine::new(0)
+        .expect("CUDA grid engine")
+        .with_fallback(Box::new(knn_grid::GridEngine::default()))
 }
 
 fn m(data: Vec<f32>, d: usize) -> Matrix {

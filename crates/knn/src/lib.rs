@@ -250,7 +250,7 @@ impl Knn {
     fn grid_engine(&self) -> Result<&dyn Engine> {
         self.grid
             .get_or_init(|| match self.device {
-                Device::Cuda(n) => gpu::grid(n),
+                Device::Cuda(n) => gpu::grid(n, self.threads),
                 _ => GridEngine::new(self.threads).map(|g| Box::new(g) as Box<dyn Engine + Send>),
             })
             .as_ref()
@@ -378,15 +378,22 @@ mod gpu {
             Method::Cublas => CudaMethod::Cublas,
             Method::Auto | Method::Brute | Method::Grid => CudaMethod::Fused,
         };
-        let mut engine = CudaEngine::new(ordinal, method)?.with_symmetry(opts.symmetric);
+        // Lists wider than the kernels hold go to the CPU engine.
+        let mut engine = CudaEngine::new(ordinal, method)?
+            .with_symmetry(opts.symmetric)
+            .with_fallback(Box::new(cpu_engine(opts)?));
         if let Some(bytes) = opts.gpu_memory {
             engine = engine.with_memory_budget(bytes);
         }
         Ok(Box::new(engine))
     }
 
-    pub(super) fn grid(ordinal: usize) -> Result<Box<dyn Engine + Send>> {
-        Ok(Box::new(knn_cuda::CudaGridEngine::new(ordinal)?))
+    pub(super) fn grid(ordinal: usize, threads: Option<usize>) -> Result<Box<dyn Engine + Send>> {
+        // What the device's grid does not hold (wide lists, d > 3) goes to the CPU grid.
+        let cpu = GridEngine::new(threads)?;
+        Ok(Box::new(
+            knn_cuda::CudaGridEngine::new(ordinal)?.with_fallback(Box::new(cpu)),
+        ))
     }
 
     pub(super) fn multi(ordinals: &[usize], opts: &Options) -> Result<Box<dyn Engine + Send>> {
