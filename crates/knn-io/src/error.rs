@@ -63,9 +63,29 @@ impl IoError {
 }
 
 /// A `--format` value that names no [`Format`](crate::Format).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown format '{given}' (expected one of: fvecs, ivecs, bvecs, npy, csv)")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParseFormatError {
     /// The text that was given.
     pub given: String,
 }
+
+impl std::fmt::Display for ParseFormatError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let given = &self.given;
+        write!(
+            f,
+            "unknown format '{given}' (expected one of: fvecs, ivecs, bvecs, npy, csv)"
+        )?;
+        if ["hdf5", "h5", "he5"].contains(&given.trim().to_ascii_lowercase().as_str()) {
+            // HDF5 is read only, and known without being named.
+            write!(
+                f,
+                "; an HDF5 input needs no format: it is known by its .hdf5 or .h5 name or its \
+                 first bytes (name a dataset as FILE:NAME), and results cannot be written as HDF5"
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ParseFormatError {}

@@ -39,6 +39,8 @@ fn format_from_str() {
         e.to_string(),
         "unknown format 'parquet' (expected one of: fvecs, ivecs, bvecs, npy, csv)"
     );
+    let e = "HDF5".parse::<Format>().unwrap_err().to_string();
+    assert!(e.contains("an HDF5 input needs no format"), "{e}");
 }
 
 #[test]
