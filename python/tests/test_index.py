@@ -282,3 +282,16 @@ def test_a_c_contiguous_float32_base_is_used_in_place(rng):
     np.testing.assert_array_equal(ids[:, 0], [0, 1, 2])
     index.add(np.zeros((1, 8)))
     assert len(index) == 1001 and not index._native.shares_rows
+
+
+@pytest.mark.skipif(not knn.devices(), reason="no usable GPU (SKIPPED; runs on the GPU machine)")
+@pytest.mark.parametrize("metric", ["l2", "cosine", "l1", "hellinger"])
+def test_gpu_gives_the_cpu_answer(rng, metric):
+    base = rng.random((5000, 24)).astype(np.float32)
+    queries = rng.random((300, 24)).astype(np.float32)
+    gpu = knn.Index(base, metric, device="cuda")
+    assert gpu.device.startswith("cuda")
+    cpu = knn.Index(base, metric, device="cpu")
+    for a, b in [(gpu.search(queries, 10), cpu.search(queries, 10)), (gpu.graph(7), cpu.graph(7))]:
+        np.testing.assert_array_equal(a[1], b[1])
+        np.testing.assert_allclose(a[0], b[0], rtol=1e-6, atol=1e-7)
