@@ -20,7 +20,7 @@ pub enum IoError {
     /// No [`Format`](crate::Format) was given and the file name's extension names none.
     #[error(
         "{file}: cannot tell the format from the file name (known extensions: .fvecs .ivecs \
-         .bvecs .npy .csv .txt .hdf5 .h5); name the format explicitly"
+         .bvecs .npy .csv .txt .tsv .hdf5 .h5); name the format explicitly"
     )]
     UnknownFormat {
         /// The file whose extension was not recognised.

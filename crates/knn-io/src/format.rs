@@ -17,7 +17,8 @@ pub enum Format {
     Bvecs,
     /// NumPy `.npy` array file, format versions 1.0, 2.0 and 3.0, 1-D or 2-D.
     Npy,
-    /// Comma-separated numbers, one row per line, optional header line.
+    /// Numbers separated by commas, tabs, semicolons or spaces, one row per line, optional
+    /// header line.
     Csv,
 }
 
@@ -32,7 +33,8 @@ impl Format {
     ];
 
     /// The format named by the file's extension: `.fvecs`, `.ivecs`, `.bvecs`, `.npy`, `.csv`,
-    /// or `.txt` (read as CSV); case does not matter. Any other extension, or none, is
+    /// or `.txt` and `.tsv` (read as CSV, the delimiter found from the lines); case does not
+    /// matter. Any other extension, or none, is
     /// [`IoError::UnknownFormat`] naming the path.
     pub fn from_path(path: &Path) -> Result<Format, IoError> {
         path.extension()
@@ -61,7 +63,7 @@ impl Format {
             "ivecs" => Some(Format::Ivecs),
             "bvecs" => Some(Format::Bvecs),
             "npy" => Some(Format::Npy),
-            "csv" | "txt" => Some(Format::Csv),
+            "csv" | "txt" | "tsv" => Some(Format::Csv),
             _ => None,
         }
     }

@@ -326,3 +326,12 @@ fn non_finite_values_are_refused_by_line_and_column_when_asked() {
     // Without the option they are values (distances read back may be infinite).
     assert!(f32s("1,inf\n").unwrap().data[1].is_infinite());
 }
+
+#[test]
+fn tsv_files_are_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("points.TSV");
+    std::fs::write(&path, "a\tb\n1\t2\n3\t4\n").unwrap();
+    let t = read_f32(&path, None).unwrap();
+    assert_eq!((t.rows, t.cols, t.data), (2, 2, vec![1.0, 2.0, 3.0, 4.0]));
+}
