@@ -1,0 +1,430 @@
+//! The shared search pipeline: validate, prepare, ask an engine for candidates, re-rank them
+//! exactly in f64, and widen the rows whose engine floor does not prove them complete.
+//!
+//! - [`schedule`]: one call from start to end: arguments checked, base and queries prepared
+//!   (beside the engine's copy of the base and the output's pages), rounds of queries handed
+//!   to the engine's workers, the output checked;
+//! - [`rounds`]: one round: the first try, the exact re-rank, and the one widening rule for
+//!   the rows whose floor does not prove them (wider lists, then an exact scan);
+//! - [`rerank`]: the exact f64 keys of candidates and the rows they prove.
+
+mod rerank;
+mod rounds;
+mod schedule;
+
+pub(crate) use rerank::exact_scan;
+
+use crate::engine::Engine;
+use crate::error::{KnnError, Result};
+use crate::matrix::MatrixRef;
+use crate::metric::Metric;
+use crate::neighbors::Neighbors;
+use crate::prepare::PreparedBase;
+use schedule::{run, Base};
+
+/// Called with (queries done, queries in all) as work completes.
+pub type ProgressFn<'a> = &'a (dyn Fn(usize, usize) + Sync);
+
+/// Exact k nearest base points of every query under `metric`, computed by `engine`.
+pub fn search(
+    engine: &dyn Engine,
+    base: MatrixRef<'_>,
+    queries: MatrixRef<'_>,
+    k: usize,
+    metric: &Metric,
+) -> Result<Neighbors> {
+    search_with_progress(engine, base, queries, k, metric, &|_, _| {})
+}
+
+/// [`search`], reporting progress.
+pub fn search_with_progress(
+    engine: &dyn Engine,
+    base: MatrixRef<'_>,
+    queries: MatrixRef<'_>,
+    k: usize,
+    metric: &Metric,
+    progress: ProgressFn<'_>,
+) -> Result<Neighbors> {
+    run(
+        engine,
+        Base::given(base),
+        Some(queries),
+        k,
+        metric,
+        0..queries.rows(),
+        progress,
+    )
+}
+
+/// Exact kNN graph: the k nearest other points of every point (its own id excluded; duplicates
+/// of it are still neighbours, at distance 0).
+pub fn graph(
+    engine: &dyn Engine,
+    points: MatrixRef<'_>,
+    k: usize,
+    metric: &Metric,
+) -> Result<Neighbors> {
+    graph_with_progress(engine, points, k, metric, &|_, _| {})
+}
+
+/// [`graph`], reporting progress.
+pub fn graph_with_progress(
+    engine: &dyn Engine,
+    points: MatrixRef<'_>,
+    k: usize,
+    metric: &Metric,
+    progress: ProgressFn<'_>,
+) -> Result<Neighbors> {
+    let rows = 0..points.rows();
+    run(engine, Base::given(points), None, k, metric, rows, progress)
+}
+
+/// Rows `rows` of the kNN graph of `points` (a `rows.len() × k` result, row `i` for point
+/// `rows.start + i`): the same rows [`graph`] computes, so a graph can be computed, saved and
+/// resumed in pieces.
+pub fn graph_rows(
+    engine: &dyn Engine,
+    points: MatrixRef<'_>,
+    rows: std::ops::Range<usize>,
+    k: usize,
+    metric: &Metric,
+    progress: ProgressFn<'_>,
+) -> Result<Neighbors> {
+    check_graph_rows(&rows, points.rows())?;
+    run(engine, Base::given(points), None, k, metric, rows, progress)
+}
+
+/// [`search_with_progress`] against a base prepared once ([`PreparedBase::new`] of `base`
+/// under `metric`; `base` holds the very rows it was made from, unchanged): the same answer,
+/// without preparing the base again, and with the engine's copy of it (a device copy) kept
+/// from one call to the next.
+pub fn search_prepared(
+    engine: &dyn Engine,
+    prepared: &PreparedBase,
+    base: MatrixRef<'_>,
+    queries: MatrixRef<'_>,
+    k: usize,
+    metric: &Metric,
+    progress: ProgressFn<'_>,
+) -> Result<Neighbors> {
+    let rows = 0..queries.rows();
+    let base = Base::prepared(base, prepared);
+    run(engine, base, Some(queries), k, metric, rows, progress)
+}
+
+/// [`graph_rows`] of a base prepared once (see [`search_prepared`]).
+pub fn graph_prepared(
+    engine: &dyn Engine,
+    prepared: &PreparedBase,
+    points: MatrixRef<'_>,
+    rows: std::ops::Range<usize>,
+    k: usize,
+    metric: &Metric,
+    progress: ProgressFn<'_>,
+) -> Result<Neighbors> {
+    check_graph_rows(&rows, points.rows())?;
+    let base = Base::prepared(points, prepared);
+    run(engine, base, None, k, metric, rows, progress)
+}
+
+/// Rows of a graph of `n` points.
+fn check_graph_rows(rows: &std::ops::Range<usize>, n: usize) -> Result<()> {
+    if rows.start > rows.end || rows.end > n {
+        return Err(KnnError::Option(format!(
+            "graph rows {}..{} outside the {n} points",
+            rows.start, rows.end,
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rerank::{cosine_keys, finish_row, hellinger_keys, sum_sq, BaseAux};
+    use super::*;
+    use crate::engine::{CandidateRequest, FinishedRows};
+    use crate::matrix::Matrix;
+    use crate::oracle::oracle;
+    use crate::synth::{generate, Distribution};
+
+    #[test]
+    fn hellinger_and_cosine_keys_are_exact_key_bit_for_bit() {
+        for d in [13usize, 256] {
+            // Values over many magnitudes, zeros included.
+            let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
+            let base: Vec<f32> = generate(u, 50, d, 7)
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    if i % 11 == 0 {
+                        0.0
+                    } else {
+                        v * 10f32.powi((i % 9) as i32 - 3)
+                    }
+                })
+                .collect();
+            let q: Vec<f32> = generate(u, 1, d, 8).iter().map(|v| v * 4e6).collect();
+            let roots: Vec<f64> = base.iter().map(|&v| (v as f64).sqrt()).collect();
+            let rq: Vec<f64> = q.iter().map(|&v| (v as f64).sqrt()).collect();
+            let ids: Vec<u32> = (0..21).map(|i| (i * 7 % 50) as u32).collect();
+            let mut got = Vec::new();
+            hellinger_keys(&rq, &roots, d, &ids, &mut got);
+            assert_eq!(got.len(), ids.len());
+            for (&(key, id), &want_id) in got.iter().zip(&ids) {
+                let b = &base[want_id as usize * d..(want_id as usize + 1) * d];
+                let want = Metric::Hellinger.exact_key(&q, b);
+                assert_eq!((key.to_bits(), id), (want.to_bits(), want_id), "d={d}");
+            }
+            // Cosine, with the query equal to one candidate row (the −1 case).
+            let xb = MatrixRef::new("b", &base, d).unwrap();
+            let Some(BaseAux::CosineNorms(norms)) = BaseAux::new(&Metric::Cosine, xb) else {
+                panic!("no cosine norms");
+            };
+            for q in [&q[..], xb.row(14)] {
+                let mut got = Vec::new();
+                cosine_keys(q, sum_sq(q), xb, &norms, &ids, &mut got);
+                for (&(key, id), &want_id) in got.iter().zip(&ids) {
+                    let want = Metric::Cosine.exact_key(q, xb.row(want_id as usize));
+                    assert_eq!((key.to_bits(), id), (want.to_bits(), want_id), "d={d}");
+                }
+            }
+        }
+    }
+
+    /// An engine that returns every point (so the pipeline alone decides): enough to check
+    /// that pieces of a graph are the graph's rows.
+    struct AllPoints;
+
+    impl Engine for AllPoints {
+        fn name(&self) -> String {
+            "all".into()
+        }
+        fn candidates(&self, req: &CandidateRequest<'_>) -> Result<crate::Candidates> {
+            let (nq, nb) = (req.queries.rows(), req.base.rows());
+            let w = req.width;
+            let mut ids = Vec::with_capacity(nq * w);
+            let mut keys = Vec::with_capacity(nq * w);
+            for i in 0..nq {
+                let q = req.queries.row(i);
+                let mut row: Vec<(f32, u32)> = (0..nb as u32)
+                    .filter(|&b| req.exclude.is_none_or(|e| e[i] != b))
+                    .map(|b| (req.kernel.exact(q, req.base.row(b as usize)) as f32, b))
+                    .collect();
+                row.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                row.truncate(w);
+                keys.extend(row.iter().map(|r| r.0));
+                ids.extend(row.iter().map(|r| r.1));
+            }
+            // Exact f32 keys of f64 values: a floor just below the w-th, or +inf when complete.
+            let floor = (0..nq)
+                .map(|i| {
+                    if w >= req.available() {
+                        f32::INFINITY
+                    } else {
+                        keys[i * w + w - 1].next_down().next_down()
+                    }
+                })
+                .collect();
+            Ok(crate::Candidates {
+                width: w,
+                ids,
+                keys,
+                floor,
+            })
+        }
+    }
+
+    /// [`AllPoints`] that finishes even rows itself (as the re-rank would) and leaves odd rows
+    /// unproven, with garbage in their outputs.
+    #[derive(Default)]
+    struct Finisher(std::sync::atomic::AtomicUsize);
+
+    impl Engine for Finisher {
+        fn name(&self) -> String {
+            "finisher".into()
+        }
+        fn candidates(&self, req: &CandidateRequest<'_>) -> Result<crate::Candidates> {
+            AllPoints.candidates(req)
+        }
+        fn finish_rows(
+            &self,
+            req: &CandidateRequest<'_>,
+            metric: &Metric,
+            k: usize,
+            out: FinishedRows<'_>,
+        ) -> Result<bool> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let c = AllPoints.candidates(req)?;
+            let w = c.width;
+            for i in 0..req.queries.rows() {
+                let (ids, dists) = (&mut out.ids[i * k..][..k], &mut out.distances[i * k..][..k]);
+                if i % 2 == 1 {
+                    ids.fill(u32::MAX);
+                    dists.fill(-1.0);
+                    out.proven[i] = false;
+                    continue;
+                }
+                let q = req.queries.row(i);
+                let mut row: Vec<(f64, u32)> = c.ids[i * w..(i + 1) * w]
+                    .iter()
+                    .map(|&b| (req.kernel.exact(q, req.base.row(b as usize)), b))
+                    .collect();
+                row.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                row.truncate(k);
+                out.proven[i] = row[k - 1].0 < c.floor[i] as f64 || w >= req.available();
+                finish_row(metric, &row, ids, dists);
+            }
+            Ok(true)
+        }
+    }
+
+    #[test]
+    fn rows_finished_by_the_engine_equal_the_rerank() {
+        let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
+        let b = Matrix::new("b", generate(u, 300, 3, 8), 3).unwrap();
+        let q = Matrix::new("q", generate(u, 41, 3, 9), 3).unwrap();
+        for metric in [Metric::L2, Metric::L1, Metric::SqL2] {
+            let e = Finisher(Default::default());
+            let got = search(&e, b.view(), q.view(), 4, &metric).unwrap();
+            assert_eq!(e.0.load(std::sync::atomic::Ordering::Relaxed), 1);
+            assert_eq!(
+                got,
+                search(&AllPoints, b.view(), q.view(), 4, &metric).unwrap()
+            );
+            let want = oracle(b.view(), Some(q.view()), 4, &metric).unwrap();
+            assert_eq!(got.ids, want.ids, "{metric}");
+            let g = graph(&e, b.view(), 3, &metric).unwrap();
+            assert_eq!(g, graph(&AllPoints, b.view(), 3, &metric).unwrap());
+        }
+    }
+
+    /// [`Finisher`] that records the pipeline's calls of the output and graph hooks.
+    #[derive(Default)]
+    struct Hooks {
+        finisher: Finisher,
+        calls: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl Hooks {
+        fn log(&self, what: String) {
+            self.calls.lock().unwrap().push(what);
+        }
+        fn take(&self) -> Vec<String> {
+            std::mem::take(&mut *self.calls.lock().unwrap())
+        }
+    }
+
+    impl Engine for Hooks {
+        fn name(&self) -> String {
+            "hooks".into()
+        }
+        fn candidates(&self, req: &CandidateRequest<'_>) -> Result<crate::Candidates> {
+            self.finisher.candidates(req)
+        }
+        fn finish_rows(
+            &self,
+            req: &CandidateRequest<'_>,
+            metric: &Metric,
+            k: usize,
+            out: FinishedRows<'_>,
+        ) -> Result<bool> {
+            self.finisher.finish_rows(req, metric, k, out)
+        }
+        fn expect_graph(&self, _: u64, width: usize) {
+            self.log(format!("expect {width}"));
+        }
+        fn begin_graph(&self, req: &CandidateRequest<'_>, _: &Metric, k: usize) -> Result<()> {
+            let rows = (req.queries.rows(), req.exclude.map(<[u32]>::len));
+            self.log(format!("begin {rows:?} k={k} first={}", !req.precise));
+            Ok(())
+        }
+        fn adopt_output(&self, ids: &mut [u32], distances: &mut [f32]) -> bool {
+            self.log(format!("adopt {} {}", ids.len(), distances.len()));
+            false
+        }
+        fn release_output(&self, ids: &[u32], distances: &[f32]) {
+            self.log(format!("release {} {}", ids.len(), distances.len()));
+        }
+    }
+
+    #[test]
+    fn output_and_graph_hooks_are_called_in_order() {
+        let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
+        let b = Matrix::new("b", generate(u, 300, 3, 8), 3).unwrap();
+        let q = Matrix::new("q", generate(u, 41, 3, 9), 3).unwrap();
+        let e = Hooks::default();
+        let g = graph(&e, b.view(), 3, &Metric::L2).unwrap();
+        assert_eq!(g, graph(&AllPoints, b.view(), 3, &Metric::L2).unwrap());
+        // (The output is adopted on a thread of its own, at any point before the rounds.)
+        let mut calls = e.take();
+        let at = calls.iter().position(|c| c == "adopt 900 900");
+        assert!(at.is_some_and(|i| i < 3), "{calls:?}");
+        calls.remove(at.unwrap());
+        let w = calls[0]
+            .strip_prefix("expect ")
+            .expect("told of the graph first");
+        assert_eq!(
+            calls[1], "begin (0, Some(0)) k=3 first=true",
+            "{calls:?} (width {w})"
+        );
+        assert_eq!(calls[2..], ["release 900 900"], "{calls:?}");
+        // A search: no graph hooks; the output is adopted and released.
+        search(&e, b.view(), q.view(), 4, &Metric::L2).unwrap();
+        assert_eq!(e.take(), ["adopt 164 164", "release 164 164"]);
+        // An error after the output was made releases it too.
+        let mut bad = generate(u, 300, 3, 8);
+        bad[7] = -1.0;
+        let bad = Matrix::new("b", bad, 3).unwrap();
+        assert!(graph(&e, bad.view(), 3, &Metric::Hellinger).is_err());
+        assert_eq!(e.take(), ["adopt 900 900", "release 900 900"]);
+    }
+
+    /// Hellinger's check of the base rides on the preparation's pass: a negative value is still
+    /// named, for graphs and searches, in base and queries; -0 is no negative.
+    #[test]
+    fn hellinger_domain_errors_name_the_value() {
+        let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
+        let mut v = generate(u, 300, 3, 8);
+        v[57 * 3 + 2] = -0.5;
+        v[200 * 3] = -1.0;
+        let bad = Matrix::new("b", v, 3).unwrap();
+        let good = Matrix::new("q", generate(u, 20, 3, 9), 3).unwrap();
+        let named = |r: Result<Neighbors>, want: (&str, usize, usize)| match r {
+            Err(KnnError::Negative { what, row, col, .. }) => {
+                assert_eq!((what.as_str(), row, col), want)
+            }
+            r => panic!("{:?}", r.map(|_| ())),
+        };
+        named(
+            graph(&AllPoints, bad.view(), 3, &Metric::Hellinger),
+            ("base", 57, 2),
+        );
+        named(
+            search(&AllPoints, bad.view(), good.view(), 3, &Metric::Hellinger),
+            ("base", 57, 2),
+        );
+        named(
+            search(&AllPoints, good.view(), bad.view(), 3, &Metric::Hellinger),
+            ("queries", 57, 2),
+        );
+        let mut v = generate(u, 300, 3, 8);
+        v[5] = -0.0;
+        let zero = Matrix::new("b", v, 3).unwrap();
+        assert!(graph(&AllPoints, zero.view(), 3, &Metric::Hellinger).is_ok());
+    }
+
+    #[test]
+    fn graph_rows_are_the_graphs_rows() {
+        let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
+        let p = Matrix::new("p", generate(u, 230, 5, 3), 5).unwrap();
+        let whole = oracle(p.view(), None, 6, &Metric::L2).unwrap();
+        let mut pieced = Neighbors::with_shape(0, 6);
+        for r in [0..1, 1..100, 100..100, 100..230] {
+            let part = graph_rows(&AllPoints, p.view(), r, 6, &Metric::L2, &|_, _| {}).unwrap();
+            pieced.ids.extend(part.ids);
+            pieced.distances.extend(part.distances);
+        }
+        assert_eq!(pieced.ids, whole.ids);
+        assert!(graph_rows(&AllPoints, p.view(), 200..231, 6, &Metric::L2, &|_, _| {}).is_err());
+    }
+}

@@ -1,0 +1,419 @@
+//! One pipeline call from start to end: arguments checked, base and queries prepared (beside
+//! the engine's copy of the base and the output's pages), rounds handed to the engine's
+//! workers, the output checked and returned.
+
+use super::rounds::Run;
+use super::ProgressFn;
+use crate::engine::Engine;
+use crate::error::{KnnError, Result};
+use crate::matrix::{Matrix, MatrixRef};
+use crate::metric::Metric;
+use crate::neighbors::Neighbors;
+use crate::prepare::{prepare, Data, EngineRows, Prepared, PreparedBase};
+use crate::validate::{check_domains, validate};
+use rayon::prelude::*;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Mutex, OnceLock};
+
+/// Queries handled per round of the pipeline, so that candidate lists stay a small fraction of
+/// memory next to the output.
+const CANDIDATE_BYTES_PER_ROUND: usize = 64 << 20;
+
+/// Queries per round when reporting progress: small enough for a smooth bar, large enough to
+/// keep every engine's tiles full.
+const MIN_ROUND: usize = 4096;
+
+/// The engines rounds run on, one entry per concurrent round: every device of `engine` (or the
+/// engine itself), each as many times as it works on rounds at once.
+fn workers(engine: &dyn Engine) -> Vec<&dyn Engine> {
+    let devices = engine.devices();
+    let devices = if devices.is_empty() {
+        vec![engine]
+    } else {
+        devices
+    };
+    let mut out = Vec::new();
+    for e in devices {
+        for _ in 0..e.concurrent_rounds().max(1) {
+            out.push(e);
+        }
+    }
+    out
+}
+
+/// The base of a pipeline run: the given rows, and their preparation when it was made once
+/// before ([`search_prepared`]).
+#[derive(Clone, Copy)]
+pub(super) struct Base<'a> {
+    rows: MatrixRef<'a>,
+    prepared: Option<&'a PreparedBase>,
+}
+
+impl<'a> Base<'a> {
+    pub(super) fn given(rows: MatrixRef<'a>) -> Self {
+        Base {
+            rows,
+            prepared: None,
+        }
+    }
+
+    pub(super) fn prepared(rows: MatrixRef<'a>, prepared: &'a PreparedBase) -> Self {
+        Base {
+            rows,
+            prepared: Some(prepared),
+        }
+    }
+}
+
+/// Values of a base from which the engine is told of it before the host prepares (smaller
+/// ones are not worth a thread).
+const PREFETCH_MIN: usize = 1 << 22;
+
+/// The pipeline for the query rows `rows` (all of them, or a piece of a graph); the result's row
+/// `i` is query `rows.start + i`. Rounds of queries go to the engine's workers (see
+/// [`Engine::devices`], [`Engine::concurrent_rounds`]); each round's rows are the same whichever
+/// worker takes it, so the answer does not depend on the schedule. The arguments are checked
+/// here (see [`validate`], [`check_domains`]).
+pub(super) fn run(
+    engine: &dyn Engine,
+    base: Base<'_>,
+    queries: Option<MatrixRef<'_>>,
+    k: usize,
+    metric: &Metric,
+    rows: std::ops::Range<usize>,
+    progress: ProgressFn<'_>,
+) -> Result<Neighbors> {
+    let Base {
+        rows: base,
+        prepared: prepared_base,
+    } = base;
+    let profile = std::env::var_os("KNN_PROFILE").is_some();
+    let mut since = std::time::Instant::now();
+    let base_key = prepared_base.map_or_else(crate::engine::base_key, |p| p.key);
+    let t0 = since;
+    // When each concurrent part ended, for the profile (ms from the start).
+    let ended = |what: &str| {
+        if profile {
+            eprintln!(
+                "pipeline: {what} ended at {:.2} ms",
+                t0.elapsed().as_secs_f64() * 1e3
+            );
+        }
+    };
+    let available = validate(metric, base, queries, k)?;
+    let whole_graph = queries.is_none()
+        && !matches!(metric, Metric::Expr(_))
+        && rows == (0..base.rows())
+        && metric.is_symmetric();
+    let kernel = metric.kernel();
+    let workers = workers(engine);
+    let width0 = engine
+        .candidate_width(k, available, kernel)
+        .clamp(k, available);
+    // While the host checks the values and prepares, the engine may copy the given base to its
+    // device (a base found invalid only wastes the copy). The output is made (and shown to the
+    // engine, which may page-lock it) on a thread of its own, joined only once a whole graph's
+    // work has started on the device (`Engine::begin_graph`).
+    let prepared = std::cell::OnceCell::new();
+    let fetched = Signal::default();
+    let (ctx, out) = std::thread::scope(|s| {
+        let out = s.spawn(|| {
+            // A whole graph's output is made once the base's copy is done, while the device
+            // works on the graph: its pages would slow the copy, whose end the graph waits for
+            // (80k Hellinger: 43.5 against 51.2 ms, median of 28 runs each, same call). Other
+            // outputs are needed as soon as the rounds start.
+            if whole_graph {
+                fetched.wait();
+            }
+            let mut out = Neighbors::zeroed(rows.len(), k);
+            crate::pages::populate(&mut out.ids);
+            crate::pages::populate(&mut out.distances);
+            ended("output pages");
+            // Shown to the engine once the base's copy is done: page-locking memory may hold
+            // the driver meanwhile.
+            fetched.wait();
+            if !engine.adopt_output(&mut out.ids, &mut out.distances) {
+                out.mark_unwritten();
+            }
+            ended("output shown to the engine");
+            out
+        });
+        let ctx = (|| {
+            if prepared_base.is_none() && base.rows() * base.dim() >= PREFETCH_MIN {
+                s.spawn(|| {
+                    // Set however the copy ends (a panic too): the output's thread waits for it.
+                    let _set = fetched.set_when_dropped();
+                    engine.prefetch_base(base_key, base);
+                    ended("prefetch");
+                });
+            } else {
+                fetched.set();
+            }
+            // Hellinger's check of the base waits for the preparation, whose pass over the
+            // base sees every column's smallest value (one pass over memory the base's copy
+            // reads meanwhile, instead of two).
+            // A prepared base was checked when it was prepared.
+            let after = matches!(metric, Metric::Hellinger) || prepared_base.is_some();
+            let (domain, prep) = rayon::join(
+                || {
+                    let r = check_domains(metric, (!after).then_some(base), queries);
+                    ended("value checks");
+                    r
+                },
+                || {
+                    let reused = prepared_base.and_then(|p| p.with_queries(metric, base, queries));
+                    let r = reused.map_or_else(|| prepare(metric, base, queries), Ok);
+                    ended("prepare");
+                    r
+                },
+            );
+            let domain = if prepared_base.is_none()
+                && after
+                && !prep.as_ref().is_ok_and(|p| p.base_nonnegative)
+            {
+                domain.and(check_domains(metric, Some(base), None))
+            } else {
+                domain
+            };
+            // Out-of-domain values are the error to report, whatever the preparation made of
+            // them.
+            let prep = domain.and(prep)?;
+            let prep = prepared.get_or_init(|| prep);
+            let xb = prep.exact_base.view();
+            let mut ctx = Run {
+                metric,
+                eb: prep.engine_base(),
+                eq: prep.engine_queries(),
+                xb,
+                xq: prep.exact_queries().unwrap_or(xb),
+                key_scale: prep.key_scale,
+                same_space: prep.engine.is_none()
+                    && !matches!(metric, Metric::Cosine | Metric::Hellinger),
+                self_join: queries.is_none(),
+                k,
+                available,
+                width0,
+                base_key,
+                exact_data: prep.engine.is_none(),
+                expr: prep.expr.as_ref(),
+                symmetric: None,
+                aux: OnceLock::new(),
+                loose: AtomicBool::new(false),
+                profile,
+            };
+            ctx.lap("prepare", &mut since);
+            // A whole graph of a symmetric metric: the engine may compute every row's first
+            // candidate lists at once, each unordered pair once (see
+            // `Engine::graph_candidates`), or start that work on its device now
+            // (`Engine::begin_graph`).
+            if whole_graph {
+                ctx.start_graph(engine, rows.start)?;
+            }
+            Ok(ctx)
+        })();
+        let out = Output {
+            engine,
+            out: Some(out.join().expect("allocating the output panicked")),
+        };
+        (ctx, out)
+    });
+    let (ctx, mut out) = (ctx?, out);
+    ctx.lap("output joined", &mut since);
+    let first = rows.start;
+    let per_round = (CANDIDATE_BYTES_PER_ROUND / workers.len() / (8 * width0))
+        .max(1024)
+        .min(
+            (rows.len() / (32 * workers.len()))
+                .max(MIN_ROUND)
+                .max(engine.min_round_queries()),
+        );
+    let total = rows.len();
+    // Rounds: (first query, that round's output rows).
+    let result: &mut Neighbors = &mut out;
+    let rounds = rows
+        .clone()
+        .step_by(per_round)
+        .zip(result.ids.chunks_mut(per_round * k))
+        .zip(result.distances.chunks_mut(per_round * k));
+    if workers.len() == 1 || total <= per_round {
+        for ((start, ids), dists) in rounds {
+            let end = (start + per_round).min(rows.end);
+            ctx.round(workers[0], start, end, ids, dists)?;
+            progress(end - first, total);
+        }
+    } else {
+        let queue = std::sync::Mutex::new(rounds);
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let failed: std::sync::Mutex<Option<KnnError>> = std::sync::Mutex::new(None);
+        std::thread::scope(|s| {
+            for &e in &workers {
+                let (ctx, queue, done, failed) = (&ctx, &queue, &done, &failed);
+                s.spawn(move || loop {
+                    let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
+                    let Some(((start, ids), dists)) = next else {
+                        break;
+                    };
+                    let end = (start + per_round).min(rows.end);
+                    if let Err(e) = ctx.round(e, start, end, ids, dists) {
+                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                        // Hand out no more rounds: the call fails anyway.
+                        queue
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .by_ref()
+                            .for_each(drop);
+                        break;
+                    }
+                    let n = end - start;
+                    let so_far = done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+                    progress(so_far, total);
+                });
+            }
+        });
+        if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
+    }
+    ctx.lap("rounds done", &mut since);
+    // In blocks (a per-element parallel search costs more than the whole re-rank at k = 16):
+    // a branch-free test per block, then the first bad value of the first bad block.
+    const BLOCK: usize = 1 << 14;
+    let bad_block = out
+        .distances
+        .par_chunks(BLOCK)
+        .position_first(|c| !c.iter().fold(true, |ok, d| ok & d.is_finite()));
+    if let Some(b) = bad_block {
+        let i = b * BLOCK
+            + out.distances[b * BLOCK..]
+                .iter()
+                .position(|d| !d.is_finite())
+                .expect("the block has a non-finite value");
+        return Err(KnnError::Overflow {
+            metric: metric.name(),
+            row: first + i / k,
+        });
+    }
+    ctx.lap("output checked", &mut since);
+    if profile {
+        if let Some(r) = ctx.eb.centred_roots() {
+            eprintln!(
+                "pipeline: engine rows (centred roots) made on the host: {}",
+                if r.made { "yes" } else { "no" }
+            );
+        }
+    }
+    drop(ctx);
+    if let Some(prep) = prepared.into_inner() {
+        release(prep);
+    }
+    let out = out.into_inner();
+    if profile {
+        eprintln!(
+            "pipeline: prepared data and output released: {:.2} ms",
+            since.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    Ok(out)
+}
+
+/// A one-way flag threads wait for.
+#[derive(Default)]
+struct Signal {
+    set: Mutex<bool>,
+    changed: std::sync::Condvar,
+}
+
+impl Signal {
+    fn set(&self) {
+        *self.set.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.changed.notify_all();
+    }
+
+    /// A guard that sets the flag when dropped.
+    fn set_when_dropped(&self) -> impl Drop + '_ {
+        struct SetOnDrop<'a>(&'a Signal);
+        impl Drop for SetOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.set();
+            }
+        }
+        SetOnDrop(self)
+    }
+
+    fn wait(&self) {
+        let mut set = self.set.lock().unwrap_or_else(|e| e.into_inner());
+        while !*set {
+            set = self.changed.wait(set).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// The pipeline's output, shown to `engine` (see [`Engine::adopt_output`]): released by it
+/// before the output is returned ([`Output::into_inner`]) or dropped.
+struct Output<'e> {
+    engine: &'e dyn Engine,
+    out: Option<Neighbors>,
+}
+
+impl Output<'_> {
+    fn into_inner(mut self) -> Neighbors {
+        let out = self.out.take().expect("taken only here");
+        self.engine.release_output(&out.ids, &out.distances);
+        out
+    }
+}
+
+impl std::ops::Deref for Output<'_> {
+    type Target = Neighbors;
+    fn deref(&self) -> &Neighbors {
+        self.out.as_ref().expect("taken only by into_inner")
+    }
+}
+
+impl std::ops::DerefMut for Output<'_> {
+    fn deref_mut(&mut self) -> &mut Neighbors {
+        self.out.as_mut().expect("taken only by into_inner")
+    }
+}
+
+impl Drop for Output<'_> {
+    fn drop(&mut self) {
+        if let Some(out) = self.out.take() {
+            self.engine.release_output(&out.ids, &out.distances);
+            drop(out);
+        }
+    }
+}
+
+/// Frees the copies `prep` made, on a thread of their own when large: unmapping the pages of
+/// 80 000 × 256 square roots took 6 ms of a 124 ms GPU graph.
+fn release(prep: Prepared<'_>) {
+    let mut owned: Vec<Vec<f32>> = Vec::new();
+    let Prepared {
+        exact_base,
+        exact_queries,
+        engine,
+        ..
+    } = prep;
+    for d in std::iter::once(exact_base).chain(exact_queries) {
+        if let Data::Owned(m) = d {
+            owned.push(m.into_vec());
+        }
+    }
+    if let Some((b, q)) = engine {
+        match b {
+            EngineRows::Owned(b) => owned.push(b.into_vec()),
+            EngineRows::Borrowed(_) => {}
+            // The values, if the host made them: the borrow of the given rows ends here.
+            EngineRows::Roots(r) => owned.extend(r.into_values()),
+        }
+        owned.extend(q.map(Matrix::into_vec));
+    }
+    let bytes: usize = owned.iter().map(|v| v.len() * 4).sum();
+    if bytes >= 16 << 20 {
+        // Should the thread not start, the closure and the copies are dropped here.
+        let _ = std::thread::Builder::new()
+            .name("knn-release".into())
+            .spawn(move || drop(owned));
+    }
+}
