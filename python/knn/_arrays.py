@@ -13,7 +13,7 @@ _RESHAPE_HINT = (
 
 
 def as_matrix(x, what: str) -> np.ndarray:
-    """``x`` as a 2-D C-contiguous float32 array, without a copy when it already is one.
+    """``x`` as a 2-D aligned C-contiguous float32 array, without a copy when it already is one.
 
     Accepts NumPy arrays of any real dtype and memory order, nested lists, and objects NumPy
     converts (PyTorch CPU tensors, array-likes). Refuses 1-D input with scikit-learn's hint.
@@ -54,7 +54,7 @@ def as_matrix(x, what: str) -> np.ndarray:
                 f"{what}: row {row}, column {col} is {a[row, col]!r}, beyond the float32 "
                 "range this version computes in"
             )
-    return np.ascontiguousarray(a, dtype=np.float32)
+    return np.require(a, np.float32, ["C_CONTIGUOUS", "ALIGNED"])
 
 
 def _is_torch_tensor(x) -> bool:

@@ -295,3 +295,22 @@ def test_gpu_gives_the_cpu_answer(rng, metric):
     for a, b in [(gpu.search(queries, 10), cpu.search(queries, 10)), (gpu.graph(7), cpu.graph(7))]:
         np.testing.assert_array_equal(a[1], b[1])
         np.testing.assert_allclose(a[0], b[0], rtol=1e-6, atol=1e-7)
+
+
+def test_unaligned_and_big_endian_arrays(rng):
+    base = rng.random((64, 4)).astype(np.float32)
+    raw = np.frombuffer(b"\0" + base.tobytes(), dtype=np.float32, offset=1).reshape(64, 4)
+    assert not raw.flags.aligned
+    want = knn.search(base, base[:5], 3, device="cpu")
+    for b in (raw, base.astype(">f4"), base.astype(">f8")):
+        got = knn.search(b, base[:5], 3, device="cpu")
+        np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_huge_k_is_an_error_not_a_crash(rng):
+    index = knn.Index(rng.random((20000, 64)), device="cpu")
+    queries = rng.random((20000, 64))  # searched in pieces
+    with pytest.raises(ValueError, match="is larger than the 20000 points available"):
+        index.search(queries, 2**40)
+    with pytest.raises(ValueError, match="is larger than"):
+        index.graph(2**40)

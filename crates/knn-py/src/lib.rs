@@ -102,10 +102,11 @@ impl NativeIndex {
                 .map_err(to_py)?;
             return Ok(to_numpy(py, nn));
         }
+        // (Reserved after the first piece, whose success bounds k by the base's size.)
         let mut out = Neighbors {
             k,
-            ids: Vec::with_capacity(all * k),
-            distances: Vec::with_capacity(all * k),
+            ids: Vec::new(),
+            distances: Vec::new(),
         };
         for start in (0..all).step_by(piece) {
             let end = (start + piece).min(all);
@@ -119,6 +120,10 @@ impl NativeIndex {
                     index.search(q, k)
                 })
                 .map_err(|e| to_py(errors::shift_rows(e, start)))?;
+            if start == 0 {
+                out.ids.reserve_exact(all * k);
+                out.distances.reserve_exact(all * k);
+            }
             out.ids.extend_from_slice(&nn.ids);
             out.distances.extend_from_slice(&nn.distances);
             py.check_signals()?;
@@ -228,16 +233,16 @@ impl AsRef<[f32]> for ArrayRows {
 impl ArrayRows {
     /// The rows of `array` in place, or owned empty rows (an empty array's pointer may dangle).
     fn share(array: Bound<'_, PyArray2<f32>>) -> PyResult<Rows> {
-        if !array.is_c_contiguous() {
+        let data = array.data() as *const f32;
+        if !array.is_c_contiguous() || !data.is_aligned() {
             return Err(PyValueError::new_err(
-                "expected a C-contiguous float32 array",
+                "expected an aligned C-contiguous float32 array",
             ));
         }
         let len = array.len();
         if len == 0 {
             return Ok(Rows::Owned(Vec::new()));
         }
-        let data = array.data() as *const f32;
         Ok(Rows::Shared(Arc::new(ArrayRows {
             _array: array.unbind(),
             data,
@@ -279,8 +284,13 @@ fn parse_metric(
 
 /// The values of a C-contiguous array (the Python layer makes every input so).
 fn contiguous<'a>(a: &'a PyReadonlyArray2<'_, f32>) -> PyResult<&'a [f32]> {
-    a.as_slice()
-        .map_err(|_| PyValueError::new_err("expected a C-contiguous float32 array"))
+    let bad = || PyValueError::new_err("expected an aligned C-contiguous float32 array");
+    let values = a.as_slice().map_err(|_| bad())?;
+    if values.is_empty() || values.as_ptr().is_aligned() {
+        Ok(values)
+    } else {
+        Err(bad())
+    }
 }
 
 /// `(distances float32, ids int64)`, each `rows × k`; the distances are moved, not copied.
