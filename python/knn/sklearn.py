@@ -121,7 +121,11 @@ class _Neighbors(BaseEstimator):
             X, y = _validate_data(self, X, y, dtype=[np.float64, np.float32], order="C", **y_checks)
         name, extra = _engine_metric(self.metric, self.p, self.metric_params)
         self._index = Index(X, name, self.device, threads=_threads(self.n_jobs), **extra)
-        self.effective_metric_ = name if "metric_expr" not in extra else "expr"
+        # scikit-learn's names: minkowski with p 1, 2 or inf is manhattan, euclidean, chebyshev
+        self.effective_metric_ = (
+            "expr" if "metric_expr" in extra
+            else {"l2": "euclidean", "l1": "manhattan", "linf": "chebyshev"}.get(name, name)
+        )
         self.effective_metric_params_ = dict(self.metric_params or {})
         self.n_samples_fit_ = X.shape[0]
         self._fit_dtype = X.dtype

@@ -176,3 +176,11 @@ def test_parameters():
         ks.KNeighborsClassifier(weights="nope", device="cpu").fit(X, y).predict(Q)
     with pytest.raises(ValueError, match="Reshape your data"):
         ks.KNeighborsClassifier(device="cpu").fit(X, y).predict(Q[0])
+
+
+def test_effective_metric_uses_sklearn_names():
+    X, _, _ = load("iris")
+    for metric, p in [("minkowski", 2), ("minkowski", 1), ("chebyshev", 2), ("cosine", 2)]:
+        ours = ks.NearestNeighbors(metric=metric, p=p, device="cpu").fit(X)
+        theirs = neighbors.NearestNeighbors(metric=metric, p=p).fit(X)
+        assert ours.effective_metric_ == theirs.effective_metric_
