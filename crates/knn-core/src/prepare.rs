@@ -615,6 +615,15 @@ impl PreparedBase {
         })
     }
 
+    /// The rows engines compute on: the prepared copy, or `base` itself (the rows this was
+    /// made from) where the engine space is the given one.
+    pub fn engine_base<'a>(&'a self, base: MatrixRef<'a>) -> MatrixRef<'a> {
+        match (&self.engine, &self.exact) {
+            (Some(m), _) | (None, Some(m)) => m.view(),
+            (None, None) => base,
+        }
+    }
+
     /// The preparation of `base` (the rows this was made from) with `queries` (`None`: a
     /// self-join), as [`prepare`] would make it, the base's part reused; `None` when the
     /// queries change it (an expression metric, or queries whose magnitude calls for

@@ -89,6 +89,13 @@ impl Index {
         let base = MatrixRef::new("base", rows.as_slice(), dim)?;
         check_base(&metric, base)?;
         let prepared = PreparedBase::new(&metric, base)?;
+        // Placed on the device now (a GPU engine copies the rows it will compute on; the first
+        // search takes that copy), not at the first search.
+        // (Expression metrics compute on features made per call: nothing to place.)
+        if !metric.is_expr() {
+            knn.engine_for(base.rows(), dim, &metric)?
+                .prefetch_base(prepared.key, prepared.engine_base(base));
+        }
         Ok(Index {
             rows,
             dim,

@@ -1,0 +1,115 @@
+"""Issue 20's index bars on one GPU: `knn::Index` built once and searched from host queries to
+host results, against PyTorch holding the base on the GPU, same sizes, same call.
+
+Ours: the `index_bench` example (`cargo build --release -p knn --example index_bench`, packed
+next to the binaries as .gpu/index_bench): the index built once, then `search` timed from host
+queries to host results (median after warm-up), and the one-off `Knn::search` beside it (the
+answers must be equal).
+PyTorch (TF32 off), uniform [0, 1) float32 data:
+- resident: base and queries on the GPU, ‖q‖² + ‖r‖² − 2 q rᵀ by addmm, then topk (CUDA events);
+- h2h: base on the GPU, queries uploaded per call, addmm + topk, ids and distances downloaded
+  (wall time, synchronised).
+
+Usage (GPU machine, repository root): python3 bench/gpu/index_vs_torch.py [--bench .gpu/index_bench] [--cases 1,2,3,4,5]
+"""
+import argparse
+import re
+import subprocess
+import sys
+import time
+
+import torch
+
+# name: (nb, nq, d, k, peer the bar is against, bar)
+CASES = {
+    "1": (16384, 4096, 128, 16, "h2h", 3.0),
+    "2": (1_000_000, 10_000, 128, 100, "resident", 4.0),
+    "3": (1_000_000, 10_000, 128, 1024, "resident", 3.0),
+    "4": (1_000_000, 1, 128, 10, "h2h", 2.0),
+    "5": (1_000_000, 100, 128, 10, "h2h", 3.0),
+}
+
+
+def torch_times(nb, nq, d, k, reps):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r = torch.rand(nb, d, device="cuda", generator=g)
+    q_host = torch.rand(nq, d, generator=torch.Generator().manual_seed(1)).pin_memory()
+    rn = (r * r).sum(1)
+    chunk = nq if nq * nb <= (1 << 31) else 1000
+
+    def search(q):
+        outs = []
+        for s in range(0, nq, chunk):
+            qq = q[s:s + chunk]
+            qn = (qq * qq).sum(1, keepdim=True)
+            dist = torch.addmm(qn + rn, qq, r.t(), beta=1.0, alpha=-2.0)
+            outs.append(torch.topk(dist, k, dim=1, largest=False))
+        return outs
+
+    q_dev = q_host.cuda()
+    for _ in range(3):
+        search(q_dev)
+    torch.cuda.synchronize()
+    resident = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        search(q_dev)
+        b.record()
+        b.synchronize()
+        resident.append(a.elapsed_time(b))
+
+    def h2h():
+        outs = search(q_host.cuda(non_blocking=True))
+        return [(v.cpu(), i.cpu()) for v, i in outs]
+
+    for _ in range(3):
+        h2h()
+    torch.cuda.synchronize()
+    host = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        h2h()
+        host.append((time.perf_counter() - t) * 1e3)
+    med = lambda v: sorted(v)[len(v) // 2]
+    return med(resident), med(host)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bench", default=".gpu/index_bench")
+    ap.add_argument("--cases", default="1,2,3,4,5")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    rows = []
+    for name in args.cases.split(","):
+        nb, nq, d, k, peer, bar = CASES[name]
+        reps = 20 if nq * nb <= (1 << 31) else 7
+        cmd = [args.bench, str(nb), str(nq), str(d), str(k), str(reps), "--device", args.device]
+        print("$ " + " ".join(cmd), flush=True)
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        sys.stdout.write(p.stdout + p.stderr)
+        m = re.search(r"search median ([0-9.]+) ms.*one-off Knn::search ([0-9.]+) ms", p.stdout)
+        if p.returncode != 0 or not m:
+            raise SystemExit(f"index_bench failed ({p.returncode})")
+        ours, one_off = float(m.group(1)), float(m.group(2))
+        resident, h2h = torch_times(nb, nq, d, k, reps)
+        print(f"torch: resident {resident:.3f} ms, h2h {h2h:.3f} ms", flush=True)
+        rows.append((name, nb, nq, d, k, ours, one_off, resident, h2h, peer, bar))
+    print()
+    print(f"{'case':<34} {'index ms':>9} {'one-off':>9} {'torch res':>10} {'torch h2h':>10} "
+          f"{'ratio':>7} {'bar':>9}  verdict")
+    for name, nb, nq, d, k, ours, one_off, resident, h2h, peer, bar in rows:
+        ratio = (h2h if peer == "h2h" else resident) / ours
+        print(f"{name}: {nb}x{nq} d={d} k={k:<5} {ours:9.3f} {one_off:9.3f} {resident:10.3f} "
+              f"{h2h:10.3f} {ratio:6.2f}x {bar:3.0f}x {peer:<4}  "
+              f"{'met' if ratio >= bar else 'NOT met'}")
+    print("(index: our index search, host queries to host results; one-off: Knn::search of the "
+          "same data; torch res: data on the GPU; torch h2h: base on the GPU, queries up and "
+          "results down per call)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+//! Times `knn::Index` as a user sees it: the index built once, then `search` from host
+//! queries to host results (median of repeated calls after warm-up), next to the one-off
+//! `Knn::search` of the same data, whose answer the index must equal.
+//!
+//! Usage: `index_bench NB NQ D K [REPEAT] [--metric l2] [--device auto|cpu|cuda] [--threads T]`
+//! (uniform [0, 1) data from fixed seeds). Prints one `index:` line to be read by
+//! `bench/gpu/index_vs_torch.py`.
+
+use knn::synth::{generate, Distribution};
+use knn::{Device, Index, Knn, MatrixRef, Metric, Options};
+use std::time::Instant;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let mut pos = Vec::new();
+    let (mut metric, mut device, mut threads) = ("l2".to_string(), "auto".to_string(), None);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--metric" => metric = args.next().expect("--metric NAME"),
+            "--device" => device = args.next().expect("--device auto|cpu|cuda"),
+            "--threads" => threads = args.next().map(|t| t.parse::<usize>().expect("threads")),
+            _ => pos.push(a.parse::<usize>().expect("NB NQ D K [REPEAT]")),
+        }
+    }
+    let [nb, nq, d, k] = pos[..4] else {
+        panic!("usage: index_bench NB NQ D K [REPEAT] [--metric M] [--device D]")
+    };
+    let repeat = pos.get(4).copied().unwrap_or(20);
+    let metric: Metric = metric.parse().expect("metric");
+    let opts = Options {
+        device: device.parse::<Device>().expect("device"),
+        threads,
+        ..Options::default()
+    };
+    let uniform = Distribution::Uniform { lo: 0.0, hi: 1.0 };
+    let base = generate(uniform, nb, d, 1);
+    let queries = generate(uniform, nq, d, 2);
+    let q = MatrixRef::new("queries", &queries, d).expect("finite");
+
+    let t = Instant::now();
+    let index = Index::new(base.clone(), d, metric.clone(), &opts).expect("index");
+    let build = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let first = index.search(q, k).expect("search");
+    let first_ms = t.elapsed().as_secs_f64() * 1e3;
+    for _ in 0..3 {
+        index.search(q, k).expect("search");
+    }
+    let times: Vec<f64> = (0..repeat)
+        .map(|_| {
+            let t = Instant::now();
+            let nn = index.search(q, k).expect("search");
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            drop(nn);
+            ms
+        })
+        .collect();
+    let (lo, hi) = (
+        times.iter().copied().fold(f64::INFINITY, f64::min),
+        times.iter().copied().fold(0.0, f64::max),
+    );
+    let searched = median(times);
+
+    // The one-off call: the base checked, prepared and uploaded again each time.
+    let knn = Knn::new(&opts).expect("engine");
+    let b = MatrixRef::new("base", &base, d).expect("finite");
+    let want = knn.search(b, q, k, &metric).expect("one-off search");
+    let one_off = median(
+        (0..repeat.clamp(3, 10))
+            .map(|_| {
+                let t = Instant::now();
+                knn.search(b, q, k, &metric).expect("one-off search");
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect(),
+    );
+    let same = if first == want { "same" } else { "DIFFERENT" };
+    println!(
+        "index: {} nb={nb} nq={nq} d={d} k={k} {metric}: build {build:.2} ms, first search \
+         {first_ms:.2} ms, search median {searched:.3} ms (min {lo:.3}, max {hi:.3}, {repeat} runs); \
+         one-off Knn::search {one_off:.3} ms; answers {same}",
+        knn.engine_name()
+    );
+    if first != want {
+        std::process::exit(1);
+    }
+}
