@@ -581,8 +581,10 @@ pub struct PreparedBase {
 }
 
 impl PreparedBase {
-    /// Prepares `base` for `metric` (domain checks happen before this).
-    pub fn new(metric: &Metric, base: MatrixRef<'_>) -> Result<Self> {
+    /// Prepares `base` for `metric` (domain checks happen before this), under `key`, a fresh
+    /// [`crate::base_key`] (taken before, so that an engine may be given the base under it
+    /// meanwhile: [`crate::Engine::prefetch_base`]).
+    pub fn new(metric: &Metric, base: MatrixRef<'_>, key: u64) -> Result<Self> {
         if metric.is_expr() {
             return Ok(PreparedBase {
                 transform: None,
@@ -591,7 +593,7 @@ impl PreparedBase {
                 top: 0.0,
                 scale: None,
                 base_nonnegative: false,
-                key: crate::engine::base_key(),
+                key,
             });
         }
         let (t, exact) = Transform::of_base(metric, base)?;
@@ -611,7 +613,7 @@ impl PreparedBase {
             engine,
             top,
             scale,
-            key: crate::engine::base_key(),
+            key,
         })
     }
 

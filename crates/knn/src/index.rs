@@ -87,14 +87,23 @@ impl Index {
 
     fn with_engine(rows: Rows, dim: usize, metric: Metric, knn: Knn) -> Result<Self> {
         let base = MatrixRef::new("base", rows.as_slice(), dim)?;
-        check_base(&metric, base)?;
-        let prepared = PreparedBase::new(&metric, base)?;
-        // Placed on the device now (a GPU engine copies the rows it will compute on; the first
-        // search takes that copy), not at the first search.
-        // (Expression metrics compute on features made per call: nothing to place.)
-        if !metric.is_expr() {
-            knn.engine_for(base.rows(), dim, &metric)?
-                .prefetch_base(prepared.key, prepared.engine_base(base));
+        let engine = knn.engine_for(base.rows(), dim, &metric)?;
+        let key = knn_core::base_key();
+        // The base is placed on the device now, not at the first search: a GPU engine copies
+        // the given rows while the host checks and prepares them, and the prepared rows after
+        // that where they differ (the first search takes the copy). Expression metrics
+        // compute on features made per call: nothing to place.
+        let place = !metric.is_expr();
+        let prepared = std::thread::scope(|s| {
+            if place {
+                s.spawn(|| engine.prefetch_base(key, base));
+            }
+            check_base(&metric, base)?;
+            PreparedBase::new(&metric, base, key)
+        })?;
+        let engine_rows = prepared.engine_base(base);
+        if place && engine_rows.as_slice().as_ptr() != base.as_slice().as_ptr() {
+            engine.prefetch_base(key, engine_rows);
         }
         Ok(Index {
             rows,
@@ -186,7 +195,9 @@ impl Index {
             rows.extend_with_row(i, &mut all);
         }
         let base = MatrixRef::new_unchecked_values("base", &all, self.dim)?;
-        match check_base(&self.metric, base).and_then(|_| PreparedBase::new(&self.metric, base)) {
+        let prepared = check_base(&self.metric, base)
+            .and_then(|_| PreparedBase::new(&self.metric, base, knn_core::base_key()));
+        match prepared {
             Ok(prepared) => {
                 self.prepared = prepared;
                 self.rows = Rows::Owned(all);

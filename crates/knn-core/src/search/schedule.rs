@@ -228,6 +228,10 @@ pub(super) fn run(
                 .max(engine.min_round_queries()),
         );
     let total = rows.len();
+    // Rounds of even size under that cap: a short last round costs nearly a full one's
+    // device time (k = 1024 on an H100: 172 rows after three of 3 276 took 2.4 ms of kernels,
+    // a full one 21.8 ms).
+    let per_round = total.div_ceil(total.div_ceil(per_round).max(1)).max(1);
     // Rounds: (first query, that round's output rows).
     let result: &mut Neighbors = &mut out;
     let rounds = rows
