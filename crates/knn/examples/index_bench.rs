@@ -2,9 +2,10 @@
 //! queries to host results (median of repeated calls after warm-up), next to the one-off
 //! `Knn::search` of the same data, whose answer the index must equal.
 //!
-//! Usage: `index_bench NB NQ D K [REPEAT] [--metric l2] [--device auto|cpu|cuda] [--threads T]`
-//! (uniform [0, 1) data from fixed seeds). Prints one `index:` line to be read by
-//! `bench/gpu/index_vs_torch.py`.
+//! Usage: `index_bench NB NQ D K [REPEAT] [--metric l2] [--device auto|cpu|cuda] [--threads T]
+//! [--concurrent C]` (uniform [0, 1) data from fixed seeds). Prints one `index:` line to be
+//! read by `bench/gpu/index_vs_torch.py`; with `--concurrent C`, also the throughput of C
+//! threads searching the one index at once (REPEAT searches each) against one thread.
 
 use knn::synth::{generate, Distribution};
 use knn::{Device, Index, Knn, MatrixRef, Metric, Options};
@@ -18,12 +19,19 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     let mut pos = Vec::new();
     let (mut metric, mut device, mut threads) = ("l2".to_string(), "auto".to_string(), None);
+    let mut concurrent = 0usize;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--metric" => metric = args.next().expect("--metric NAME"),
             "--device" => device = args.next().expect("--device auto|cpu|cuda"),
             "--threads" => threads = args.next().map(|t| t.parse::<usize>().expect("threads")),
+            "--concurrent" => {
+                concurrent = args
+                    .next()
+                    .and_then(|c| c.parse().ok())
+                    .expect("--concurrent C")
+            }
             _ => pos.push(a.parse::<usize>().expect("NB NQ D K [REPEAT]")),
         }
     }
@@ -88,5 +96,29 @@ fn main() {
     );
     if first != want {
         std::process::exit(1);
+    }
+    if concurrent > 0 {
+        // Searches per second: one thread, then `concurrent` threads on the same index, each
+        // checking its answers against the lone caller's.
+        let one = repeat as f64 / (searched * repeat as f64 / 1e3);
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..concurrent {
+                s.spawn(|| {
+                    for _ in 0..repeat {
+                        assert!(
+                            index.search(q, k).expect("search") == want,
+                            "a concurrent search differs"
+                        );
+                    }
+                });
+            }
+        });
+        let many = (concurrent * repeat) as f64 / t.elapsed().as_secs_f64();
+        println!(
+            "concurrent: {concurrent} threads x {repeat} searches: {many:.1} searches/s, one \
+             thread {one:.1} searches/s ({:.2}x); every answer the lone caller's",
+            many / one
+        );
     }
 }
