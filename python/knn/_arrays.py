@@ -25,6 +25,8 @@ def as_matrix(x, what: str) -> np.ndarray:
                 "(use tensor.cpu())"
             )
         x = x.detach().numpy()
+    elif not isinstance(x, np.ndarray) and hasattr(x, "__dlpack_device__"):
+        x = _from_dlpack(x, what)
     try:
         a = np.asarray(x)
     except (TypeError, ValueError) as e:
@@ -55,6 +57,20 @@ def as_matrix(x, what: str) -> np.ndarray:
                 "range this version computes in"
             )
     return np.require(a, np.float32, ["C_CONTIGUOUS", "ALIGNED"])
+
+
+def _from_dlpack(x, what: str):
+    """A host array of another library (JAX, CuPy's host arrays, ...) through DLPack, no copy."""
+    device_type = int(x.__dlpack_device__()[0])
+    if device_type not in (1, 3):  # kDLCPU, kDLCUDAHost
+        raise ValueError(
+            f"{what}: an array in device memory (DLPack device type {device_type}); this version "
+            "takes host arrays only: copy it to the host first (tensor.cpu(), cupy.asnumpy(a))"
+        )
+    try:
+        return np.from_dlpack(x)
+    except (TypeError, ValueError, RuntimeError, BufferError):
+        return x  # left to np.asarray
 
 
 def _is_torch_tensor(x) -> bool:

@@ -21,8 +21,9 @@ class Index:
     Parameters
     ----------
     data : array_like, shape (n, d)
-        The base points: a NumPy array of any real dtype and memory order, a nested list, or
-        anything NumPy converts (a PyTorch CPU tensor). Converted to C-contiguous float32 when
+        The base points: a NumPy array of any real dtype and memory order, a nested list, a
+        PyTorch CPU tensor, a host array of another library through DLPack, or anything NumPy
+        converts. Arrays in GPU memory are refused (this version). Converted to C-contiguous float32 when
         it is not already. NaN, infinite values, empty input and 1-D input are refused with a
         ``ValueError``. A C-contiguous float32 array is used in place, with no copy: the index
         keeps a reference to it, and it must not be modified while the index lives (the

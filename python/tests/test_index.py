@@ -314,3 +314,25 @@ def test_huge_k_is_an_error_not_a_crash(rng):
         index.search(queries, 2**40)
     with pytest.raises(ValueError, match="is larger than"):
         index.graph(2**40)
+
+
+class _DLPackArray:
+    """An array of another library, seen only through the DLPack protocol."""
+
+    def __init__(self, a, device=None):
+        self.a, self.device = a, device
+
+    def __dlpack__(self, **kwargs):
+        return self.a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.device or self.a.__dlpack_device__()
+
+
+def test_dlpack_host_arrays_and_a_clear_error_for_device_ones(rng):
+    base = rng.random((100, 5)).astype(np.float32)
+    want = knn.search(base, base[:4], 3, device="cpu")
+    got = knn.search(_DLPackArray(base), _DLPackArray(base[:4]), 3, device="cpu")
+    np.testing.assert_array_equal(got[1], want[1])
+    with pytest.raises(ValueError, match="device memory .* copy it to the host"):
+        knn.Index(_DLPackArray(base, device=(2, 0)))
