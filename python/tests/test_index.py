@@ -336,3 +336,30 @@ def test_dlpack_host_arrays_and_a_clear_error_for_device_ones(rng):
     np.testing.assert_array_equal(got[1], want[1])
     with pytest.raises(ValueError, match="device memory .* copy it to the host"):
         knn.Index(_DLPackArray(base, device=(2, 0)))
+
+
+def test_searches_run_while_rows_are_added(rng):
+    index = knn.Index(rng.random((2000, 8)), device="cpu")
+    queries = rng.random((200, 8))
+    stop = threading.Event()
+    seen = []
+
+    def search():
+        while not stop.is_set():
+            _, ids = index.search(queries, 5)
+            seen.append(int(ids.max()))
+
+    threads = [threading.Thread(target=search) for _ in range(3)]
+    for t in threads:
+        t.start()
+    extra = [rng.random((100, 8)) for _ in range(5)]
+    with ThreadPoolExecutor(2) as pool:  # two adds at once both land
+        list(pool.map(index.add, extra))
+    for rows in extra[2:]:
+        index.add(rows)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert len(index) == 2000 + 8 * 100 and seen
+    _, ids = index.search(extra[-1], 1)
+    assert (ids[:, 0] >= 2000).all()
