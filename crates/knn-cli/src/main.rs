@@ -31,8 +31,15 @@ fn main() -> ExitCode {
     let result = match command {
         args::Command::Search(a) => run::search(&a, quiet),
         args::Command::Graph(a) => run::graph(&a, quiet),
-        args::Command::Generate(a) => data::generate(&a, quiet),
-        args::Command::Verify(a) => run::verify(&a, quiet),
+        args::Command::Generate(a) => data::generate(&a, quiet)
+            .map_err(|e| format_hint(e, "name it with --format (fvecs, npy, csv)")),
+        args::Command::Verify(a) => run::verify(&a, quiet).map_err(|e| {
+            format_hint(
+                e,
+                "name the file with one of these extensions (knn search writes .npy, .ivecs or \
+                 .csv)",
+            )
+        }),
         args::Command::Bench(a) => bench::bench(&a, quiet),
         args::Command::Classify(a) => classify::classify(&a, quiet),
         args::Command::Info => info::info(),
@@ -43,5 +50,19 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// An unknown file extension names the fix that the command has: `hint` replaces the
+/// library's "name the format explicitly".
+fn format_hint(e: anyhow::Error, hint: &str) -> anyhow::Error {
+    match e.downcast_ref::<knn_io::IoError>() {
+        Some(io @ knn_io::IoError::UnknownFormat { .. }) => {
+            anyhow::anyhow!(
+                "{}",
+                io.to_string().replace("name the format explicitly", hint)
+            )
+        }
+        _ => e,
     }
 }

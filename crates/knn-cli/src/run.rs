@@ -406,6 +406,9 @@ pub fn search(a: &SearchArgs, quiet: bool) -> Result<ExitCode> {
     let mut inputs: Vec<&Path> = vec![&a.base, &a.queries];
     inputs.extend(a.metric.covariance.as_deref());
     let plan = plan(&a.out, &inputs)?;
+    if is_std_stream(&a.base) && is_std_stream(&a.queries) {
+        bail!("only one input can be read from standard input (-); give the other as a file");
+    }
     let mut stdin_taken = false;
     let base = read_points(&a.base, &base_options, &mut stdin_taken)?;
     let queries = read_points(&a.queries, &query_options, &mut stdin_taken)?;
