@@ -21,7 +21,7 @@ if [ "$what" != rust ]; then
     [ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
     export PATH="$PWD/.venv/bin:$PATH" # (the build backend runs `maturin` from PATH)
     pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
-    "${pip[@]}" install "maturin>=1.9.4,<2" numpy scipy scikit-learn pandas pytest
+    "${pip[@]}" install "maturin>=1.9.4,<2" numpy scipy scikit-learn pandas pytest dask distributed
     "${pip[@]}" install --no-build-isolation --no-deps --force-reinstall .
     echo "== Python: pytest python/tests"
     .venv/bin/python -m pytest -q -p no:cacheprovider python/tests

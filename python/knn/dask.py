@@ -108,12 +108,14 @@ def _run(base, queries, k, self_graph, args):
 
 
 def _check_k(k, n, graph):
-    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"k={k!r}: expected a positive integer")
-    if graph and k >= n:
-        raise ValueError(f"k={k} must be less than the {n} points")
+    # The messages of knn.search / knn.graph, raised before anything is scheduled.
+    if k < 1:
+        raise ValueError(f"k must be at least 1 (got {k})")
+    if graph and k > n - 1:
+        raise ValueError(f"k={k} is larger than the {n - 1} points available (a graph excludes "
+                         f"each point itself: {n} points less one)")
     if not graph and k > n:
-        raise ValueError(f"k={k} exceeds the {n} base points")
+        raise ValueError(f"k={k} is larger than the {n} points available")
 
 
 def search(base, queries, k, metric="l2", device="auto", *, chunks=None, **options):
@@ -121,7 +123,8 @@ def search(base, queries, k, metric="l2", device="auto", *, chunks=None, **optio
     base = _as_dask(base, chunks)
     queries = _as_dask(queries, chunks)
     if base.shape[1] != queries.shape[1]:
-        raise ValueError(f"queries have {queries.shape[1]} columns, the base {base.shape[1]}")
+        raise ValueError(f"dimension mismatch: base has d={base.shape[1]}, "
+                         f"queries have d={queries.shape[1]}")
     _check_k(k, base.shape[0], False)
     return _run(base, queries, int(k), False, dict(metric=metric, device=device, **options))
 

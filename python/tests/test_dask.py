@@ -1,0 +1,78 @@
+"""knn.dask on a LocalCluster of 2 worker processes: answers equal knn.search / knn.graph."""
+
+import numpy as np
+import pytest
+
+import knn
+
+da = pytest.importorskip("dask.array")
+distributed = pytest.importorskip("distributed")
+import knn.dask as kd  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       dashboard_address=None)
+    c = distributed.Client(cluster)
+    yield c
+    c.close()
+    cluster.close()
+
+
+def _data(kind, n, d, seed):
+    rng = np.random.default_rng(seed)
+    if kind == "ties":  # few distinct values: many equal distances, duplicates across chunks
+        return rng.integers(0, 3, (n, d)).astype(np.float32)
+    return rng.standard_normal((n, d)).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["random", "ties"])
+@pytest.mark.parametrize("k", [1, 7, 40])  # 40 > one base chunk of 25
+def test_search_and_graph_equal_one_process(client, kind, k):
+    b, q = _data(kind, 103, 5, 1), _data(kind, 37, 5, 2)
+    d, i = client.compute(kd.search(da.from_array(b, chunks=(25, 5)),
+                                    da.from_array(q, chunks=(10, 5)), k), sync=True)
+    D, I = knn.search(b, q, k)
+    assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+    d, i = client.compute(kd.graph(da.from_array(b, chunks=(25, 5)), k), sync=True)
+    D, I = knn.graph(b, k)
+    assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+
+
+def test_numpy_input_and_laziness(client):
+    b = _data("random", 50, 3, 3)
+    d, i = kd.search(b, b[:9], 4, chunks=16)
+    assert isinstance(d, da.Array) and d.chunks == ((9,), (4,))
+    D, I = knn.search(b, b[:9], 4)
+    assert np.array_equal(client.compute(i, sync=True), I)
+
+
+def test_worker_lost_mid_job(client):
+    b, q = _data("ties", 400, 8, 4), _data("ties", 120, 8, 5)
+    lazy = kd.search(da.from_array(b, chunks=(50, 8)), da.from_array(q, chunks=(30, 8)), 9)
+    fut = client.compute(lazy)
+    client.restart_workers([next(iter(client.scheduler_info()["workers"]))])
+    d, i = client.gather(fut)
+    D, I = knn.search(b, q, 9)
+    assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+
+
+@pytest.mark.parametrize("call", [
+    lambda b: kd.search(b, b, 0), lambda b: kd.search(b, b, 11),
+    lambda b: kd.graph(b, 10), lambda b: kd.search(b, np.ones((2, 3), np.float32), 2),
+])
+def test_bad_input_same_errors_nothing_scheduled(client, call):
+    b = _data("random", 10, 4, 6)
+    ref = {0: lambda: knn.search(b, b, 0), 1: lambda: knn.search(b, b, 11),
+           2: lambda: knn.graph(b, 10), 3: lambda: knn.search(b, np.ones((2, 3), np.float32), 2)}
+    with pytest.raises(ValueError) as got:
+        call(da.from_array(b, chunks=(4, 4)))
+    msgs = []
+    for f in ref.values():
+        try:
+            f()
+        except ValueError as e:
+            msgs.append(str(e))
+    assert str(got.value) in msgs
+    assert not client.processing() or all(not v for v in client.processing().values())
