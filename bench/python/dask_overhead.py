@@ -1,0 +1,62 @@
+"""knn.dask.search (4 base chunks, LocalCluster) against knn.search in one process (issue 22).
+
+    python bench/python/dask_overhead.py [n_base] [n_queries] [d] [k] [workers]
+
+Default 1e6 x 1e4, d=128, k=10. Reports both times, the ratio, the merge's share (sum of merge
+task durations / sum of all task durations) and the bytes sent between workers.
+"""
+
+import sys
+import time
+
+import numpy as np
+
+import knn
+import knn.dask as kd
+
+
+def main():
+    nb, nq, d, k, w = (int(float(a)) for a in (sys.argv[1:] + ["1e6", "1e4", "128", "10", "2"][len(sys.argv) - 1:]))
+    import dask.array as da
+    from distributed import Client, LocalCluster
+
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((nb, d), dtype=np.float32)
+    queries = rng.standard_normal((nq, d), dtype=np.float32)
+
+    t = time.perf_counter()
+    D, I = knn.search(base, queries, k, device="cpu")
+    one = time.perf_counter() - t
+
+    with LocalCluster(n_workers=w, threads_per_worker=max(1, 2 // w), processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        b = client.persist(da.from_array(base, chunks=(-(-nb // 4), d)))
+        q = client.persist(da.from_array(queries, chunks=(-(-nq // w), d)))
+        distributed_wait = __import__("distributed").wait
+        distributed_wait([b, q])
+        from distributed import get_task_stream
+
+        t = time.perf_counter()
+        with get_task_stream(client) as ts:
+            d_, i_ = client.compute(kd.search(b, q, k, device="cpu"), sync=True)
+        dask_t = time.perf_counter() - t
+        assert d_.tobytes() == D.tobytes() and i_.tobytes() == I.tobytes(), "answers differ"
+        busy = {}
+        for task in ts.data:
+            name = task["key"][0] if isinstance(task["key"], tuple) else task["key"]
+            name = str(name).split("-")[0]
+            for s_ in task["startstops"]:
+                if s_["action"] == "compute":
+                    busy[name] = busy.get(name, 0.0) + s_["stop"] - s_["start"]
+        total = sum(busy.values())
+        merge = busy.get("_merge", 0.0)
+        incoming = client.run(lambda dask_worker: sum(
+            e.get("total", 0) for e in dask_worker.transfer_incoming_log))
+    print(f"{nb} x {nq}, d={d}, k={k}, {w} workers: knn.search {one:.3f} s, knn.dask.search "
+          f"{dask_t:.3f} s, ratio {dask_t / one:.2f}x; bytes between workers "
+          f"{sum(incoming.values())}; merge {merge:.3f} s = {100 * merge / total:.1f} % of "
+          f"task time; task time by kind {dict((n, round(v, 3)) for n, v in busy.items())}")
+
+
+if __name__ == "__main__":
+    main()
