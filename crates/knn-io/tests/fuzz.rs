@@ -205,6 +205,14 @@ fn mutation() -> impl Strategy<Value = Mutation> {
     ]
 }
 
+/// `bytes` with every mutation of `mutations` applied in turn.
+fn mutated(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
+    for m in mutations {
+        apply(&mut bytes, m);
+    }
+    bytes
+}
+
 fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
     let len = bytes.len();
     match *m {
@@ -271,10 +279,7 @@ proptest! {
         (format, bytes, _, _) in valid_file(),
         mutations in prop::collection::vec(mutation(), 1..6),
     ) {
-        let mut bytes = bytes;
-        for m in &mutations {
-            apply(&mut bytes, m);
-        }
+        let bytes = mutated(bytes, &mutations);
         read_all_ways(&bytes, format);
     }
 
@@ -283,10 +288,7 @@ proptest! {
         (format, bytes, _, _) in valid_file(),
         mutations in prop::collection::vec(mutation(), 0..4),
     ) {
-        let mut bytes = bytes;
-        for m in &mutations {
-            apply(&mut bytes, m);
-        }
+        let bytes = mutated(bytes, &mutations);
         path_reads_like_bytes(&bytes, format);
     }
 }
@@ -364,10 +366,7 @@ proptest! {
         bytes in hdf5_file(),
         mutations in prop::collection::vec(mutation(), 1..8),
     ) {
-        let mut bytes = bytes;
-        for m in &mutations {
-            apply(&mut bytes, m);
-        }
+        let bytes = mutated(bytes, &mutations);
         read_hdf5_all_ways(&bytes);
     }
 
