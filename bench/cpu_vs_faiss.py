@@ -653,10 +653,8 @@ def main() -> int:
     if peak and any(r.get("ours_ms") and r["ops"] / (r["ours_ms"] * 1e6) > peak for r in rows):
         print("note: ours above 100% of the FP32 GEMM peak: the CPU engine's AVX-512 BF16 path "
               "(vdpbf16ps, twice the FP32 FMA rate; candidates re-ranked exactly) does these dot "
-              "products, so its floor is 2x the FP32 peak. KNN_CPU_NO_BF16=1 in the environment "
-              "runs ours FP32-only.")
-    if os.environ.get("KNN_CPU_NO_BF16"):
-        print("note: KNN_CPU_NO_BF16 is set: ours ran without the BF16 path")
+              "products, so its floor is 2x the FP32 peak. The engine alone FP32-only "
+              "(CpuEngine::f32_only): cargo run --release -p knn-cpu --example small_d_bench.")
     if knn is None:
         print(f"\n{knn_note}")
 

@@ -103,14 +103,11 @@ fn zeroed_vec<T: Zeroable>(len: usize) -> Vec<T> {
     }
 }
 
-/// Hints that `v`'s whole 2 MiB pages be huge pages (no effect off Linux or for small `v`;
-/// `KNN_HUGE_PAGES=0` turns it off, for measurements).
+/// Hints that `v`'s whole 2 MiB pages be huge pages (no effect off Linux or for small `v`).
+/// (Without the hint the output took 46–49 ms against 43–45 ms: knn-cuda's NOTES.md, stop 17.)
 fn advise_huge<T>(v: &[T]) {
     let bytes = std::mem::size_of_val(v);
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if bytes < HUGE_FROM
-        || *OFF.get_or_init(|| std::env::var_os("KNN_HUGE_PAGES").is_some_and(|v| v == "0"))
-    {
+    if bytes < HUGE_FROM {
         return;
     }
     #[cfg(target_os = "linux")]

@@ -23,7 +23,8 @@ const NR: usize = 8;
 /// Queries per group (two zmm of f32 lanes).
 const GROUP: usize = 32;
 
-/// `true` when this CPU has AVX-512 BF16 (checked once).
+/// `true` when this CPU has AVX-512 BF16 (checked once; `CpuEngine::f32_only` keeps an engine
+/// off it).
 pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -32,7 +33,6 @@ pub(crate) fn available() -> bool {
         *HAS.get_or_init(|| {
             std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bf16")
-                && std::env::var("KNN_CPU_NO_BF16").is_err()
         })
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -39,7 +39,8 @@ const NP: usize = 4;
 /// (`|acc| < 2²²` for `d ≤ 64`), above the padding lanes' `i32::MIN`.
 const OPEN: i32 = -(1 << 30);
 
-/// `true` when this CPU has AVX-512 VNNI (checked once; `KNN_CPU_NO_INT8` turns it off).
+/// `true` when this CPU has AVX-512 VNNI (checked once; `CpuEngine::without_int8` keeps an
+/// engine off it).
 pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -49,7 +50,6 @@ pub(crate) fn available() -> bool {
             std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512vnni")
-                && std::env::var("KNN_CPU_NO_INT8").is_err()
         })
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -9,7 +9,8 @@
 //! - Squared L2 at `d ≤ 64` with AVX-512 VNNI: an int8 path (`int8.rs`) with exact integer
 //!   keys of 8-bit grid codes (`vpdpbusd`), base points in SIMD lanes and a fused threshold
 //!   compare; the floor comes from the measured quantisation error. Retries (`precise`) use f32.
-//!   `CpuEngine::without_int8` and `KNN_CPU_NO_INT8` turn it off.
+//!   `CpuEngine::without_int8` turns it off (`CpuEngine::f32_only` turns off bf16 too); the
+//!   engine reads no environment variable.
 //! - Direct kernels (L1, L∞): register-blocked micro-kernels (queries in SIMD lanes, base
 //!   coordinates broadcast, 6 base points × 64 queries of accumulators with AVX-512), for
 //!   AVX-512, AVX2 + FMA and plain x86-64, picked at run time. L1 on data near the origin uses

@@ -5,11 +5,12 @@
 //! [--data DIR] (`fused`: only the fused method; `l2`: skip L1; `--data`: base and queries from
 //! DIR/base.npy and DIR/queries.npy, whose shapes then replace nb, nq and d, so that a peer
 //! can run on the same values: `bench/gpu/vs_torch.py`). The candidate width is the engine's
-//! own first-try width (`Engine::candidate_width`), as in `search`.
+//! own first-try width (`Engine::candidate_width`), as in `search`. Tuning for measurements
+//! (`CudaTuning`, automatic when left out): `--splits N`, `--width N`, `--no-truncate`.
 
 use knn_core::synth::{generate, Distribution};
 use knn_core::{search, CandidateRequest, Candidates, Engine, Kernel, Matrix, Metric, Result};
-use knn_cuda::{CudaEngine, Method};
+use knn_cuda::{CudaEngine, CudaTuning, Method};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -54,18 +55,36 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The value after `flag` in `args`, removed with it (exits when it is missing or no number
+/// where `number` is asked).
+fn take_value(args: &mut Vec<String>, flag: &str) -> Option<String> {
+    let i = args.iter().position(|s| s == flag)?;
+    if i + 1 >= args.len() {
+        eprintln!("{flag} needs a value");
+        std::process::exit(2);
+    }
+    args.remove(i);
+    Some(args.remove(i))
+}
+
+fn number(v: Option<String>, flag: &str) -> Option<usize> {
+    v.map(|v| {
+        v.parse().unwrap_or_else(|_| {
+            eprintln!("{flag} needs a number, not {v}");
+            std::process::exit(2);
+        })
+    })
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let data = args
-        .iter()
-        .position(|s| s == "--data")
-        .map(|i| match args.get(i + 1) {
-            Some(dir) => std::path::PathBuf::from(dir),
-            None => {
-                eprintln!("--data needs a directory");
-                std::process::exit(2);
-            }
-        });
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let data = take_value(&mut args, "--data").map(std::path::PathBuf::from);
+    let tuning = CudaTuning {
+        splits: number(take_value(&mut args, "--splits"), "--splits"),
+        width: number(take_value(&mut args, "--width"), "--width"),
+        truncate_splits: !args.iter().any(|s| s == "--no-truncate"),
+        ..CudaTuning::default()
+    };
     let a: Vec<usize> = args.iter().filter_map(|s| s.parse().ok()).collect();
     let (nb, nq, d, k) = (
         *a.first().unwrap_or(&16384),
@@ -116,7 +135,7 @@ fn main() {
         ),
     ] {
         for &m in methods {
-            let e = CudaEngine::new(0, m).unwrap();
+            let e = CudaEngine::new(0, m).unwrap().with_tuning(tuning.clone());
             if m == Method::Fused && metric == Metric::SqL2 {
                 println!("{}", e.kernel_report());
             }

@@ -108,6 +108,8 @@ pub(crate) struct Gpu {
     pub blas: Option<cudarc::cublas::CudaBlas>,
     /// Page-locked memory for large copies, made on first use.
     staging: std::cell::OnceCell<Staging>,
+    /// Host threads of the staged copies outside the rayon pool (`CudaTuning::copy_threads`).
+    copy_threads: usize,
     /// A second stream, for downloads that overlap the main stream's kernels (made on first
     /// use; see [`Gpu::download_range_after`]).
     copies: std::cell::OnceCell<Arc<CudaStream>>,
@@ -247,6 +249,7 @@ impl Gpu {
             sym_module: None,
             blas: None,
             staging: std::cell::OnceCell::new(),
+            copy_threads: crate::tuning::COPY_THREADS,
             copies: std::cell::OnceCell::new(),
             pins: Arc::default(),
             pool,
@@ -368,10 +371,18 @@ impl Gpu {
         unsafe { self.stream.alloc::<T>(len.max(1)) }.map_err(dev_err("allocating device memory"))
     }
 
+    /// Sets the host threads of the staged copies (the staging memory is made anew).
+    pub fn set_copy_threads(&mut self, threads: usize) {
+        if threads != self.copy_threads {
+            self.copy_threads = threads;
+            self.staging.take();
+        }
+    }
+
     /// The page-locked staging memory of this device's copies (made on first use).
     pub fn staging(&self) -> Result<&Staging> {
         if self.staging.get().is_none() {
-            let s = Staging::new(self)?;
+            let s = Staging::new(self, self.copy_threads)?;
             let _ = self.staging.set(s);
         }
         Ok(self.staging.get().expect("set above"))
@@ -718,13 +729,7 @@ fn compiled_sym_ptx(major: i32, minor: i32) -> Result<Ptx> {
 fn compiled(src: &str, major: i32, minor: i32, extra: &[String]) -> Result<Ptx> {
     let (vmaj, vmin) = nvrtc_version()?;
     let arch = format!("sm_{major}{minor}");
-    // Tuning experiments: `KNN_CUDA_DEFINES="RANK_MAX=0 BATCH_MIN=8"` overrides kernel constants.
-    let defines: Vec<String> = std::env::var("KNN_CUDA_DEFINES")
-        .unwrap_or_default()
-        .split_whitespace()
-        .map(|d| format!("-D{d}"))
-        .chain(extra.iter().cloned())
-        .collect();
+    let defines = extra.to_vec();
     let key = fnv1a(&[
         src.as_bytes(),
         arch.as_bytes(),
@@ -812,23 +817,42 @@ mod tests {
             assert!(names.iter().any(|x| x == n), "{n} not found in {names:?}");
         }
         assert!(!names.iter().any(|x| x == "NAME"));
+        let sym = kernel_names(SYM);
+        assert_eq!(sym.len(), SYM_KERNELS, "{sym:?}");
+        for n in [
+            "sym_collect_f16_sql2_thr",
+            "round_f16",
+            "sym_tf32_negdot_w128",
+        ] {
+            assert!(sym.iter().any(|x| x == n), "{n} not found in {sym:?}");
+        }
+        // TF32 rounding lost to f16 in the collect form (NOTES.md, stop 17).
+        assert!(!sym
+            .iter()
+            .any(|x| x.contains("collect_tf32") || x == "round_tf32"));
     }
+
+    /// Kernels of the symmetric module (`kernels/sym.cu`).
+    const SYM_KERNELS: usize = 20;
 
     /// Compiles every kernel for sm_90 with NVRTC when the library can be loaded (no GPU
     /// needed: `LD_LIBRARY_PATH` pointing at a `libnvrtc.so` is enough); skips otherwise.
+    /// The PTX stays in the disk cache's layout under `nvrtc-ptx/` beside the test binary
+    /// (`target/release/deps/nvrtc-ptx/knn/`), e.g. for `ptxas -arch=sm_90 -v` (registers and
+    /// spills without a GPU) or to copy to a device's cache (`$XDG_CACHE_HOME/knn/`) ahead of
+    /// a run. Modules already there (same source, architecture and NVRTC) are not compiled
+    /// again: NVRTC compiled that very source before.
     #[test]
     fn kernels_compile_with_nvrtc() {
         if nvrtc_version().is_err() {
             eprintln!("SKIPPED: NVRTC not loadable here");
             return;
         }
-        // KNN_KEEP_PTX=DIR keeps the PTX there, e.g. for `ptxas -arch=sm_90 -v` (registers and
-        // spills without a GPU).
-        let keep = std::env::var_os("KNN_KEEP_PTX");
-        let dir = keep.clone().map_or_else(
-            || std::env::temp_dir().join(format!("knn-nvrtc-test-{}", std::process::id())),
-            std::path::PathBuf::from,
-        );
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let dir = exe
+            .parent()
+            .map_or_else(std::env::temp_dir, std::path::Path::to_path_buf)
+            .join("nvrtc-ptx");
         std::env::set_var("XDG_CACHE_HOME", &dir);
         let ptx = compiled_ptx(9, 0).expect("kernels compile");
         let text = ptx.to_src();
@@ -879,7 +903,7 @@ mod tests {
             .expect("symmetric kernels compile")
             .to_src();
         let names = kernel_names(SYM);
-        assert_eq!(names.len(), 25, "{names:?}");
+        assert_eq!(names.len(), SYM_KERNELS, "{names:?}");
         for n in names {
             assert!(text.contains(&format!(".entry {n}(")), "{n} missing");
         }
@@ -887,8 +911,6 @@ mod tests {
             !text.contains(".entry fused_l1_w32("),
             "symmetric module: built-ins compiled"
         );
-        if keep.is_none() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+        eprintln!("PTX kept in {}", dir.join("knn").display());
     }
 }

@@ -3,6 +3,7 @@
 use crate::device::{driver_device_count, is_oom, Gpu};
 use crate::floor::{centred_max_norm, floors, mean, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
 use crate::fused::{self, GraphLists, Resident, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX};
+use crate::tuning::CudaTuning;
 use knn_core::{
     CandidateRequest, Candidates, Engine, ExactFrom, ExprPlan, FinishedRows, Kernel, KnnError,
     MatrixRef, Metric, Result, Symmetry,
@@ -79,6 +80,8 @@ pub struct CudaEngine {
     base_info: Mutex<Option<BaseInfo>>,
     /// Whether kNN graphs compute each unordered pair once (fused method).
     symmetry: Symmetry,
+    /// Widths, splits, the collect plan and copy threads (automatic by default).
+    tuning: CudaTuning,
     /// The whole graph announced by [`Engine::expect_graph`]: base key and first-try width.
     graph_ahead: Mutex<Option<(u64, usize)>>,
     /// Its symmetric lists, once made.
@@ -176,6 +179,7 @@ impl CudaEngine {
             resident: Mutex::new(None),
             base_info: Mutex::new(None),
             symmetry: Symmetry::Auto,
+            tuning: CudaTuning::default(),
             graph_ahead: Mutex::new(None),
             graph: Mutex::new(None),
             graphs_made: AtomicUsize::new(0),
@@ -209,6 +213,21 @@ impl CudaEngine {
     pub fn with_symmetry(mut self, symmetry: Symmetry) -> Self {
         self.symmetry = symmetry;
         self
+    }
+
+    /// The same engine with `tuning` in place of the automatic choices (see [`CudaTuning`]:
+    /// `CudaTuning::default()` is what [`CudaEngine::new`] gives). The answer is the same
+    /// whatever the tuning.
+    pub fn with_tuning(mut self, tuning: CudaTuning) -> Self {
+        let gpu = self.gpu.get_mut().unwrap_or_else(|p| p.into_inner());
+        gpu.set_copy_threads(tuning.copy_threads());
+        self.tuning = tuning;
+        self
+    }
+
+    /// The tuning this engine runs with.
+    pub fn tuning(&self) -> &CudaTuning {
+        &self.tuning
     }
 
     /// How many graphs' first tries this engine has made symmetrically (tests, benchmarks).
@@ -453,7 +472,8 @@ impl CudaEngine {
                         prefetched: &mut prefetched,
                     };
                     let finish = finish.as_mut().map(fused::Finish::reborrow);
-                    fused::run(gpu, req, budget, base, tag, finish).map(|out| {
+                    let tuning = &self.tuning;
+                    fused::run(gpu, req, budget, base, tag, tuning, finish).map(|out| {
                         if let Ok(mut m) = self.last_kernel_ms.lock() {
                             *m = out.kernel_ms;
                         }
@@ -525,10 +545,7 @@ impl Engine for CudaEngine {
     /// least k/4 more entries.
     fn candidate_width(&self, k: usize, available: usize, kernel: Kernel) -> usize {
         let w = k + 4 + k / 16;
-        let fixed = std::env::var("KNN_CUDA_WIDTH") // measurements only
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok());
-        let w = if let Some(f) = fixed {
+        let w = if let Some(f) = self.tuning.width {
             f.max(k)
         } else if self.method != Method::Fused || !kernel.is_gemm() {
             w
@@ -608,8 +625,7 @@ impl Engine for CudaEngine {
     /// into it at the bus's speed (through the staging memory, the host's copy of them was
     /// most of a graph's rounds).
     fn adopt_output(&self, ids: &mut [u32], distances: &mut [f32]) -> bool {
-        let off = std::env::var_os("KNN_CUDA_PIN_OUTPUT").is_some_and(|v| v == "0"); // A/B only
-        if self.method != Method::Fused || off || std::mem::size_of_val(ids) < PIN_OUTPUT_MIN {
+        if self.method != Method::Fused || std::mem::size_of_val(ids) < PIN_OUTPUT_MIN {
             return false;
         }
         let (ctx, pins) = &self.pins;

@@ -2,6 +2,7 @@
 //! on-chip top-W for W ≤ 128 ([`SMALL_WIDTH_MAX`]), device key tiles + radix select beyond.
 
 use crate::device::{dev_err, Gpu};
+use crate::tuning::{CollectPlan, CudaTuning};
 use cudarc::driver::{sys, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use knn_core::{CandidateRequest, Kernel, KnnError, Result};
 
@@ -55,8 +56,9 @@ fn split_count(qblocks: usize, slots: usize, tiles: usize) -> usize {
 /// query's w nearest fall into them about uniformly, and a row loses its proof only when one
 /// split holds ws of them (then the pipeline retries it). Fewer entries per split mean far
 /// fewer insertions: each split inserts about ws·(1 + ln(len/ws)) keys.
+/// (`CudaTuning::truncate_splits` = false keeps w; callers decide.)
 pub(crate) fn split_width(w: usize, nsplit: usize) -> usize {
-    if nsplit <= 1 || std::env::var("KNN_CUDA_TRUNC").is_ok_and(|v| v == "0") {
+    if nsplit <= 1 {
         return w;
     }
     let p = 1.0 / nsplit as f64;
@@ -91,10 +93,12 @@ struct SplitPlan<'a> {
 /// Picks the narrowest list kernel (32, 64 or 128 slots, at most the `slots` of width `w`)
 /// that holds the entries its splits keep: a narrower kernel takes less shared memory, so
 /// more blocks per SM, and its splits keep fewer entries. Splits fill the last wave of
-/// resident blocks (with 79 query tiles on 132 single-block SMs, 5 splits fill 3 waves).
+/// resident blocks (with 79 query tiles on 132 single-block SMs, 5 splits fill 3 waves),
+/// unless `tuning` fixes the splits; `tuning` also says whether splits are truncated.
 #[allow(clippy::too_many_arguments)]
 fn split_plan<'a>(
     gpu: &'a Gpu,
+    tuning: &CudaTuning,
     tf: bool,
     tag: &str,
     slots: usize,
@@ -119,15 +123,12 @@ fn split_plan<'a>(
             )));
         }
         let per_sm = blocks_per_sm(f, smem)?;
-        let nsplit = std::env::var("KNN_CUDA_SPLITS") // measurements only
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .map_or_else(
-                || split_count(qblocks, gpu.sm_count * per_sm, tiles),
-                |v| v.clamp(1, tiles.max(1)),
-            );
+        let nsplit = tuning.splits.map_or_else(
+            || split_count(qblocks, gpu.sm_count * per_sm, tiles),
+            |v| v.clamp(1, tiles.max(1)),
+        );
         // Truncation needs every split to hold ws rows and the union w of them.
-        let ws = if rows > w && rows / nsplit.max(1) >= w {
+        let ws = if tuning.truncate_splits && rows > w && rows / nsplit.max(1) >= w {
             split_width(w, nsplit)
         } else {
             w
@@ -446,6 +447,7 @@ fn list_slots(w: usize) -> usize {
 /// lists and the device time spent making them.
 fn graph_lists<'g>(
     gpu: &Gpu,
+    tuning: &CudaTuning,
     req: &CandidateRequest<'_>,
     (tag, tf): (&str, bool),
     (b, bn): (u64, u64),
@@ -463,10 +465,11 @@ fn graph_lists<'g>(
         return Ok(slot.as_ref().map(|g| (g, 0.0)));
     }
     *slot = None;
-    let fold = std::env::var("KNN_CUDA_SYM").is_ok_and(|v| v == "fold"); // A/B only
-                                                                         // The collect form stages by cp.async: rows of a multiple of 4 floats.
-    if tf && !fold && d % 4 == 0 {
-        if let Some((lists, ms)) = collected_lists(gpu, (n, d, w), tag, (b, bn), budget)? {
+    // The TF32 GEMM kernels take the collect form (it replaced their fold: NOTES.md, stop 15),
+    // which stages by cp.async: rows of a multiple of 4 floats. L1, L∞ and other d fold.
+    if tf && d % 4 == 0 {
+        let plan = tuning.collect.map(|p| p.valid_for(w));
+        if let Some((lists, ms)) = collected_lists(gpu, (n, d, w), tag, (b, bn), plan, budget)? {
             *slot = Some(GraphLists { key, ..lists });
             return Ok(slot.as_ref().map(|g| (g, ms)));
         }
@@ -480,18 +483,15 @@ fn graph_lists<'g>(
     // holds ws entries, and the union at least w. Every tile has (tiles − 1) / 2 partners or
     // more at distances 1, 2, ..., of which split s takes s, s + nsplit, ...
     let trunc = |ns: usize| {
-        if n > w && 2 * ns <= (tiles - 1) / 2 {
+        if tuning.truncate_splits && n > w && 2 * ns <= (tiles - 1) / 2 {
             split_width(w, 2 * ns)
         } else {
             w
         }
     };
     let narrow = (1..=partners).find(|&ns| trunc(ns) <= 32).unwrap_or(1);
-    let fixed = std::env::var("KNN_CUDA_SPLITS") // measurements only
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok());
     let plan = |per_sm: usize| {
-        fixed.map_or_else(
+        tuning.splits.map_or_else(
             || split_count(tiles, gpu.sm_count * per_sm, partners).max(narrow),
             |v| v.clamp(1, partners),
         )
@@ -590,16 +590,6 @@ fn graph_lists<'g>(
     Ok(slot.as_ref().map(|g| (g, ms)))
 }
 
-/// How the collect form (`kernels/sym.cu`, TF32 GEMM kernels) keeps a graph's candidates:
-/// each point's threshold is the `r`-th smallest of its keys to the sample of every `stride`-th
-/// point (none: every point keeps every other), and its buffer holds `cap` keys.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct CollectPlan {
-    stride: usize,
-    r: usize,
-    cap: usize,
-}
-
 /// Sample stride of the collect form: the sample's pass costs about 2/stride of the pairs'
 /// (n = 80 000, d = 256, w = 128 on an H100, thresholds / pairs / sort: stride 12, r = 27:
 /// 5.0 / 17.2 / 1.3 ms; stride 16: 3.4 / 17.0 / 1.2; stride 20: 2.6 / 17.3 / 1.4).
@@ -615,21 +605,9 @@ impl CollectPlan {
     /// and the pipeline asks those again). With ⌈λ + 3√λ + 2⌉ two rows of 80 000 were asked
     /// again each time, which cost more than the smaller buffers saved. About r·stride keys
     /// (Gamma-like, sd √r·stride) pass the threshold; `cap` leaves 8 sd above that.
+    /// This is the automatic plan; `CudaTuning::collect` gives another, for tests and
+    /// measurements (any plan gives the same graph, only the retries differ).
     fn new(n: usize, w: usize) -> Self {
-        // Tests and measurements: `KNN_CUDA_COLLECT=stride,r,cap` (cap a power of two, raised
-        // to 2w; any plan gives the same graph, only the retries differ).
-        if let Some(p) = std::env::var("KNN_CUDA_COLLECT").ok().and_then(|v| {
-            let f: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
-            (f.len() == 3 && f[0] >= 1 && f[1] >= 1 && f[2].is_power_of_two() && f[2] >= 32).then(
-                || CollectPlan {
-                    stride: f[0],
-                    r: f[1].min(64),
-                    cap: f[2].max((2 * w).next_power_of_two()),
-                },
-            )
-        }) {
-            return p;
-        }
         if n <= COLLECT_ALL + 1 {
             return CollectPlan {
                 stride: 0,
@@ -652,16 +630,18 @@ impl CollectPlan {
 
 /// Every point's lists of a graph in the collect form (see `kernels/sym.cu`): thresholds from
 /// the sample, each unordered pair's key once into the buffers of the points it does not
-/// exceed, then each buffer sorted. `None` when its buffers do not fit half the `budget`.
-/// Returns the lists (`key` left 0) and their device time.
+/// exceed, then each buffer sorted, by `plan` (`None`: the automatic one). `None` when its
+/// buffers do not fit half the `budget`. Returns the lists (`key` left 0) and their device
+/// time.
 fn collected_lists(
     gpu: &Gpu,
     (n, d, w): (usize, usize, usize),
     tag: &str,
     (b, bn): (u64, u64),
+    plan: Option<CollectPlan>,
     budget: usize,
 ) -> Result<Option<(GraphLists, f32)>> {
-    let plan = CollectPlan::new(n, w);
+    let plan = plan.unwrap_or_else(|| CollectPlan::new(n, w));
     let CollectPlan { stride, r, cap } = plan;
     if n * ((cap + w + 2) * 8 + d * 4) > budget / 2 {
         return Ok(None);
@@ -674,7 +654,7 @@ fn collected_lists(
     // The points rounded once (the product's fragments are then taken as they are).
     let rounded = rounded_points(gpu, b, n, d)?;
     let (pt, us) = (rounded.ptr, rounded.us);
-    let name = format!("sym_collect_{}_{tag}", rounded.form);
+    let name = format!("sym_collect_f16_{tag}");
     let (n64, d32) = (n as i64, rounded.words as i32);
     let hi = if stride == 0 {
         gpu.upload(&vec![f32::INFINITY; n])?
@@ -793,16 +773,14 @@ fn collected_lists(
     Ok(Some((lists, ms)))
 }
 
-/// The points of a graph rounded once for the collect kernels' product: f16 (scaled by a power
-/// of two, `round_f16`; the default) or TF32 (`KNN_CUDA_COLLECT_F16=0`, `round_tf32`).
+/// The points of a graph rounded once to f16 for the collect kernels' product (scaled by a
+/// power of two, `round_f16`). (TF32 rounding, `round_tf32`, lost to it: NOTES.md, stop 17.)
 struct Rounded {
     _mem: CudaSlice<u32>,
     ptr: u64,
-    /// "f16" or "tf32" (the kernels' names).
-    form: &'static str,
-    /// Words per row (the kernels' `d`): d for TF32, half of d rounded up to 8 for f16.
+    /// Words per row (the kernels' `d`): half of d rounded up to 8.
     words: usize,
-    /// The product's keys are times us² (the inverse of the f16 scale, 1 for TF32).
+    /// The product's keys are times us² (the inverse of the f16 scale).
     us: f32,
     /// Absolute rounding of each coordinate besides its relative 2⁻¹¹, in the rows' units.
     input_abs: f64,
@@ -815,32 +793,6 @@ struct Rounded {
 /// are rounded to within 2⁻²⁵ (scaled), which the floors add (`input_abs`).
 fn rounded_points(gpu: &Gpu, b: u64, n: usize, d: usize) -> Result<Rounded> {
     let grid = |len: usize| (len.div_ceil(256).min(gpu.sm_count * 16).max(1) as u32, 1, 1);
-    let f16 = std::env::var("KNN_CUDA_COLLECT_F16").map_or(true, |v| v != "0");
-    if !f16 {
-        let mem = gpu.alloc::<u32>(n * d)?;
-        let ptr = gpu.ptr(&mem);
-        let f = gpu.func("round_tf32")?;
-        let len = (n * d) as i64;
-        let mut l = gpu.stream.launch_builder(f);
-        l.arg(&b).arg(&len).arg(&ptr);
-        // SAFETY: b and mem hold n×d floats.
-        unsafe {
-            l.launch(LaunchConfig {
-                grid_dim: grid(n * d),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map_err(dev_err("round_tf32"))?;
-        return Ok(Rounded {
-            _mem: mem,
-            ptr,
-            form: "tf32",
-            words: d,
-            us: 1.0,
-            input_abs: 0.0,
-        });
-    }
     let maxbits = gpu
         .stream
         .alloc_zeros::<u32>(1)
@@ -880,7 +832,6 @@ fn rounded_points(gpu: &Gpu, b: u64, n: usize, d: usize) -> Result<Rounded> {
     Ok(Rounded {
         _mem: mem,
         ptr,
-        form: "f16",
         words,
         us,
         input_abs: F16_SUBNORMAL_HALF_SPACING * us as f64,
@@ -1025,14 +976,16 @@ pub(crate) struct Output {
 }
 
 /// Runs the fused method with the kernels named by `tag` (a built-in kernel's
-/// [`kernel_tag`], or an expression module's); returns `nq × W` composites, rows sorted.
-/// Also returns the device time of the kernels (CUDA events), when it could be measured.
+/// [`kernel_tag`], or an expression module's) under `tuning`; returns `nq × W` composites,
+/// rows sorted. Also returns the device time of the kernels (CUDA events), when it could be
+/// measured.
 pub(crate) fn run(
     gpu: &Gpu,
     req: &CandidateRequest<'_>,
     budget: usize,
     base: BaseView<'_>,
     tag: &str,
+    tuning: &CudaTuning,
     mut finish: Option<Finish<'_>>,
 ) -> Result<Output> {
     let (nq, nb, d, w) = (
@@ -1169,6 +1122,7 @@ pub(crate) fn run(
         {
             graph_lists(
                 gpu,
+                tuning,
                 req,
                 (tag, uses_tf32(req)),
                 (gpu.ptr(b), gpu.ptr(bn)),
@@ -1322,7 +1276,7 @@ pub(crate) fn run(
             if small {
                 let tiles = bl.div_ceil(BASE_TILE);
                 let qblocks = n.div_ceil(QUERY_TILE);
-                let plan = split_plan(gpu, tf, tag, slots, w, qblocks, tiles, bl)?;
+                let plan = split_plan(gpu, tuning, tf, tag, slots, w, qblocks, tiles, bl)?;
                 let SplitPlan {
                     f,
                     name,
@@ -1332,8 +1286,7 @@ pub(crate) fn run(
                 } = plan;
                 // Several splits take strided rows (split y: rows y, y + nsplit, ...), so that
                 // a run of stored neighbours spreads over them (what truncation relies on).
-                let contiguous = std::env::var("KNN_CUDA_STRIDE").is_ok_and(|v| v == "0");
-                let (split_len, strided) = if nsplit > 1 && !contiguous {
+                let (split_len, strided) = if nsplit > 1 {
                     (0, 1)
                 } else {
                     (tiles.div_ceil(nsplit) * BASE_TILE, 0)
@@ -1341,11 +1294,9 @@ pub(crate) fn run(
                 let nsplit = bl.div_ceil(split_len.max(1)).min(nsplit).max(1);
                 // Not filled: every (row, split) writes all its w slots.
                 let partial = gpu.alloc::<u64>(n * nsplit * w)?;
-                // Shared thresholds: truncated splits only read them, and unprimed they would
-                // all be SENTINEL, so then the kernel gets none.
-                let prime = prime_rows(w);
-                let primed = running.is_some() || (prime > 0 && bl >= 4 * prime);
-                let gthr = if ws < w && !primed {
+                // Shared thresholds: truncated splits only read them, and unprimed (no earlier
+                // base chunk) they would all be SENTINEL, so then the kernel gets none.
+                let gthr = if ws < w && running.is_none() {
                     None
                 } else {
                     let g = gpu.alloc::<u64>(n)?;
@@ -1392,20 +1343,10 @@ pub(crate) fn run(
                         .map(|_| ())
                     };
                 // Prime each query's shared threshold with a proven bound on its W-th
-                // composite: the W-th of the lists so far (earlier base chunks), or of the
-                // first `prime` rows of this chunk (the same kernel: the same key bits).
-                let prefix;
-                let source = match &running {
-                    Some(r) => Some(gpu.ptr(&r.buf)),
-                    None if prime > 0 && bl >= 4 * prime => {
-                        prefix = gpu.alloc::<u64>(n * w)?;
-                        launch(prime, (prime, 0, 1, w as i32), gpu.ptr(&prefix), 0, 0)?;
-                        Some(gpu.ptr(&prefix))
-                    }
-                    None => None,
-                };
-                if let Some(src) = source {
-                    prime_thresholds(gpu, src, n, w, pg)?;
+                // composite: the W-th of the lists so far (earlier base chunks). (Priming
+                // with a prefix of the base lost: NOTES.md, 2026-11-23, "Tried and left off".)
+                if let Some(r) = &running {
+                    prime_thresholds(gpu, gpu.ptr(&r.buf), n, w, pg)?;
                 }
                 launch(
                     bl,
@@ -1663,20 +1604,6 @@ impl Phases {
             eprintln!("cuda fused ({rows} rows), ms: {}", parts.join(", "));
         }
     }
-}
-
-/// Base rows scanned first to prime the thresholds of a W-wide search (0: none). The W-th of
-/// `p` rows has rank about W·n/p among n, so every split then inserts little more than that.
-/// `KNN_CUDA_PRIME` overrides it (rows, for measurements).
-fn prime_rows(w: usize) -> usize {
-    if let Some(v) = std::env::var("KNN_CUDA_PRIME")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        return v;
-    }
-    let _ = w;
-    0
 }
 
 /// `gthr[i]` = the W-th composite of row `i` of the sorted lists at `lists` (`n × w`), plus one

@@ -30,6 +30,10 @@
 //! sub-grids for crowded cells, one thread per query searching rings of cells and writing final
 //! rows itself; see `src/grid.rs`).
 //!
+//! Tuning is typed ([`CudaTuning`], given by [`CudaEngine::with_tuning`]): every field defaults
+//! to the automatic choice; the environment is read only for `KNN_PROFILE` (phase timings on
+//! stderr) and the cache folder.
+//!
 //! Every method returns, per query, the W smallest computed keys and a floor that is a proven
 //! lower bound on the exact key of every point left out (see [`floor`](crate::floor)).
 
@@ -41,7 +45,9 @@ pub mod floor;
 mod fused;
 mod grid;
 mod staging;
+mod tuning;
 
 pub use device::{devices, DeviceInfo};
 pub use engine::{CudaEngine, Method};
 pub use grid::{CudaGridEngine, GRID_WIDTH_MAX};
+pub use tuning::{CollectPlan, CudaTuning};

@@ -13,6 +13,9 @@ use rayon::prelude::*;
 pub(crate) struct Staging {
     mem: PinnedHostSlice<u8>,
     done: Vec<CudaEvent>,
+    /// Threads of [`thread_copy`] (`CudaTuning::copy_threads`: one memcpy stream reaches
+    /// about a third of the bus's speed).
+    threads: usize,
 }
 
 /// 6 MiB: a multiple of the row size (4·d bytes) for d = 1, 2, 3, so rows never straddle chunks.
@@ -33,22 +36,9 @@ pub(crate) fn bytes_of_mut<T: Copy>(v: &mut [T]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
 }
 
-/// Threads of [`thread_copy`]: one memcpy stream reaches about a third of the bus's speed
-/// (`KNN_COPY_THREADS` overrides it, for measurements).
-fn copy_threads() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("KNN_COPY_THREADS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&n| (1..=64).contains(&n))
-            .unwrap_or(4)
-    })
-}
-
-/// `dst.copy_from_slice(src)` on [`copy_threads`] scoped threads.
-fn thread_copy(dst: &mut [u8], src: &[u8]) {
-    let part = dst.len().div_ceil(copy_threads()).max(1 << 16);
+/// `dst.copy_from_slice(src)` on `threads` scoped threads (this one among them).
+fn thread_copy(dst: &mut [u8], src: &[u8], threads: usize) {
+    let part = dst.len().div_ceil(threads.max(1)).max(1 << 16);
     std::thread::scope(|sc| {
         let mut pieces = dst.chunks_mut(part).zip(src.chunks(part));
         let first = pieces.next();
@@ -68,7 +58,8 @@ pub(crate) fn par_copy(dst: &mut [u8], src: &[u8]) {
 }
 
 impl Staging {
-    pub(crate) fn new(gpu: &Gpu) -> Result<Self> {
+    /// Staging memory of `gpu` whose host copies outside the rayon pool take `threads`.
+    pub(crate) fn new(gpu: &Gpu, threads: usize) -> Result<Self> {
         // SAFETY: every slot is written (by the host or a copy) before it is read.
         let mem = unsafe {
             gpu.ctx
@@ -79,7 +70,7 @@ impl Staging {
             .map(|_| gpu.ctx.new_event(None))
             .collect::<std::result::Result<_, _>>()
             .map_err(dev_err("creating events"))?;
-        Ok(Self { mem, done })
+        Ok(Self { mem, done, threads })
     }
 
     /// Slot `s`, `len` bytes, once the device is done with it.
@@ -161,7 +152,7 @@ impl Staging {
     /// pool: a caller holding a lock that other rayon tasks wait for must not help run them).
     pub(crate) fn upload_own_threads(&self, gpu: &Gpu, src: &[u8], dst: u64) -> Result<()> {
         self.upload_chunks(gpu, src.len(), dst, |off, buf| {
-            thread_copy(buf, &src[off..off + buf.len()])
+            thread_copy(buf, &src[off..off + buf.len()], self.threads)
         })
     }
 
@@ -227,7 +218,7 @@ impl Staging {
     /// their own.
     pub(crate) fn download_on(&self, stream: &CudaStream, src: u64, dst: &mut [u8]) -> Result<()> {
         self.download_with(stream, src, dst.len(), |off, b| {
-            thread_copy(&mut dst[off..off + b.len()], b)
+            thread_copy(&mut dst[off..off + b.len()], b, self.threads)
         })
     }
 
@@ -235,7 +226,7 @@ impl Staging {
     /// [`Staging::upload_own_threads`]).
     pub(crate) fn download_own_threads(&self, gpu: &Gpu, src: u64, dst: &mut [u8]) -> Result<()> {
         self.download(gpu, src, dst.len(), |off, b| {
-            thread_copy(&mut dst[off..off + b.len()], b)
+            thread_copy(&mut dst[off..off + b.len()], b, self.threads)
         })
     }
 }

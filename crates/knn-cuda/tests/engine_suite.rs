@@ -4,7 +4,7 @@
 
 use knn_core::synth::{generate, Distribution};
 use knn_core::{check, graph, search, Engine, Matrix, Metric, Symmetry, DEFAULT_TOLERANCE};
-use knn_cuda::{CudaEngine, Method};
+use knn_cuda::{CollectPlan, CudaEngine, CudaTuning, Method};
 use knn_testkit as kit;
 
 /// Device 0 with `method`, paired as `knn` pairs it: the CPU engine serves the lists wider
@@ -234,29 +234,75 @@ fn symmetric_graphs() {
         same_as_cpu(&e, &spread, None, k, &metric);
         graphs += 1;
     }
-    // The collect form (f16 / TF32 kernels) under plans that go wrong on purpose: a threshold that
+    // The collect form (f16 kernels) under plans that go wrong on purpose: a threshold that
     // keeps fewer than the width (the lists' cut must then prove or retry the rows), and
     // buffers that overflow (every row retried). The same graphs either way.
     let wide = uniform(7001, 24, 5);
-    for plan in ["12,2,1024", "3,40,32"] {
-        std::env::set_var("KNN_CUDA_COLLECT", plan);
+    let mut made = e.symmetric_graphs();
+    for (stride, r, cap) in [(12, 2, 1024), (3, 40, 32)] {
+        let plan = CollectPlan { stride, r, cap };
+        let tuning = CudaTuning {
+            collect: Some(plan),
+            ..CudaTuning::default()
+        };
+        let e = cuda(Method::Fused)
+            .unwrap()
+            .with_symmetry(Symmetry::On)
+            .with_tuning(tuning);
         for (metric, k) in [
             (Metric::SqL2, 30),
             (Metric::Hellinger, 100),
             (Metric::Cosine, 5),
         ] {
-            eprintln!("symmetric graph, collect plan {plan}, {metric} k={k}");
+            eprintln!("symmetric graph, collect plan {plan:?}, {metric} k={k}");
             same_as_cpu(&e, &wide, None, k, &metric);
             same_as_cpu(&e, &runs, None, k, &metric);
             graphs += 2;
         }
-        std::env::remove_var("KNN_CUDA_COLLECT");
+        made += e.symmetric_graphs();
     }
-    let made = e.symmetric_graphs();
     eprintln!("{made} of {graphs} graphs made symmetrically");
     // Every first try but those the pipeline asks precise at once (adaptive) or that go past the
     // on-chip widths.
     assert!(made >= graphs / 2, "{made} of {graphs}");
+}
+
+/// Fixed splits, whole (untruncated) split lists, wider first tries and one copy thread: the
+/// same answers as the automatic tuning (the CPU engine's), for searches and graphs.
+#[test]
+fn tunings() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "tunings") {
+        return;
+    }
+    let b = uniform(9001, 64, 61);
+    let q = uniform(700, 64, 62);
+    let big = uniform(16500, 256, 63);
+    let auto = CudaTuning::default();
+    for tuning in [
+        CudaTuning {
+            splits: Some(1),
+            ..auto.clone()
+        },
+        CudaTuning {
+            splits: Some(7),
+            truncate_splits: false,
+            ..auto.clone()
+        },
+        CudaTuning {
+            width: Some(72),
+            copy_threads: Some(1),
+            ..auto.clone()
+        },
+    ] {
+        let e = cuda(Method::Fused).unwrap().with_tuning(tuning.clone());
+        assert_eq!(e.tuning(), &tuning);
+        for metric in [Metric::SqL2, Metric::L1, Metric::Cosine] {
+            eprintln!("{tuning:?}: {metric}");
+            same_as_cpu(&e, &b, Some(&q), 16, &metric);
+            same_as_cpu(&e, &b, None, 10, &metric);
+        }
+        same_as_cpu(&e, &big, None, 10, &Metric::Hellinger);
+    }
 }
 
 /// Bases large enough (≥ 2²² values) that the pipeline has the engine copy them while the host
