@@ -10,6 +10,7 @@ use crate::error::{ClassifyError, Result};
 use knn::Matrix;
 pub use knn_io::Labels;
 use knn_io::{Format, Table};
+use std::cmp::Ordering;
 use std::path::{Path, PathBuf};
 
 /// Reads a matrix of points, validated: at least one row, every value finite (else an error
@@ -58,56 +59,39 @@ pub struct Classes {
 /// The classes of `labels` and the code of each (see [`Classes`]). Floats `-0.0` and `0.0`
 /// are one class, as in NumPy.
 pub fn encode(labels: &Labels) -> Classes {
+    /// The distinct `values`, sorted by `cmp`, and the index of each value among them.
     fn codes<T: Clone + PartialEq>(
         values: &[T],
-        sort: impl Fn(&mut Vec<T>),
-        find: impl Fn(&[T], &T) -> usize,
+        cmp: impl Fn(&T, &T) -> Ordering,
     ) -> (Vec<T>, Vec<i64>) {
         let mut classes = values.to_vec();
-        sort(&mut classes);
+        classes.sort_unstable_by(&cmp);
         classes.dedup();
-        let codes = values.iter().map(|v| find(&classes, v) as i64).collect();
+        let codes = values
+            .iter()
+            .map(|v| {
+                let i = classes.binary_search_by(|c| cmp(c, v));
+                i.expect("a class of its own") as i64
+            })
+            .collect();
         (classes, codes)
     }
-    match labels {
+    let (classes, codes) = match labels {
         Labels::Int(v) => {
-            let (c, k) = codes(
-                v,
-                |c| c.sort_unstable(),
-                |c, v| c.binary_search(v).expect("a class of its own"),
-            );
-            Classes {
-                classes: Labels::Int(c),
-                codes: k,
-            }
+            let (c, k) = codes(v, Ord::cmp);
+            (Labels::Int(c), k)
         }
         Labels::Float(v) => {
             let v: Vec<f64> = v.iter().map(|&x| x + 0.0).collect(); // -0.0 is 0.0
-            let (c, k) = codes(
-                &v,
-                |c| c.sort_unstable_by(f64::total_cmp),
-                |c, v| {
-                    c.binary_search_by(|x| x.total_cmp(v))
-                        .expect("a class of its own")
-                },
-            );
-            Classes {
-                classes: Labels::Float(c),
-                codes: k,
-            }
+            let (c, k) = codes(&v, f64::total_cmp);
+            (Labels::Float(c), k)
         }
         Labels::Text(v) => {
-            let (c, k) = codes(
-                v,
-                |c| c.sort_unstable(),
-                |c, v| c.binary_search(v).expect("a class of its own"),
-            );
-            Classes {
-                classes: Labels::Text(c),
-                codes: k,
-            }
+            let (c, k) = codes(v, Ord::cmp);
+            (Labels::Text(c), k)
         }
-    }
+    };
+    Classes { classes, codes }
 }
 
 /// The labels of class codes `codes` (indices into `classes`), of the classes' kind.

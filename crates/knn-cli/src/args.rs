@@ -138,6 +138,9 @@ pub struct OutputArgs {
     /// removed once the results are written.
     #[arg(long, value_name = "FILE")]
     pub checkpoint: Option<PathBuf>,
+    /// Test hook: with --checkpoint, stop as Ctrl-C would after N saved chunks.
+    #[arg(long, hide = true, value_name = "N")]
+    pub checkpoint_stop_after: Option<usize>,
 }
 
 #[derive(Args, Debug)]

@@ -170,19 +170,17 @@ impl Checkpointed {
     }
 
     /// Computes the remaining rows in chunks with `rows_of(range)`, saving each chunk.
-    /// Returns `None` when stopped by Ctrl-C (everything finished is saved).
+    /// Returns `None` when stopped by Ctrl-C (everything finished is saved), or, as if it had
+    /// come, after `stop_after` chunks (a test hook: `--checkpoint-stop-after`).
     pub fn run(
         mut self,
         chunk: usize,
+        stop_after: Option<usize>,
         mut rows_of: impl FnMut(std::ops::Range<usize>) -> knn::Result<Neighbors>,
     ) -> Result<Option<Neighbors>> {
         install_handler();
         let rows = self.out.rows();
         let k = self.out.k;
-        // Test hook: behave as if Ctrl-C came after this many chunks.
-        let stop_after: Option<usize> = std::env::var("KNN_CHECKPOINT_STOP_AFTER")
-            .ok()
-            .and_then(|v| v.parse().ok());
         let mut chunks = 0;
         while self.done < rows {
             if STOP.load(Ordering::SeqCst) || stop_after.is_some_and(|n| chunks >= n) {

@@ -5,15 +5,15 @@ use crate::args::{EngineArgs, MetricArgs};
 use crate::data::{load_matrix, parse_format};
 use crate::output::{check_output, is_std_stream, output_format, shown, write_bytes};
 use crate::run::{engine, in_words, input_format_hint, metric, refuse_one_d};
+use crate::timing::{self, timed};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use knn::MatrixRef;
 use knn_classify::files::{self, Labels};
-use knn_classify::{fill_predictions, Classifier, Mode, Params, Prediction, SeedCsv, Weights};
+use knn_classify::{fill_predictions, Classifier, Mode, Params, SeedCsv, Weights};
 use knn_io::Format;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
 
 /// Arguments of `knn classify`.
 #[derive(Args, Debug)]
@@ -137,17 +137,6 @@ fn read_inputs(a: &ClassifyArgs) -> Result<Inputs> {
     })
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
-}
-
 /// `knn classify`.
 pub fn classify(a: &ClassifyArgs, quiet: bool) -> Result<ExitCode> {
     let weights: Weights = a.weights.parse()?;
@@ -203,26 +192,8 @@ pub fn classify(a: &ClassifyArgs, quiet: bool) -> Result<ExitCode> {
     let class_codes: Vec<i64> = (0..input.classes.len() as i64).collect();
     clf.fit_with_classes(train, &input.codes, &class_codes)?;
     let queries: MatrixRef<'_> = input.queries.view();
-    let mut times = Vec::new();
-    let mut result: Option<Prediction> = None;
-    for _ in 0..a.repeat.max(1) {
-        let t = Instant::now();
-        result = Some(clf.classify(queries, a.proba.is_some())?);
-        times.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    let p = result.expect("at least one run");
-    let med = median(&times);
-    if let Some(path) = &a.timing_json {
-        let list: Vec<String> = times.iter().map(|t| format!("{t:.4}")).collect();
-        std::fs::write(
-            path,
-            format!(
-                "{{\"median_ms\": {med:.4}, \"times_ms\": [{}]}}\n",
-                list.join(", ")
-            ),
-        )
-        .with_context(|| format!("writing {}", path.display()))?;
-    }
+    let (p, times) = timed(a.repeat, || clf.classify(queries, a.proba.is_some()))?;
+    let (med, runs) = timing::summary(&times, a.timing_json.as_deref())?;
     let predicted = files::decode(&input.classes, &p.labels);
     let mut written = Vec::new();
     if let (Some(out), Some(format)) = (&a.output, output_format) {
@@ -258,11 +229,6 @@ pub fn classify(a: &ClassifyArgs, quiet: bool) -> Result<ExitCode> {
         });
     }
     if !quiet {
-        let runs = if times.len() > 1 {
-            format!(" (median of {})", times.len())
-        } else {
-            String::new()
-        };
         let waves = if mode == Mode::Sequential {
             format!(
                 "; {} waves (largest {}), {} rows widened, {} scanned",

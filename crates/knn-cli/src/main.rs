@@ -12,6 +12,7 @@ mod info;
 mod output;
 mod progress;
 mod run;
+mod timing;
 
 use clap::{CommandFactory, Parser};
 use std::process::ExitCode;

@@ -7,6 +7,7 @@ use crate::data::{
 };
 use crate::output::{distances_path, is_std_stream, Plan};
 use crate::progress::Progress;
+use crate::timing::{self, timed};
 use anyhow::{bail, Context, Result};
 use knn::{
     Covariance, Device, Knn, KnnError, Method, Metric, MetricExpr, Neighbors, Options, Symmetry,
@@ -130,32 +131,6 @@ pub fn parse_bytes(s: &str) -> Result<usize> {
     Ok(bytes as usize)
 }
 
-/// Runs `f` `repeat` times; returns the last result and every time in ms.
-fn timed(
-    repeat: usize,
-    mut f: impl FnMut() -> knn::Result<Neighbors>,
-) -> Result<(Neighbors, Vec<f64>)> {
-    let mut times = Vec::new();
-    let mut last = None;
-    for _ in 0..repeat.max(1) {
-        let t = Instant::now();
-        last = Some(f()?);
-        times.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    Ok((last.expect("at least one run"), times))
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
-}
-
 /// Where the results go, checked before any work (see [`Plan::new`]).
 fn plan(out: &OutputArgs, inputs: &[&Path]) -> Result<Option<Plan>> {
     out.output
@@ -183,29 +158,13 @@ fn finish(
     quiet: bool,
     describe: String,
 ) -> Result<ExitCode> {
-    let med = median(times);
-    if let Some(p) = &out.timing_json {
-        let list: Vec<String> = times.iter().map(|t| format!("{t:.4}")).collect();
-        std::fs::write(
-            p,
-            format!(
-                "{{\"median_ms\": {med:.4}, \"times_ms\": [{}]}}\n",
-                list.join(", ")
-            ),
-        )
-        .with_context(|| format!("writing {}", p.display()))?;
-    }
+    let (med, runs) = timing::summary(times, out.timing_json.as_deref())?;
     let written = plan.map(|p| p.write(nn)).transpose()?;
     if let (Some(c), Some(_)) = (&out.checkpoint, &written) {
         Checkpointed::remove(c);
     }
     if !quiet {
         let rate = nn.rows() as f64 / (med / 1e3);
-        let runs = if times.len() > 1 {
-            format!(" (median of {})", times.len())
-        } else {
-            String::new()
-        };
         eprintln!("{what}: {describe}: {med:.1} ms{runs}, {rate:.0} {unit}/s");
         match written {
             Some(where_) => eprintln!("{what}: {where_}"),
@@ -253,7 +212,8 @@ fn compute(
         );
     }
     let t = Instant::now();
-    let result = state.run(chunk_rows(rows), |r| rows_of(r, &progress))?;
+    let stop_after = out.checkpoint_stop_after;
+    let result = state.run(chunk_rows(rows), stop_after, |r| rows_of(r, &progress))?;
     progress.finish();
     Ok(result.map(|nn| (nn, vec![t.elapsed().as_secs_f64() * 1e3])))
 }

@@ -1,57 +1,13 @@
 //! The `knn` binary end to end on small files.
 
+mod common;
+
+use common::{
+    bench_cpu, classify_args, fails, generate, graph_args, graph_cpu, knn_env, ok, p, search_args,
+    search_cpu, verify_args,
+};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn knn(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_knn"))
-        .args(args)
-        .output()
-        .expect("run knn")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = knn(args);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success(), "knn {args:?} failed:\n{text}");
-    text
-}
-
-fn fails(args: &[&str], code: i32) -> String {
-    let o = knn(args);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert_eq!(o.status.code(), Some(code), "knn {args:?}:\n{text}");
-    text
-}
-
-fn p(dir: &Path, name: &str) -> String {
-    dir.join(name).display().to_string()
-}
-
-fn generate(dir: &Path, name: &str, rows: usize, dim: usize, seed: u64) -> String {
-    let f = p(dir, name);
-    ok(&[
-        "generate",
-        "-n",
-        &rows.to_string(),
-        "-d",
-        &dim.to_string(),
-        "--seed",
-        &seed.to_string(),
-        "-o",
-        &f,
-        "--quiet",
-    ]);
-    f
-}
+use std::process::Command;
 
 #[test]
 fn search_then_verify_npy() {
@@ -59,28 +15,19 @@ fn search_then_verify_npy() {
     let b = generate(dir.path(), "b.npy", 500, 16, 1);
     let q = generate(dir.path(), "q.npy", 40, 16, 2);
     let out = p(dir.path(), "nn.npy");
-    let msg = ok(&[
-        "search", "-b", &b, "-q", &q, "-k", "7", "--device", "cpu", "-o", &out,
-    ]);
+    let search = search_cpu(&b, &q, "7", &["-o", &out]);
+    let msg = ok(&search);
     assert!(msg.contains("40 queries × 500 base"), "{msg}");
     assert!(PathBuf::from(p(dir.path(), "nn.dist.npy")).exists());
-    let v = ok(&["verify", "-r", &out, "-b", &b, "-q", &q]);
+    let v = ok(&verify_args(&out, &b, &q, &[]));
     assert!(
         v.contains("tie-aware recall 1.000000") && v.contains("PASSED"),
         "{v}"
     );
     // Refuses to overwrite without --force, then replaces with it.
-    let again = fails(
-        &[
-            "search", "-b", &b, "-q", &q, "-k", "7", "--device", "cpu", "-o", &out,
-        ],
-        2,
-    );
+    let again = fails(&search, 2);
     assert!(again.contains("exists"), "{again}");
-    ok(&[
-        "search", "-b", &b, "-q", &q, "-k", "7", "--device", "cpu", "-o", &out, "--force",
-        "--quiet",
-    ]);
+    ok(&[&search[..], &["--force", "--quiet"]].concat());
     // Never over an input, even with --force.
     let input = fails(
         &["search", "-b", &b, "-q", &q, "-k", "7", "-o", &b, "--force"],
@@ -95,9 +42,7 @@ fn verify_catches_a_wrong_result() {
     let b = generate(dir.path(), "b.fvecs", 300, 8, 3);
     let q = generate(dir.path(), "q.fvecs", 20, 8, 4);
     let out = p(dir.path(), "nn.ivecs");
-    ok(&[
-        "search", "-b", &b, "-q", &q, "-k", "5", "--device", "cpu", "-o", &out, "--quiet",
-    ]);
+    ok(&search_cpu(&b, &q, "5", &["-o", &out, "--quiet"]));
     assert!(PathBuf::from(p(dir.path(), "nn.fvecs")).exists());
     ok(&["verify", "-r", &out, "--truth", &out]);
     // Swap one id for a far point: both checks must fail.
@@ -105,7 +50,7 @@ fn verify_catches_a_wrong_result() {
     bytes[4..8].copy_from_slice(&299i32.to_le_bytes());
     bytes[8..12].copy_from_slice(&298i32.to_le_bytes());
     std::fs::write(&out, bytes).unwrap();
-    let v = fails(&["verify", "-r", &out, "-b", &b, "-q", &q], 1);
+    let v = fails(&verify_args(&out, &b, &q, &[]), 1);
     assert!(v.contains("FAILED"), "{v}");
 }
 
@@ -124,9 +69,7 @@ fn graph_csv_and_metrics() {
         "mahalanobis",
     ] {
         let out = p(dir.path(), &format!("g_{m}.csv"));
-        ok(&[
-            "graph", "-p", &pts, "-k", "4", "-m", m, "--device", "cpu", "-o", &out, "--quiet",
-        ]);
+        ok(&graph_cpu(&pts, "4", &["-m", m, "-o", &out, "--quiet"]));
         ok(&["verify", "-r", &out, "-b", &pts, "-m", m, "--quiet"]);
     }
     let text = std::fs::read_to_string(p(dir.path(), "g_l2.csv")).unwrap();
@@ -141,22 +84,11 @@ fn graph_symmetric_on_off_auto_agree() {
     for mode in ["off", "on", "auto"] {
         for m in ["l2", "l1"] {
             let out = p(dir.path(), &format!("g_{mode}_{m}.npy"));
-            ok(&[
-                "graph",
-                "-p",
+            ok(&graph_cpu(
                 &pts,
-                "-k",
                 "7",
-                "-m",
-                m,
-                "--device",
-                "cpu",
-                "--symmetric",
-                mode,
-                "-o",
-                &out,
-                "--quiet",
-            ]);
+                &["-m", m, "--symmetric", mode, "-o", &out, "--quiet"],
+            ));
             outputs.push((m, std::fs::read(&out).unwrap()));
         }
     }
@@ -164,18 +96,9 @@ fn graph_symmetric_on_off_auto_agree() {
         let same_metric = outputs.iter().find(|(x, _)| x == m).unwrap();
         assert!(bytes == &same_metric.1, "{m}: symmetric modes differ");
     }
+    let x = p(dir.path(), "x.npy");
     let e = fails(
-        &[
-            "graph",
-            "-p",
-            &pts,
-            "-k",
-            "3",
-            "--symmetric",
-            "sometimes",
-            "-o",
-            &p(dir.path(), "x.npy"),
-        ],
+        &graph_args(&pts, "3", &["--symmetric", "sometimes", "-o", &x]),
         2,
     );
     assert!(
@@ -191,47 +114,24 @@ fn bad_input_errors_name_the_problem() {
     std::fs::write(&nan, "1,2,3\n4,nan,6\n").unwrap();
     let good = p(dir.path(), "good.csv");
     std::fs::write(&good, "1,2,3\n4,5,6\n").unwrap();
-    let e = fails(
-        &[
-            "search", "-b", &good, "-q", &nan, "-k", "1", "--device", "cpu",
-        ],
-        2,
-    );
+    let e = fails(&search_cpu(&good, &nan, "1", &[]), 2);
     assert!(
         e.contains("nan.csv") && e.contains("line 2, column 2"),
         "{e}"
     );
-    let e = fails(
-        &[
-            "search", "-b", &good, "-q", &good, "-k", "3", "--device", "cpu",
-        ],
-        2,
-    );
+    let e = fails(&search_cpu(&good, &good, "3", &[]), 2);
     assert!(e.contains("k=3") && e.contains('2'), "{e}");
     let two = p(dir.path(), "two.csv");
     std::fs::write(&two, "1,2\n").unwrap();
-    let e = fails(
-        &[
-            "search", "-b", &good, "-q", &two, "-k", "1", "--device", "cpu",
-        ],
-        2,
-    );
+    let e = fails(&search_cpu(&good, &two, "1", &[]), 2);
     assert!(e.contains("dimension mismatch"), "{e}");
     let ragged = p(dir.path(), "ragged.csv");
     std::fs::write(&ragged, "1,2,3\n4,5\n").unwrap();
-    let e = fails(&["graph", "-p", &ragged, "-k", "1"], 2);
+    let e = fails(&graph_args(&ragged, "1", &[]), 2);
     assert!(e.contains("ragged.csv") && e.contains("line 2"), "{e}");
-    let e = fails(
-        &["search", "-b", &good, "-q", &good, "-k", "1", "-m", "nope"],
-        2,
-    );
+    let e = fails(&search_args(&good, &good, "1", &["-m", "nope"]), 2);
     assert!(e.contains("unknown metric"), "{e}");
-    let e = fails(
-        &[
-            "search", "-b", &good, "-q", &good, "-k", "1", "--device", "cuda:7",
-        ],
-        2,
-    );
+    let e = fails(&search_args(&good, &good, "1", &["--device", "cuda:7"]), 2);
     assert!(
         e.to_lowercase().contains("cuda") || e.contains("device"),
         "{e}"
@@ -240,21 +140,7 @@ fn bad_input_errors_name_the_problem() {
 
 #[test]
 fn bench_small_and_info() {
-    let t = ok(&[
-        "bench",
-        "--refs",
-        "300",
-        "--queries",
-        "50",
-        "-d",
-        "8",
-        "-k",
-        "5",
-        "--repeat",
-        "1",
-        "--devices",
-        "cpu",
-    ]);
+    let t = bench_cpu("50", "5");
     assert!(
         t.contains("brute force, CPU") && t.contains("PASSED") && !t.contains("FAILED"),
         "{t}"
@@ -268,22 +154,12 @@ fn repeat_and_timing_json() {
     let dir = tempfile::tempdir().unwrap();
     let b = generate(dir.path(), "b.npy", 200, 4, 9);
     let t = p(dir.path(), "t.json");
-    ok(&[
-        "search",
-        "-b",
+    ok(&search_cpu(
         &b,
-        "-q",
         &b,
-        "-k",
         "3",
-        "--device",
-        "cpu",
-        "--repeat",
-        "3",
-        "--timing-json",
-        &t,
-        "--quiet",
-    ]);
+        &["--repeat", "3", "--timing-json", &t, "--quiet"],
+    ));
     let j = std::fs::read_to_string(&t).unwrap();
     assert!(
         j.contains("median_ms") && j.matches(',').count() >= 3,
@@ -296,102 +172,45 @@ fn grid_and_brute_agree_in_low_dimensions() {
     let dir = tempfile::tempdir().unwrap();
     let b = generate(dir.path(), "b.npy", 3000, 3, 5);
     let q = generate(dir.path(), "q.npy", 200, 3, 6);
-    let auto = ok(&[
-        "search",
-        "-b",
-        &b,
-        "-q",
-        &q,
-        "-k",
-        "7",
-        "--device",
-        "cpu",
-        "-o",
-        &p(dir.path(), "auto.npy"),
-    ]);
+    let auto_npy = p(dir.path(), "auto.npy");
+    let brute_csv = p(dir.path(), "brute.csv");
+    let grid_csv = p(dir.path(), "grid.csv");
+    let auto = ok(&search_cpu(&b, &q, "7", &["-o", &auto_npy]));
     assert!(
         auto.contains("exact grid on the CPU"),
         "auto picks the grid for d=3:\n{auto}"
     );
-    let brute = ok(&[
-        "search",
-        "-b",
+    let brute = ok(&search_cpu(
         &b,
-        "-q",
         &q,
-        "-k",
         "7",
-        "--device",
-        "cpu",
-        "--method",
-        "brute",
-        "-o",
-        &p(dir.path(), "brute.csv"),
-    ]);
+        &["--method", "brute", "-o", &brute_csv],
+    ));
     assert!(brute.contains("brute force on the CPU"), "{brute}");
     // Same ids (exact, ties by id), both formats.
-    let grid_ids = std::fs::read(p(dir.path(), "auto.npy")).unwrap();
-    ok(&[
-        "search",
-        "-b",
+    let grid_ids = std::fs::read(&auto_npy).unwrap();
+    ok(&search_args(
         &b,
-        "-q",
         &q,
-        "-k",
         "7",
-        "--method",
-        "grid",
-        "-o",
-        &p(dir.path(), "grid.csv"),
-        "--quiet",
-    ]);
+        &["--method", "grid", "-o", &grid_csv, "--quiet"],
+    ));
     assert_eq!(
-        std::fs::read_to_string(p(dir.path(), "grid.csv")).unwrap(),
-        std::fs::read_to_string(p(dir.path(), "brute.csv")).unwrap()
+        std::fs::read_to_string(&grid_csv).unwrap(),
+        std::fs::read_to_string(&brute_csv).unwrap()
     );
     assert!(!grid_ids.is_empty());
-    ok(&[
-        "verify",
-        "-r",
-        &p(dir.path(), "auto.npy"),
-        "-b",
-        &b,
-        "-q",
-        &q,
-    ]);
+    ok(&verify_args(&auto_npy, &b, &q, &[]));
     let e = fails(
-        &[
-            "search", "-b", &b, "-q", &q, "-k", "3", "-m", "ip", "--method", "grid",
-        ],
+        &search_args(&b, &q, "3", &["-m", "ip", "--method", "grid"]),
         2,
     );
     assert!(e.contains("grid") && e.contains("brute"), "{e}");
-    let e = fails(
-        &["search", "-b", &b, "-q", &q, "-k", "3", "--method", "warp"],
-        2,
-    );
+    let e = fails(&search_args(&b, &q, "3", &["--method", "warp"]), 2);
     assert!(e.contains("unknown method"), "{e}");
-    let e = fails(
-        &[
-            "search",
-            "-b",
-            &b,
-            "-q",
-            &q,
-            "-k",
-            "3",
-            "--gpu-memory",
-            "2 parsecs",
-        ],
-        2,
-    );
+    let e = fails(&search_args(&b, &q, "3", &["--gpu-memory", "2 parsecs"]), 2);
     assert!(e.contains("size"), "{e}");
-    let e = fails(
-        &[
-            "search", "-b", &b, "-q", &q, "-k", "3", "--device", "cpu", "--method", "cublas",
-        ],
-        2,
-    );
+    let e = fails(&search_cpu(&b, &q, "3", &["--method", "cublas"]), 2);
     assert!(e.contains("GPU"), "{e}");
 }
 
@@ -451,35 +270,28 @@ fn classify_seed_csv_batch_and_sequential() {
     .unwrap();
     let out = p(dir.path(), "pred.csv");
     let proba = p(dir.path(), "proba.csv");
-    ok(&[
-        "classify",
-        "--train",
+    ok(&classify_args(
         &train,
-        "--labels",
         &labels,
-        "-q",
         &queries,
-        "-k",
-        "3",
-        "--weights",
-        "distance",
-        "-o",
-        &out,
-        "--proba",
-        &proba,
-        "--quiet",
-    ]);
+        &[
+            "-k",
+            "3",
+            "--weights",
+            "distance",
+            "-o",
+            &out,
+            "--proba",
+            &proba,
+            "--quiet",
+        ],
+    ));
     assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 50);
     // A header naming the classes, then one row per point.
     let proba_text = std::fs::read_to_string(&proba).unwrap();
     assert_eq!(proba_text.lines().count(), 51);
     assert!(proba_text.starts_with("0,1,2"), "{proba_text}");
-    let e = fails(
-        &[
-            "classify", "--train", &train, "--labels", &labels, "-q", &queries, "-o", &out,
-        ],
-        2,
-    );
+    let e = fails(&classify_args(&train, &labels, &queries, &["-o", &out]), 2);
     assert!(e.contains("exists"), "{e}");
     // Bad seed CSV: the error names the line.
     let bad = p(dir.path(), "bad.csv");
@@ -490,15 +302,6 @@ fn classify_seed_csv_batch_and_sequential() {
 
 fn as_refs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
-}
-
-/// Runs `knn` with an environment variable set.
-fn knn_env(args: &[&str], var: (&str, &str)) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_knn"))
-        .args(args)
-        .env(var.0, var.1)
-        .output()
-        .expect("run knn")
 }
 
 #[test]
@@ -524,11 +327,11 @@ fn checkpoint_resume_equals_an_uninterrupted_run() {
             v.into_iter().map(String::from).collect::<Vec<String>>()
         };
         ok(&as_refs(&with(&full, false)));
-        // "Interrupted" after two chunks: exit 130, rows saved, no output yet.
-        let o = knn_env(
-            &as_refs(&with(&resumed, true)),
-            ("KNN_CHECKPOINT_STOP_AFTER", "2"),
-        );
+        // "Interrupted" after two chunks (the hidden test hook): exit 130, rows saved, no
+        // output yet.
+        let mut stopped = with(&resumed, true);
+        stopped.extend(["--checkpoint-stop-after".to_string(), "2".to_string()]);
+        let o = common::knn(&as_refs(&stopped));
         assert_eq!(
             o.status.code(),
             Some(130),
@@ -565,10 +368,10 @@ fn checkpoint_resume_equals_an_uninterrupted_run() {
     }
     // A file that is not a checkpoint is never overwritten.
     std::fs::write(&ck, b"precious data").unwrap();
-    let e = fails(&["graph", "-p", &pts, "-k", "3", "--checkpoint", &ck], 2);
+    let e = fails(&graph_args(&pts, "3", &["--checkpoint", &ck]), 2);
     assert!(e.contains("not a knn checkpoint"), "{e}");
     assert_eq!(std::fs::read(&ck).unwrap(), b"precious data");
-    let e = fails(&["graph", "-p", &pts, "-k", "3", "--checkpoint", &pts], 2);
+    let e = fails(&graph_args(&pts, "3", &["--checkpoint", &pts]), 2);
     assert!(e.contains("input"), "{e}");
 }
 
@@ -579,23 +382,13 @@ fn ctrl_c_stops_with_the_checkpoint_saved() {
     let pts = generate(dir.path(), "p.npy", 60000, 12, 5);
     let ck = p(dir.path(), "c.ckpt");
     let out = p(dir.path(), "g.npy");
-    let args = [
-        "graph",
-        "-p",
+    let args = graph_cpu(
         &pts,
-        "-k",
         "5",
-        "--device",
-        "cpu",
-        "--threads",
-        "1",
-        "-o",
-        &out,
-        "--checkpoint",
-        &ck,
-    ];
+        &["--threads", "1", "-o", &out, "--checkpoint", &ck],
+    );
     let mut child = Command::new(env!("CARGO_BIN_EXE_knn"))
-        .args(args)
+        .args(&args)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -614,9 +407,7 @@ fn ctrl_c_stops_with_the_checkpoint_saved() {
         ok(&args);
     }
     let full = p(dir.path(), "full.npy");
-    ok(&[
-        "graph", "-p", &pts, "-k", "5", "--device", "cpu", "-o", &full,
-    ]);
+    ok(&graph_cpu(&pts, "5", &["-o", &full]));
     assert_eq!(std::fs::read(&full).unwrap(), std::fs::read(&out).unwrap());
 }
 
@@ -627,34 +418,13 @@ fn metric_expr_spells_the_built_in_metrics() {
     let q = generate(dir.path(), "q.npy", 50, 12, 12);
     // The Hellinger expression: the same keys in f64, so the very same files.
     let (gh, ge) = (p(dir.path(), "gh.csv"), p(dir.path(), "ge.csv"));
-    ok(&[
-        "graph",
-        "-p",
+    ok(&graph_cpu(
         &b,
-        "-k",
         "6",
-        "-m",
-        "hellinger",
-        "--device",
-        "cpu",
-        "-o",
-        &gh,
-        "--quiet",
-    ]);
+        &["-m", "hellinger", "-o", &gh, "--quiet"],
+    ));
     let expr = "acc + (sqrt(x) - sqrt(y))^2 ; sqrt(0.5 * acc)";
-    let msg = ok(&[
-        "graph",
-        "-p",
-        &b,
-        "-k",
-        "6",
-        "--metric-expr",
-        expr,
-        "--device",
-        "cpu",
-        "-o",
-        &ge,
-    ]);
+    let msg = ok(&graph_cpu(&b, "6", &["--metric-expr", expr, "-o", &ge]));
     assert!(msg.contains("expr 'acc + (sqrt(x)"), "{msg}");
     assert_eq!(
         std::fs::read_to_string(&gh).unwrap(),
@@ -663,90 +433,39 @@ fn metric_expr_spells_the_built_in_metrics() {
     let dist = |f: &str| std::fs::read_to_string(f.replace(".csv", ".dist.csv")).unwrap();
     assert_eq!(dist(&gh), dist(&ge));
     // L1: verified under the built-in metric and under the expression itself.
+    let l1 = "acc + abs(x - y)";
     let out = p(dir.path(), "l1.npy");
-    ok(&[
-        "search",
-        "-b",
+    ok(&search_cpu(
         &b,
-        "-q",
         &q,
-        "-k",
         "9",
-        "--metric-expr",
-        "acc + abs(x - y)",
-        "--device",
-        "cpu",
-        "-o",
-        &out,
-        "--quiet",
-    ]);
-    ok(&[
-        "verify", "-r", &out, "-b", &b, "-q", &q, "-m", "l1", "--quiet",
-    ]);
-    let v = ok(&[
-        "verify",
-        "-r",
-        &out,
-        "-b",
-        &b,
-        "-q",
-        &q,
-        "--metric-expr",
-        "acc + abs(x - y)",
-    ]);
+        &["--metric-expr", l1, "-o", &out, "--quiet"],
+    ));
+    ok(&verify_args(&out, &b, &q, &["-m", "l1", "--quiet"]));
+    let v = ok(&verify_args(&out, &b, &q, &["--metric-expr", l1]));
     assert!(v.contains("tie-aware recall 1.000000"), "{v}");
     // A user metric of its own.
+    let own_expr = "acc + abs(x - y) / (x + y + 0.01) ; sqrt(acc)";
     let own = p(dir.path(), "own.npy");
-    ok(&[
-        "search",
-        "-b",
+    ok(&search_cpu(
         &b,
-        "-q",
         &q,
-        "-k",
         "3",
-        "--metric-expr",
-        "acc + abs(x - y) / (x + y + 0.01) ; sqrt(acc)",
-        "--device",
-        "cpu",
-        "-o",
+        &["--metric-expr", own_expr, "-o", &own, "--quiet"],
+    ));
+    ok(&verify_args(
         &own,
-        "--quiet",
-    ]);
-    ok(&[
-        "verify",
-        "-r",
-        &own,
-        "-b",
         &b,
-        "-q",
         &q,
-        "--metric-expr",
-        "acc + abs(x - y) / (x + y + 0.01) ; sqrt(acc)",
-        "--quiet",
-    ]);
+        &["--metric-expr", own_expr, "--quiet"],
+    ));
 }
 
 #[test]
 fn metric_expr_errors_point_at_the_column() {
     let dir = tempfile::tempdir().unwrap();
     let b = generate(dir.path(), "b.npy", 100, 4, 21);
-    let run = |expr: &str| {
-        fails(
-            &[
-                "graph",
-                "-p",
-                &b,
-                "-k",
-                "3",
-                "--metric-expr",
-                expr,
-                "--device",
-                "cpu",
-            ],
-            2,
-        )
-    };
+    let run = |expr: &str| fails(&graph_cpu(&b, "3", &["--metric-expr", expr]), 2);
     let e = run("acc + sqr(x - y)");
     assert!(
         e.contains("metric expression: column 7: unknown function 'sqr'")
@@ -768,35 +487,11 @@ fn metric_expr_errors_point_at_the_column() {
     // Negative values under a square root name the row and column of the data.
     let neg = p(dir.path(), "neg.csv");
     std::fs::write(&neg, "0.5,1\n2,-3\n1,1\n").unwrap();
-    let e = fails(
-        &[
-            "graph",
-            "-p",
-            &neg,
-            "-k",
-            "1",
-            "--metric-expr",
-            "acc + (sqrt(x) - sqrt(y))^2",
-            "--device",
-            "cpu",
-        ],
-        2,
-    );
+    let sqrt_expr = "acc + (sqrt(x) - sqrt(y))^2";
+    let e = fails(&graph_cpu(&neg, "1", &["--metric-expr", sqrt_expr]), 2);
     assert!(e.contains("row 1, column 1 (value -3)"), "{e}");
-    let e = fails(
-        &[
-            "graph",
-            "-p",
-            &b,
-            "-k",
-            "3",
-            "-m",
-            "l1",
-            "--metric-expr",
-            "acc + abs(x - y)",
-        ],
-        2,
-    );
+    let both = ["-m", "l1", "--metric-expr", "acc + abs(x - y)"];
+    let e = fails(&graph_args(&b, "3", &both), 2);
     assert!(e.contains("cannot be used with"), "{e}");
 }
 
@@ -807,40 +502,13 @@ fn record_files_through_a_temporary_copy_give_the_same_result() {
     let dir = tempfile::tempdir().unwrap();
     let b = generate(dir.path(), "b.fvecs", 500, 12, 21);
     let q = generate(dir.path(), "q.fvecs", 40, 12, 22);
-    for (mode, out) in [("never", "mem.npy"), ("always", "spill.npy")] {
-        let o = knn_env(
-            &[
-                "search",
-                "-b",
-                &b,
-                "-q",
-                &q,
-                "-k",
-                "7",
-                "--device",
-                "cpu",
-                "-o",
-                &p(dir.path(), out),
-                "--quiet",
-            ],
-            ("KNN_SPILL", mode),
-        );
+    for (mode, name) in [("never", "mem.npy"), ("always", "spill.npy")] {
+        let out = p(dir.path(), name);
+        let graph_out = p(dir.path(), &format!("g-{name}"));
+        let spill = ("KNN_SPILL", mode);
+        let o = knn_env(&search_cpu(&b, &q, "7", &["-o", &out, "--quiet"]), spill);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let g = knn_env(
-            &[
-                "graph",
-                "-p",
-                &b,
-                "-k",
-                "5",
-                "--device",
-                "cpu",
-                "-o",
-                &p(dir.path(), &format!("g-{out}")),
-                "--quiet",
-            ],
-            ("KNN_SPILL", mode),
-        );
+        let g = knn_env(&graph_cpu(&b, "5", &["-o", &graph_out, "--quiet"]), spill);
         assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
     }
     for (a, b) in [
@@ -859,21 +527,9 @@ fn record_files_through_a_temporary_copy_give_the_same_result() {
     bytes.truncate(bytes.len() - 3);
     let bad = p(dir.path(), "bad.fvecs");
     std::fs::write(&bad, bytes).unwrap();
+    let x = p(dir.path(), "x.npy");
     let o = knn_env(
-        &[
-            "search",
-            "-b",
-            &bad,
-            "-q",
-            &q,
-            "-k",
-            "3",
-            "--device",
-            "cpu",
-            "-o",
-            &p(dir.path(), "x.npy"),
-            "--quiet",
-        ],
+        &search_cpu(&bad, &q, "3", &["-o", &x, "--quiet"]),
         ("KNN_SPILL", "always"),
     );
     let err = String::from_utf8_lossy(&o.stderr);

@@ -1,35 +1,10 @@
 //! Inputs read as the user meant (issue 24): HDF5 files of ann-benchmarks, CSV headers and
 //! delimiters, positions as line and column, and one answer whatever the format.
 
+mod common;
+
+use common::{fails, graph_args, graph_cpu, ok, p, search_cpu};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn knn(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_knn"))
-        .args(args)
-        .output()
-        .expect("run knn")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = knn(args);
-    assert!(o.status.success(), "knn {args:?} failed:\n{}", text(&o));
-    text(&o)
-}
-
-fn fails(args: &[&str], code: i32) -> String {
-    let o = knn(args);
-    assert_eq!(o.status.code(), Some(code), "knn {args:?}:\n{}", text(&o));
-    text(&o)
-}
 
 /// A test file made by `crates/knn-io/tests/data/make_hdf5.py` (h5py).
 fn fixture(name: &str) -> String {
@@ -40,17 +15,21 @@ fn fixture(name: &str) -> String {
         .to_string()
 }
 
-fn p(dir: &Path, name: &str) -> String {
-    dir.join(name).display().to_string()
-}
-
+/// `knn search` on the CPU into `out`, then `extra`; returns its messages.
 fn search(base: &str, queries: &str, k: usize, out: &str, extra: &[&str]) -> String {
     let k = k.to_string();
-    let mut args = vec![
-        "search", "-b", base, "-q", queries, "-k", &k, "--device", "cpu", "-o", out,
-    ];
-    args.extend_from_slice(extra);
-    ok(&args)
+    ok(&search_cpu(
+        base,
+        queries,
+        &k,
+        &[&["-o", out], extra].concat(),
+    ))
+}
+
+/// Writes `text` into `path`; returns the messages of a `knn graph` of it, which must fail.
+fn graph_fails_on(path: &str, text: &str, extra: &[&str]) -> String {
+    std::fs::write(path, text).unwrap();
+    fails(&graph_cpu(path, "1", extra), 2)
 }
 
 fn ids(path: &str) -> knn_io::Table<i64> {
@@ -118,53 +97,17 @@ fn hdf5_names_a_dataset_and_its_metric_attribute_is_a_default() {
     let msg = search(&ang, &ang, 5, &p(dir.path(), "l2.npy"), &["-m", "l2"]);
     assert!(msg.contains("k=5, l2,"), "{msg}");
     // A graph of the train set.
-    let msg = ok(&[
-        "graph",
-        "-p",
-        &ang,
-        "-k",
-        "3",
-        "--device",
-        "cpu",
-        "-o",
-        &p(dir.path(), "g.npy"),
-    ]);
+    let msg = ok(&graph_cpu(&ang, "3", &["-o", &p(dir.path(), "g.npy")]));
     assert!(msg.contains("120 points"), "{msg}");
     assert!(msg.contains("cosine"), "{msg}");
     // A missing dataset lists the ones there are.
-    let e = fails(
-        &[
-            "search",
-            "-b",
-            &ang,
-            "-q",
-            &format!("{ang}:queries"),
-            "-k",
-            "1",
-            "--device",
-            "cpu",
-        ],
-        2,
-    );
+    let e = fails(&search_cpu(&ang, &format!("{ang}:queries"), "1", &[]), 2);
     assert!(
         e.contains("no dataset 'queries'") && e.contains("neighbors, test, train"),
         "{e}"
     );
     // A 3-D dataset is named as such.
-    let e = fails(
-        &[
-            "search",
-            "-b",
-            &ang,
-            "-q",
-            &format!("{ang}:cube"),
-            "-k",
-            "1",
-            "--device",
-            "cpu",
-        ],
-        2,
-    );
+    let e = fails(&search_cpu(&ang, &format!("{ang}:cube"), "1", &[]), 2);
     assert!(e.contains("dataset 'cube': has 3 dimensions"), "{e}");
     // Newest file format (HDF5 2 with libver latest), no distance attribute: l2.
     let lat = fixture("latest.hdf5");
@@ -180,8 +123,7 @@ fn csv_first_line_with_a_number_is_data_not_a_header() {
     let dir = tempfile::tempdir().unwrap();
     let b = p(dir.path(), "b.csv");
     // Today this line vanished as a "header" and every later id shifted by one.
-    std::fs::write(&b, "1,NA\n2,3\n4,5\n").unwrap();
-    let e = fails(&["graph", "-p", &b, "-k", "1", "--device", "cpu"], 2);
+    let e = graph_fails_on(&b, "1,NA\n2,3\n4,5\n", &[]);
     assert!(
         e.contains("b.csv: line 1, column 2: 'NA' is not a number"),
         "{e}"
@@ -210,25 +152,9 @@ fn csv_header_and_no_header_flags() {
     let msg = search(&b, &q, 1, &p(dir.path(), "n.csv"), &[]);
     assert!(msg.contains("2 queries × 3 base points"), "{msg}");
     // --no-header: names on the first line are an error, not skipped.
-    std::fs::write(&b, "x,y\n0,0\n").unwrap();
-    let e = fails(
-        &[
-            "graph",
-            "-p",
-            &b,
-            "-k",
-            "1",
-            "--device",
-            "cpu",
-            "--no-header",
-        ],
-        2,
-    );
+    let e = graph_fails_on(&b, "x,y\n0,0\n", &["--no-header"]);
     assert!(e.contains("line 1, column 1: 'x' is not a number"), "{e}");
-    let e = fails(
-        &["graph", "-p", &b, "-k", "1", "--header", "--no-header"],
-        2,
-    );
+    let e = fails(&graph_args(&b, "1", &["--header", "--no-header"]), 2);
     assert!(e.contains("cannot be used with"), "{e}");
     // --help says what each flag does.
     let help = ok(&["search", "--help"]);
@@ -274,22 +200,14 @@ fn csv_delimiters_are_detected_or_given() {
     assert_eq!(ids(&out), ids(&reference));
     // The wrong delimiter: the error says which one the field holds.
     let e = fails(
-        &[
-            "graph",
-            "-p",
-            &write("semi2.csv", ";"),
-            "-k",
-            "1",
-            "--delimiter",
-            ",",
-        ],
+        &graph_args(&write("semi2.csv", ";"), "1", &["--delimiter", ","]),
         2,
     );
     assert!(
         e.contains("line 1, column 1") && e.contains("--delimiter ';'"),
         "{e}"
     );
-    let e = fails(&["graph", "-p", &q, "-k", "1", "--delimiter", "xy"], 2);
+    let e = fails(&graph_args(&q, "1", &["--delimiter", "xy"]), 2);
     assert!(e.contains("--delimiter: 'xy' is not a delimiter"), "{e}");
 }
 
@@ -298,14 +216,12 @@ fn csv_nan_is_named_by_line_and_column() {
     let dir = tempfile::tempdir().unwrap();
     let b = p(dir.path(), "b.csv");
     // Before: "row 0, column 1" (data rows from 0) for a NaN, "line 1, column 2" for text.
-    std::fs::write(&b, "x,y\n1,2\n\n3,nan\n").unwrap();
-    let e = fails(&["graph", "-p", &b, "-k", "1", "--device", "cpu"], 2);
+    let e = graph_fails_on(&b, "x,y\n1,2\n\n3,nan\n", &[]);
     assert!(
         e.contains("b.csv: line 4, column 2: 'nan' is not a finite number"),
         "{e}"
     );
-    std::fs::write(&b, "1 inf\n2 3\n").unwrap();
-    let e = fails(&["graph", "-p", &b, "-k", "1", "--device", "cpu"], 2);
+    let e = graph_fails_on(&b, "1 inf\n2 3\n", &[]);
     assert!(e.contains("b.csv: line 1, column 2: 'inf'"), "{e}");
 }
 

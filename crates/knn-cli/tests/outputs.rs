@@ -2,60 +2,15 @@
 //! standard input and output, names and contents that agree, 1-D arrays, labels as
 //! scikit-learn has them, and messages in the user's words.
 
-use std::io::Write;
+mod common;
+
+use common::{
+    bench_cpu, classify_args, fails, file, graph_args, graph_cpu, knn, knn_with, ok, p,
+    search_args, search_cpu, text,
+};
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-
-fn knn_with_input(args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_knn"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run knn");
-    let mut input = child.stdin.take().expect("stdin");
-    input.write_all(stdin).expect("write stdin");
-    drop(input);
-    child.wait_with_output().expect("wait for knn")
-}
-
-fn knn(args: &[&str]) -> Output {
-    knn_with_input(args, b"")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = knn(args);
-    assert!(o.status.success(), "knn {args:?} failed:\n{}", text(&o));
-    text(&o)
-}
-
-/// Runs a command that must fail with exit code 2; returns its messages.
-fn fails(args: &[&str]) -> String {
-    let o = knn(args);
-    assert_eq!(o.status.code(), Some(2), "knn {args:?}:\n{}", text(&o));
-    text(&o)
-}
-
-fn p(dir: &Path, name: &str) -> String {
-    dir.join(name).display().to_string()
-}
-
-/// Writes `text` into `dir/name`; returns the path.
-fn file(dir: &Path, name: &str, text: &str) -> String {
-    let f = p(dir, name);
-    std::fs::write(&f, text).unwrap();
-    f
-}
+use std::process::Command;
 
 /// An npy file of `descr` and `shape` holding `data` (raw element bytes).
 fn npy(dir: &Path, name: &str, descr: &str, shape: &str, data: &[u8]) -> String {
@@ -107,9 +62,7 @@ fn a_link_to_standard_output_is_written_through_not_replaced() {
     let (b, q) = points(dir.path());
     let link = p(dir.path(), "out");
     std::os::unix::fs::symlink("/proc/self/fd/1", &link).unwrap();
-    let o = knn(&[
-        "search", "-b", &b, "-q", &q, "-k", "2", "--device", "cpu", "-o", &link, "--quiet",
-    ]);
+    let o = knn(&search_cpu(&b, &q, "2", &["-o", &link, "--quiet"]));
     assert!(o.status.success(), "{}", text(&o));
     assert!(is_symlink(&link), "the link was replaced");
     assert_eq!(
@@ -136,22 +89,13 @@ fn a_pipe_is_written_through() {
         let fifo = fifo.clone();
         std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
     };
-    ok(&[
-        "search",
-        "-b",
+    let csv = ["--output-format", "csv", "--quiet"];
+    ok(&search_cpu(
         &b,
-        "-q",
         &q,
-        "-k",
         "1",
-        "--device",
-        "cpu",
-        "-o",
-        &fifo,
-        "--output-format",
-        "csv",
-        "--quiet",
-    ]);
+        &[&["-o", &fifo][..], &csv].concat(),
+    ));
     assert_eq!(
         reader.join().unwrap(),
         "0,0.1\n7,0.099999905\n1,0.4472136\n"
@@ -167,26 +111,8 @@ fn a_link_to_a_file_needs_force_and_stays_a_link() {
     let link = p(dir.path(), "link.csv");
     std::os::unix::fs::symlink(&real, &link).unwrap();
     let d = p(dir.path(), "d.csv");
-    let search = |extra: &[&str]| {
-        let mut args = vec![
-            "search",
-            "-b",
-            &b,
-            "-q",
-            &q,
-            "-k",
-            "1",
-            "--device",
-            "cpu",
-            "-o",
-            &link,
-            "--distances",
-            &d,
-            "--quiet",
-        ];
-        args.extend_from_slice(extra);
-        knn(&args)
-    };
+    let args = search_cpu(&b, &q, "1", &["-o", &link, "--distances", &d, "--quiet"]);
+    let search = |extra: &[&str]| knn(&[&args[..], extra].concat());
     let refused = search(&[]);
     assert_eq!(refused.status.code(), Some(2));
     assert!(
@@ -208,41 +134,25 @@ fn dash_is_standard_output_and_standard_input() {
     let run = |args: &[&str], stdin: &[u8]| {
         let mut all: Vec<&str> = args.to_vec();
         all.extend_from_slice(&cpu);
-        let o = knn_with_input(&all, stdin);
+        let o = knn_with(&all, &[], stdin);
         assert!(o.status.success(), "{args:?}: {}", text(&o));
         o.stdout
     };
     // CSV to standard output: ids, then distances, side by side.
-    let side = run(&["search", "-b", &b, "-q", &q, "-k", "2", "-o", "-"], b"");
+    let side = run(&search_args(&b, &q, "2", &["-o", "-"]), b"");
     assert_eq!(
         String::from_utf8(side.clone()).unwrap(),
         "0,1,0.1,0.9\n7,6,0.099999905,0.9000001\n1,2,0.4472136,0.6324555\n"
     );
     // npy to standard output: the bytes of the file.
     let ids = p(dir.path(), "nn.npy");
-    run(&["search", "-b", &b, "-q", &q, "-k", "2", "-o", &ids], b"");
-    let out = run(
-        &[
-            "search",
-            "-b",
-            &b,
-            "-q",
-            &q,
-            "-k",
-            "2",
-            "-o",
-            "-",
-            "--output-format",
-            "npy",
-        ],
-        b"",
-    );
+    run(&search_args(&b, &q, "2", &["-o", &ids]), b"");
+    let npy_out = ["-o", "-", "--output-format", "npy"];
+    let out = run(&search_args(&b, &q, "2", &npy_out), b"");
     assert_eq!(out, std::fs::read(&ids).unwrap());
     // Queries from standard input, CSV or npy: the same answer.
-    let from_csv = run(
-        &["search", "-b", &b, "-q", "-", "-k", "2", "-o", "-"],
-        &std::fs::read(&q).unwrap(),
-    );
+    let from_stdin = search_args(&b, "-", "2", &["-o", "-"]);
+    let from_csv = run(&from_stdin, &std::fs::read(&q).unwrap());
     assert_eq!(from_csv, side);
     let qn = npy(
         dir.path(),
@@ -251,19 +161,16 @@ fn dash_is_standard_output_and_standard_input() {
         "(3, 2)",
         &f64_bytes(&[0.1, 0.0, 2.9, 5.0, 1.4, 0.2]),
     );
-    let from_npy = run(
-        &["search", "-b", &b, "-q", "-", "-k", "2", "-o", "-"],
-        &std::fs::read(&qn).unwrap(),
-    );
+    let from_npy = run(&from_stdin, &std::fs::read(&qn).unwrap());
     assert_eq!(from_npy, side);
     // Base from standard input too (a graph reads its points there).
     let graph = run(
-        &["graph", "-p", "-", "-k", "1", "-o", "-"],
+        &graph_args("-", "1", &["-o", "-"]),
         &std::fs::read(&b).unwrap(),
     );
     assert_eq!(String::from_utf8(graph).unwrap().lines().count(), 8);
     // Standard input holds one file.
-    let twice = fails(&["search", "-b", "-", "-q", "-", "-k", "1", "-o", "-"]);
+    let twice = fails(&search_args("-", "-", "1", &["-o", "-"]), 2);
     assert!(
         twice.contains("only one input can be read from standard input"),
         "{twice}"
@@ -275,19 +182,10 @@ fn an_output_holds_what_its_name_says() {
     let dir = tempfile::tempdir().unwrap();
     let (b, q) = points(dir.path());
     let nn = p(dir.path(), "nn.npy");
-    let e = fails(&[
-        "search",
-        "-b",
-        &b,
-        "-q",
-        &q,
-        "-k",
-        "1",
-        "-o",
-        &nn,
-        "--output-format",
-        "csv",
-    ]);
+    let e = fails(
+        &search_args(&b, &q, "1", &["-o", &nn, "--output-format", "csv"]),
+        2,
+    );
     assert!(
         e.contains("the name says npy but --output-format says csv"),
         "{e}"
@@ -299,10 +197,13 @@ fn an_output_holds_what_its_name_says() {
         "seed.csv",
         "4,2,2,1\n0,0\n1,0\n10,1\n11,1\n0.5,-1\n10.5,-1\n",
     );
+    let classify = |out: &str| {
+        ok(&[
+            "classify", "--csv", &seed, "-k", "1", "--device", "cpu", "-o", out, "--quiet",
+        ])
+    };
     let out = p(dir.path(), "out.npy");
-    ok(&[
-        "classify", "--csv", &seed, "-k", "1", "--device", "cpu", "-o", &out, "--quiet",
-    ]);
+    classify(&out);
     let (header, data) = npy_parts(&out);
     assert!(
         header.contains("'<i8'") && header.contains("'shape': (2,)"),
@@ -316,22 +217,13 @@ fn an_output_holds_what_its_name_says() {
     // A .csv name keeps the filled-in seed CSV; a format that cannot hold labels is refused
     // before any work.
     let filled = p(dir.path(), "filled.csv");
-    ok(&[
-        "classify", "--csv", &seed, "-k", "1", "--device", "cpu", "-o", &filled, "--quiet",
-    ]);
+    classify(&filled);
     assert_eq!(
         std::fs::read_to_string(&filled).unwrap(),
         "4,2,2,1\n0,0\n1,0\n10,1\n11,1\n0.5,0\n10.5,1\n"
     );
-    let e = fails(&[
-        "classify",
-        "--csv",
-        &seed,
-        "-k",
-        "1",
-        "-o",
-        &p(dir.path(), "out.fvecs"),
-    ]);
+    let fvecs = p(dir.path(), "out.fvecs");
+    let e = fails(&["classify", "--csv", &seed, "-k", "1", "-o", &fvecs], 2);
     assert!(e.contains("format fvecs cannot hold"), "{e}");
 }
 
@@ -340,7 +232,7 @@ fn one_d_queries_are_refused_with_scikit_learns_hint() {
     let dir = tempfile::tempdir().unwrap();
     let (b, _) = points(dir.path());
     let q = npy(dir.path(), "q1.npy", "<f8", "(2,)", &f64_bytes(&[0.5, 1.0]));
-    let e = fails(&["search", "-b", &b, "-q", &q, "-k", "1", "-o", "-"]);
+    let e = fails(&search_args(&b, &q, "1", &["-o", "-"]), 2);
     assert!(
         e.contains(
             "q1.npy: Expected 2D array, got 1D array instead. Reshape your data either using \
@@ -352,9 +244,10 @@ fn one_d_queries_are_refused_with_scikit_learns_hint() {
     assert!(!e.contains("d=1"), "{e}");
     let train = file(dir.path(), "t.csv", "0,0\n1,1\n");
     let labels = file(dir.path(), "l.csv", "0\n1\n");
-    let e = fails(&[
-        "classify", "--train", &train, "--labels", &labels, "-q", &q, "-k", "1", "-o", "-",
-    ]);
+    let e = fails(
+        &classify_args(&train, &labels, &q, &["-k", "1", "-o", "-"]),
+        2,
+    );
     assert!(e.contains("got 1D array instead"), "{e}");
 }
 
@@ -364,12 +257,13 @@ fn labels_come_back_as_scikit_learn_gives_them() {
     let train = file(dir.path(), "train.csv", "0,0\n0,1\n5,5\n5,6\n9,9\n");
     let q = file(dir.path(), "q.csv", "0,0.4\n5,5.4\n9,8.8\n");
     let classify = |labels: &str, out: &str, extra: &[&str]| {
-        let mut args = vec![
-            "classify", "--train", &train, "--labels", labels, "-q", &q, "-k", "1", "--device",
-            "cpu", "-o", out, "--quiet",
-        ];
-        args.extend_from_slice(extra);
-        ok(&args)
+        let cpu = ["-k", "1", "--device", "cpu", "-o", out, "--quiet"];
+        ok(&classify_args(
+            &train,
+            labels,
+            &q,
+            &[&cpu[..], extra].concat(),
+        ))
     };
     // Integers: a 1-D int64 array (n,), not (n, 1).
     let ints = file(dir.path(), "ints.csv", "7\n7\n3\n3\n-1\n");
@@ -474,14 +368,12 @@ fn help_and_summaries_speak_the_users_language() {
             && help.contains("brute (compares every query with every base point"),
         "{help}"
     );
-    let s = ok(&[
-        "search", "-b", &b, "-q", &q, "-k", "1", "--device", "cpu", "--method", "brute",
-    ]);
+    let s = ok(&search_cpu(&b, &q, "1", &["--method", "brute"]));
     assert!(s.contains("l2, brute force on the CPU"), "{s}");
     assert!(!s.contains("on cpu"), "{s}");
     let big = p(dir.path(), "big.npy");
     ok(&["generate", "-n", "3000", "-d", "2", "-o", &big, "--quiet"]);
-    let g = ok(&["graph", "-p", &big, "-k", "1", "--device", "cpu"]);
+    let g = ok(&graph_cpu(&big, "1", &[]));
     assert!(
         g.contains("l2, exact grid on the CPU") && g.contains("points/s"),
         "{g}"
@@ -489,21 +381,7 @@ fn help_and_summaries_speak_the_users_language() {
     assert!(!g.contains("queries/s") && !g.contains("on grid"), "{g}");
     // The bench table: columns explained under it; the seed's V100 times only next to the
     // same programs at the same sizes (never on a CPU row, never at other sizes).
-    let bench = ok(&[
-        "bench",
-        "--refs",
-        "300",
-        "--queries",
-        "20",
-        "-d",
-        "8",
-        "-k",
-        "4",
-        "--devices",
-        "cpu",
-        "--repeat",
-        "1",
-    ]);
+    let bench = bench_cpu("20", "4");
     assert!(!bench.contains("V100"), "{bench}");
     assert!(
         bench.contains("median ms: of 1 timed runs after a warm-up; GFLOP/s:"),
@@ -517,9 +395,10 @@ fn messages_say_what_and_where_with_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     let (b, q) = points(dir.path());
     let search = |out: &str, extra: &[&str]| {
-        let mut args = vec!["search", "-b", &b, "-q", &q, "-k", "1", "-o", out];
-        args.extend_from_slice(extra);
-        fails(&args)
+        fails(
+            &search_args(&b, &q, "1", &[&["-o", out], extra].concat()),
+            2,
+        )
     };
     let e = search(&p(dir.path(), ""), &[]);
     assert!(e.contains("is a folder; name a file in it"), "{e}");
@@ -532,7 +411,7 @@ fn messages_say_what_and_where_with_the_fix() {
     let e = search(&p(dir.path(), "nn.out"), &[]);
     assert!(e.contains("--output-format"), "{e}");
     let odd = file(dir.path(), "q.dat", "1,2\n");
-    let e = fails(&["search", "-b", &b, "-q", &odd, "-k", "1", "-o", "-"]);
+    let e = fails(&search_args(&b, &odd, "1", &["-o", "-"]), 2);
     assert!(e.contains("--input-format"), "{e}");
     let e = search("-", &["-m", "euclidian"]);
     assert!(
@@ -547,19 +426,10 @@ fn messages_say_what_and_where_with_the_fix() {
     let e = search("-", &["--metric-expr", "acc + sqrt(x - y)"]);
     assert!(e.starts_with("error: metric expression: column 7:"), "{e}");
     let negative = file(dir.path(), "neg.csv", "1,2\n3,-4\n");
-    let e = fails(&[
-        "search",
-        "-b",
-        &negative,
-        "-q",
-        &q,
-        "-k",
-        "1",
-        "-m",
-        "hellinger",
-        "-o",
-        "-",
-    ]);
+    let e = fails(
+        &search_args(&negative, &q, "1", &["-m", "hellinger", "-o", "-"]),
+        2,
+    );
     assert!(e.contains("neg.csv: row 1, column 1 is -4"), "{e}");
 }
 

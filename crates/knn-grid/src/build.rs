@@ -393,10 +393,15 @@ fn build_level(
             rest_i = tail_i;
             consumed = e;
         }
+        // Each crowded cell's points, reordered in place; none where the points coincide on
+        // every gridded axis (no grid can separate them).
         (level.child_cells, level.children) = jobs
             .into_par_iter()
-            .filter_map(|(c, s, ps, is)| {
-                build_child(ps, is, s, d, g, axes, depth + 1).map(|l| (c, l))
+            .filter(|(_, _, ps, _)| spread(ps, d, g, axes))
+            .map(|(c, s, ps, is)| {
+                let (src, src_ids) = (ps.to_vec(), is.to_vec());
+                let child = build_level(&src, Some(&src_ids), ps, is, s, d, g, axes, depth + 1);
+                (c, child)
             })
             .unzip();
     }
@@ -404,37 +409,12 @@ fn build_level(
     level
 }
 
-/// A sub-grid over one crowded cell's points, reordered in place; `None` when the points
-/// coincide on every gridded axis (no grid can separate them).
-#[allow(clippy::too_many_arguments)]
-fn build_child(
-    points: &mut [f32],
-    ids: &mut [u32],
-    offset: usize,
-    d: usize,
-    g: usize,
-    axes: [usize; MAX_AXES],
-    depth: usize,
-) -> Option<Level> {
+/// Whether `points` differ on some gridded axis.
+fn spread(points: &[f32], d: usize, g: usize, axes: [usize; MAX_AXES]) -> bool {
     let first = &points[..d];
-    let spread = points
+    points
         .chunks_exact(d)
-        .any(|p| (0..g).any(|j| p[axes[j]] != first[axes[j]]));
-    if !spread {
-        return None;
-    }
-    let (src, src_ids) = (points.to_vec(), ids.to_vec());
-    Some(build_level(
-        &src,
-        Some(&src_ids),
-        points,
-        ids,
-        offset,
-        d,
-        g,
-        axes,
-        depth,
-    ))
+        .any(|p| (0..g).any(|j| p[axes[j]] != first[axes[j]]))
 }
 
 impl GridIndex {

@@ -222,6 +222,7 @@ impl SingleLanes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::search::tests::mixed_values;
     use crate::search::{KeyKind, Linf, SqL2, L1};
 
     /// The lanes compute the scalar keys bit for bit, mask the lanes past the end, and the
@@ -229,14 +230,7 @@ mod tests {
     #[test]
     fn lanes_match_the_scalar_keys() {
         fn check<K: KeyKind>() {
-            let mut x = 0x2545_F491_4F6C_DD1Du64;
-            let mut next = || {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let m = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-                m * [1e-3f32, 1.0, 7e3, 3e7][(x & 3) as usize]
-            };
+            let mut next = mixed_values(0x2545_F491_4F6C_DD1D);
             let n = 37;
             let cols: Vec<Vec<f32>> = (0..3)
                 .map(|_| {

@@ -26,14 +26,24 @@ pub(crate) trait KeyKind: Copy + Send + Sync + 'static {
     fn key(q: &[f32], p: &[f32]) -> f32 {
         q.iter().zip(p).fold(0.0, |a, (x, y)| Self::fold(a, x - y))
     }
-    /// One axis's share of a lower bound, from the gap `g ≥ 0` on that axis.
-    fn term(g: f64) -> f64;
+    /// One axis's share of a lower bound, from the gap `g ≥ 0` on that axis: the gap itself,
+    /// unless the kernel says otherwise.
+    #[inline(always)]
+    fn term(g: f64) -> f64 {
+        g
+    }
     /// Two shares joined (their sum, or their maximum for L∞); exact up to f64 rounding.
     fn join(a: f64, b: f64) -> f64;
-    /// The kernel's exact key, bit for bit [`Kernel::exact`] for rows shorter than 8 (where
+    /// The kernel's exact key: the f64 gaps between the coordinates, each made a share and
+    /// joined in order from 0. Bit for bit [`Kernel::exact`] for rows shorter than 8 (where
     /// it starts from 0 and folds the coordinates in order), inlined here for the grid's
     /// fixed dimensions 1 to 3.
-    fn exact(q: &[f32], p: &[f32]) -> f64;
+    #[inline(always)]
+    fn exact(q: &[f32], p: &[f32]) -> f64 {
+        q.iter().zip(p).fold(0.0, |s, (&a, &b)| {
+            Self::join(s, Self::term((a as f64 - b as f64).abs()))
+        })
+    }
     /// The kernel this is.
     const KERNEL: Kernel;
 }
@@ -80,15 +90,6 @@ impl KeyKind for SqL2 {
     fn join(a: f64, b: f64) -> f64 {
         a + b
     }
-    #[inline(always)]
-    fn exact(q: &[f32], p: &[f32]) -> f64 {
-        let mut s = 0.0f64;
-        for (&a, &b) in q.iter().zip(p) {
-            let (a, b) = (a as f64, b as f64);
-            s += (a - b) * (a - b);
-        }
-        s
-    }
     const KERNEL: Kernel = Kernel::SqL2;
 }
 
@@ -104,20 +105,8 @@ impl KeyKind for L1 {
         unsafe { _mm_add_ps(a, abs_x4(t)) }
     }
     #[inline(always)]
-    fn term(g: f64) -> f64 {
-        g
-    }
-    #[inline(always)]
     fn join(a: f64, b: f64) -> f64 {
         a + b
-    }
-    #[inline(always)]
-    fn exact(q: &[f32], p: &[f32]) -> f64 {
-        let mut s = 0.0f64;
-        for (&a, &b) in q.iter().zip(p) {
-            s += (a as f64 - b as f64).abs();
-        }
-        s
     }
     const KERNEL: Kernel = Kernel::L1;
 }
@@ -134,20 +123,8 @@ impl KeyKind for Linf {
         unsafe { _mm_max_ps(a, abs_x4(t)) }
     }
     #[inline(always)]
-    fn term(g: f64) -> f64 {
-        g
-    }
-    #[inline(always)]
     fn join(a: f64, b: f64) -> f64 {
         a.max(b)
-    }
-    #[inline(always)]
-    fn exact(q: &[f32], p: &[f32]) -> f64 {
-        let mut s = 0.0f64;
-        for (&a, &b) in q.iter().zip(p) {
-            s = s.max((a as f64 - b as f64).abs());
-        }
-        s
     }
     const KERNEL: Kernel = Kernel::Linf;
 }
@@ -569,22 +546,26 @@ pub(crate) fn search_level<K: KeyKind, const D: usize>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Coordinates of mixed magnitudes and signs, from a xorshift generator seeded with `seed`.
+    pub(crate) fn mixed_values(seed: u64) -> impl FnMut() -> f32 {
+        let mut x = seed;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let m = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            m * [1e-3f32, 1.0, 7e3, 3e7][(x & 3) as usize]
+        }
+    }
 
     /// The inlined exact keys are the pipeline's [`Kernel::exact`], bit for bit.
     #[test]
     fn exact_keys_match_the_kernel_bit_for_bit() {
         fn check<K: KeyKind>() {
-            let mut x = 0x9E37_79B9_7F4A_7C15u64;
-            let mut next = || {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                // Mixed magnitudes and signs.
-                let m = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-                m * [1e-3f32, 1.0, 7e3, 3e7][(x & 3) as usize]
-            };
+            let mut next = mixed_values(0x9E37_79B9_7F4A_7C15);
             for d in 1..=3 {
                 for _ in 0..20_000 {
                     let q: Vec<f32> = (0..d).map(|_| next()).collect();

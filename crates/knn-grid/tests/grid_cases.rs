@@ -90,26 +90,15 @@ fn data_sets() -> Vec<(String, Matrix, Matrix)> {
         let offq: Vec<f32> = uniform(20, d, 20).iter().map(|v| v + 4.0e6).collect();
         sets.push((format!("offset 4e6 d={d}"), m(off, d), m(offq, d)));
         // Near the f32 limits.
-        let huge: Vec<f32> = generate(Distribution::Uniform { lo: -1.0, hi: 1.0 }, 300, d, 21)
-            .iter()
-            .map(|v| v * 3.0e37)
-            .collect();
-        let (hb, hq) = huge.split_at(250 * d);
-        sets.push((
-            format!("near f32 max d={d}"),
-            m(hb.to_vec(), d),
-            m(hq.to_vec(), d),
-        ));
-        let tiny: Vec<f32> = generate(Distribution::Uniform { lo: -1.0, hi: 1.0 }, 300, d, 22)
-            .iter()
-            .map(|v| v * 1.0e-36)
-            .collect();
-        let (tb, tq) = tiny.split_at(250 * d);
-        sets.push((
-            format!("near f32 min d={d}"),
-            m(tb.to_vec(), d),
-            m(tq.to_vec(), d),
-        ));
+        for (limit, scale, seed) in [("max", 3.0e37, 21), ("min", 1.0e-36, 22)] {
+            let v: Vec<f32> = generate(Distribution::Uniform { lo: -1.0, hi: 1.0 }, 300, d, seed)
+                .iter()
+                .map(|v| v * scale)
+                .collect();
+            let (vb, vq) = v.split_at(250 * d);
+            let name = format!("near f32 {limit} d={d}");
+            sets.push((name, m(vb.to_vec(), d), m(vq.to_vec(), d)));
+        }
     }
     sets
 }

@@ -101,7 +101,12 @@ impl fmt::Display for BadValue {
 }
 
 /// An output element type: `f32` for data, `i64` for ids and labels.
-pub(crate) trait Element: Sized + Copy {
+///
+/// # Safety
+///
+/// Every byte pattern of `size_of::<Self>()` bytes must be a valid `Self` (files are read
+/// straight into its memory, see [`Element::native_bytes`]).
+pub(crate) unsafe trait Element: Sized + Copy {
     /// What the output holds, for messages ("f32 values", "integers").
     const WHAT: &'static str;
 
@@ -116,9 +121,21 @@ pub(crate) trait Element: Sized + Copy {
     /// On a value `Self` cannot hold, returns its index within `src` (in elements).
     fn convert(dtype: DType, src: &[u8], out: &mut Vec<Self>) -> Result<(), (usize, BadValue)>;
 
+    /// The stored type that is `Self`.
+    const NATIVE: Scalar;
+
     /// The bytes of `out` when elements of `dtype` are stored exactly as `Self` is in memory
     /// (same type, this machine's byte order), so a file's bytes can be read straight into it.
-    fn native_bytes(dtype: DType, out: &mut [Self]) -> Option<&mut [u8]>;
+    fn native_bytes(dtype: DType, out: &mut [Self]) -> Option<&mut [u8]> {
+        if dtype.scalar != Self::NATIVE || !native_order(dtype) {
+            return None;
+        }
+        let len = std::mem::size_of_val(out);
+        // SAFETY: `out` is borrowed exclusively for the result's lifetime; every byte pattern
+        // is a valid `Self` (the trait's contract), `u8` needs no alignment, and the length
+        // covers exactly `out`.
+        Some(unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), len) })
+    }
 }
 
 /// Why [`read_elements`] stopped.
@@ -250,20 +267,11 @@ pub(crate) fn f16_to_f32(h: u16) -> f32 {
     }
 }
 
-impl Element for f32 {
+// SAFETY: every bit pattern is an f32 (NaNs included).
+unsafe impl Element for f32 {
     const WHAT: &'static str = "f32 values";
     const ZERO: f32 = 0.0;
-
-    fn native_bytes(dtype: DType, out: &mut [f32]) -> Option<&mut [u8]> {
-        if dtype.scalar != Scalar::F32 || !native_order(dtype) {
-            return None;
-        }
-        // SAFETY: `out` is borrowed exclusively for the result's lifetime; every byte pattern
-        // is a valid f32, `u8` needs no alignment, and the length covers exactly `out`.
-        Some(unsafe {
-            std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4)
-        })
-    }
+    const NATIVE: Scalar = Scalar::F32;
 
     fn accepts(_: Scalar) -> bool {
         true
@@ -300,19 +308,11 @@ impl Element for f32 {
     }
 }
 
-impl Element for i64 {
+// SAFETY: every bit pattern is an i64.
+unsafe impl Element for i64 {
     const WHAT: &'static str = "integers";
     const ZERO: i64 = 0;
-
-    fn native_bytes(dtype: DType, out: &mut [i64]) -> Option<&mut [u8]> {
-        if dtype.scalar != Scalar::I64 || !native_order(dtype) {
-            return None;
-        }
-        // SAFETY: as for f32: exclusive borrow, every byte pattern is a valid i64, exact length.
-        Some(unsafe {
-            std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 8)
-        })
-    }
+    const NATIVE: Scalar = Scalar::I64;
 
     fn accepts(scalar: Scalar) -> bool {
         !scalar.is_float()

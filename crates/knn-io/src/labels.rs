@@ -147,8 +147,8 @@ fn csv_line(line: &str) -> Result<Vec<String>, usize> {
             chars.next();
         }
         let mut cell = String::new();
-        if chars.peek() == Some(&'"') {
-            chars.next();
+        let quoted = chars.next_if_eq(&'"').is_some();
+        if quoted {
             loop {
                 match chars.next() {
                     None => return Err(cells.len() + 1),
@@ -160,25 +160,13 @@ fn csv_line(line: &str) -> Result<Vec<String>, usize> {
                     Some(c) => cell.push(c),
                 }
             }
-            // Anything between the closing quote and the next comma is kept, as CSV readers do.
-            while let Some(&c) = chars.peek() {
-                if c == ',' {
-                    break;
-                }
-                cell.push(c);
-                chars.next();
-            }
-            cells.push(cell.trim_end().to_owned());
-        } else {
-            while let Some(&c) = chars.peek() {
-                if c == ',' {
-                    break;
-                }
-                cell.push(c);
-                chars.next();
-            }
-            cells.push(cell.trim().to_owned());
         }
+        // The cell runs to the next comma; after a closing quote, anything before that comma
+        // is kept, as CSV readers do.
+        while let Some(c) = chars.next_if(|&c| c != ',') {
+            cell.push(c);
+        }
+        cells.push(if quoted { cell.trim_end() } else { cell.trim() }.to_owned());
         if chars.next().is_none() {
             return Ok(cells);
         }

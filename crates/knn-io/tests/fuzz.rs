@@ -5,29 +5,28 @@ mod common;
 
 use knn_io::{
     hdf5, read_csv_f32_from_bytes, read_f32, read_f32_from_bytes, read_i64, read_i64_from_bytes,
-    CsvOptions, Delimiter, Format, Header,
+    CsvOptions, Delimiter, Format, Header, Table,
 };
 use proptest::prelude::*;
+
+/// Asserts that `t` is a consistent table.
+fn assert_consistent<T>(t: &Table<T>, format: Format) {
+    assert!(
+        t.is_consistent(),
+        "{format}: {} x {} with {}",
+        t.rows,
+        t.cols,
+        t.data.len()
+    );
+}
 
 /// Runs both readers on `bytes` in `format`; any `Ok` must be a consistent table.
 fn read_all_ways(bytes: &[u8], format: Format) {
     if let Ok(t) = read_f32_from_bytes(bytes, format, "fuzz") {
-        assert!(
-            t.is_consistent(),
-            "{format}: {} x {} with {}",
-            t.rows,
-            t.cols,
-            t.data.len()
-        );
+        assert_consistent(&t, format);
     }
     if let Ok(t) = read_i64_from_bytes(bytes, format, "fuzz") {
-        assert!(
-            t.is_consistent(),
-            "{format}: {} x {} with {}",
-            t.rows,
-            t.cols,
-            t.data.len()
-        );
+        assert_consistent(&t, format);
     }
     for result in [
         read_f32_from_bytes(bytes, format, "fuzz").err(),

@@ -328,20 +328,15 @@ fn little_endian_f32_in_c_order_is_mapped_in_place() {
         std::fs::write(&p, bytes).unwrap();
         p
     };
+    // An npy file of version `major` holding `values` as `descr` in the given order and shape.
+    let encoded = |major: u8, descr: &str, fortran: bool, shape: &str| {
+        npy(major, &dict(descr, fortran, shape), &encode(descr, &values))
+    };
     // Mapped: 2-D and 1-D `<f4`, versions 1 and 2; the values equal the reader's.
     for (name, file) in [
-        (
-            "a.npy",
-            npy(1, &dict("<f4", false, "(3, 4)"), &encode("<f4", &values)),
-        ),
-        (
-            "b.npy",
-            npy(2, &dict("<f4", false, "(12,)"), &encode("<f4", &values)),
-        ),
-        (
-            "c.npy",
-            npy(1, &dict("<f4", true, "(1, 12)"), &encode("<f4", &values)),
-        ),
+        ("a.npy", encoded(1, "<f4", false, "(3, 4)")),
+        ("b.npy", encoded(2, "<f4", false, "(12,)")),
+        ("c.npy", encoded(1, "<f4", true, "(1, 12)")),
     ] {
         let p = write(name, file);
         let m = map_f32(&p, None).unwrap().expect("mapped");
@@ -352,22 +347,10 @@ fn little_endian_f32_in_c_order_is_mapped_in_place() {
     // Not mapped (the reader converts or reports them): other dtypes, big-endian, Fortran
     // order, truncated data, other formats, no rows.
     for (name, file) in [
-        (
-            "d.npy",
-            npy(1, &dict("<f8", false, "(3, 4)"), &encode("<f8", &values)),
-        ),
-        (
-            "e.npy",
-            npy(1, &dict(">f4", false, "(3, 4)"), &encode(">f4", &values)),
-        ),
-        (
-            "f.npy",
-            npy(1, &dict("<f4", true, "(3, 4)"), &encode("<f4", &values)),
-        ),
-        (
-            "g.npy",
-            npy(1, &dict("<f4", false, "(3, 5)"), &encode("<f4", &values)),
-        ),
+        ("d.npy", encoded(1, "<f8", false, "(3, 4)")),
+        ("e.npy", encoded(1, ">f4", false, "(3, 4)")),
+        ("f.npy", encoded(1, "<f4", true, "(3, 4)")),
+        ("g.npy", encoded(1, "<f4", false, "(3, 5)")),
         ("h.npy", npy(1, &dict("<f4", false, "(0, 4)"), &[])),
         ("i.fvecs", vec![1, 0, 0, 0, 0, 0, 128, 63]),
     ] {

@@ -43,7 +43,8 @@ pub fn expr_metrics() -> Vec<Metric> {
     .collect()
 }
 
-/// Every metric, with a fixed covariance variant for Mahalanobis, and [`expr_metrics`].
+/// Every metric: [`plain_metrics`], Mahalanobis with the base's covariance and with a fixed
+/// one, and [`expr_metrics`].
 pub fn all_metrics(d: usize) -> Vec<Metric> {
     let mut cov = vec![0.0f32; d * d];
     for i in 0..d {
@@ -55,6 +56,21 @@ pub fn all_metrics(d: usize) -> Vec<Metric> {
             };
         }
     }
+    let mahalanobis = [
+        Metric::Mahalanobis(Covariance::FromBase),
+        Metric::Mahalanobis(Covariance::Given(Arc::new(
+            Matrix::new("cov", cov, d).unwrap(),
+        ))),
+    ];
+    plain_metrics()
+        .into_iter()
+        .chain(mahalanobis)
+        .chain(expr_metrics())
+        .collect()
+}
+
+/// The built-in metrics that take no parameters (all but Mahalanobis).
+pub fn plain_metrics() -> Vec<Metric> {
     vec![
         Metric::SqL2,
         Metric::L2,
@@ -63,14 +79,7 @@ pub fn all_metrics(d: usize) -> Vec<Metric> {
         Metric::L1,
         Metric::Linf,
         Metric::Hellinger,
-        Metric::Mahalanobis(Covariance::FromBase),
-        Metric::Mahalanobis(Covariance::Given(Arc::new(
-            Matrix::new("cov", cov, d).unwrap(),
-        ))),
     ]
-    .into_iter()
-    .chain(expr_metrics())
-    .collect()
 }
 
 /// One case: data, k, metric, self-join or not.

@@ -533,59 +533,35 @@ mod tests {
 
     #[test]
     fn errors_name_the_column() {
-        let (c, m) = err("acc + sqr(x - y)");
-        assert_eq!(c, 7);
-        assert!(m.contains("unknown function 'sqr'"), "{m}");
-        let (c, m) = err("acc + abs(x - z)");
-        assert_eq!(c, 15);
-        assert!(m.contains("unknown variable 'z'"), "{m}");
-        let (c, m) = err("acc + abs(x - y) ; sqrt(x)");
-        assert_eq!(c, 25);
-        assert!(m.contains("final step"), "{m}");
-        let (c, _) = err("acc + abs(x - y");
-        assert_eq!(c, 16);
-        let (c, m) = err("acc + (x - y)^0.5");
-        assert_eq!(c, 15);
-        assert!(m.contains("exponent"), "{m}");
-        let (c, m) = err("acc + x # y");
-        assert_eq!(c, 9);
-        assert!(m.contains("unexpected character '#'"), "{m}");
-        let (c, m) = err("acc + abs(x, y)");
-        assert_eq!(c, 7);
-        assert!(m.contains("1 argument"), "{m}");
-        let (c, m) = err("max(acc)");
-        assert_eq!(c, 1);
-        assert!(m.contains("2 or more"), "{m}");
-        let (c, m) = err("abs(x - y)");
-        assert_eq!(c, 1);
-        assert!(m.contains("must use acc"), "{m}");
+        // (expression, column of the error, part of its message)
+        for (text, column, part) in [
+            ("acc + sqr(x - y)", 7, "unknown function 'sqr'"),
+            ("acc + abs(x - z)", 15, "unknown variable 'z'"),
+            ("acc + abs(x - y) ; sqrt(x)", 25, "final step"),
+            ("acc + abs(x - y", 16, ""),
+            ("acc + (x - y)^0.5", 15, "exponent"),
+            ("acc + x # y", 9, "unexpected character '#'"),
+            ("acc + abs(x, y)", 7, "1 argument"),
+            ("max(acc)", 1, "2 or more"),
+            ("abs(x - y)", 1, "must use acc"),
+            ("acc + abs(x - y) ; 2", 20, "must use acc"),
+            ("acc + abs(x - y) ; sqrt(acc) ; acc", 30, "second ';'"),
+            ("acc + log(0) * x * y", 7, "not a finite number"),
+            ("acc + x y", 9, ""),
+            ("acc + (x - y))", 14, ""),
+            ("", 1, ""),
+            ("acc + abs(x - y) ;", 19, ""),
+            ("acc + x^2^2 * y", 10, "parentheses"),
+            ("acc + 1e * x * y", 7, ""),
+            // Columns count characters, not bytes.
+            ("acc + ±x", 7, ""),
+        ] {
+            let (c, m) = err(text);
+            assert_eq!(c, column, "{text}: {m}");
+            assert!(m.contains(part), "{text}: {m}");
+        }
         let (_, m) = err("acc + abs(x)");
         assert!(m.contains("must use y"), "{m}");
-        let (c, m) = err("acc + abs(x - y) ; 2");
-        assert_eq!(c, 20);
-        assert!(m.contains("must use acc"), "{m}");
-        let (c, m) = err("acc + abs(x - y) ; sqrt(acc) ; acc");
-        assert_eq!(c, 30);
-        assert!(m.contains("second ';'"), "{m}");
-        let (c, m) = err("acc + log(0) * x * y");
-        assert_eq!(c, 7);
-        assert!(m.contains("not a finite number"), "{m}");
-        let (c, _) = err("acc + x y");
-        assert_eq!(c, 9);
-        let (c, _) = err("acc + (x - y))");
-        assert_eq!(c, 14);
-        let (c, _) = err("");
-        assert_eq!(c, 1);
-        let (c, _) = err("acc + abs(x - y) ;");
-        assert_eq!(c, 19);
-        let (c, m) = err("acc + x^2^2 * y");
-        assert_eq!(c, 10);
-        assert!(m.contains("parentheses"), "{m}");
-        let (c, _) = err("acc + 1e * x * y");
-        assert_eq!(c, 7);
-        // Columns count characters, not bytes.
-        let (c, _) = err("acc + ±x");
-        assert_eq!(c, 7);
     }
 
     #[test]

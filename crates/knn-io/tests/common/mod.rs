@@ -8,28 +8,26 @@ pub fn record(d: i32, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-pub fn fvecs(rows: &[&[f32]]) -> Vec<u8> {
+/// One record per row, each value as the little-endian bytes `bytes` gives.
+fn vecs<T: Copy, const N: usize>(rows: &[&[T]], bytes: fn(T) -> [u8; N]) -> Vec<u8> {
     rows.iter()
         .flat_map(|r| {
-            let payload: Vec<u8> = r.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let payload: Vec<u8> = r.iter().flat_map(|&v| bytes(v)).collect();
             record(r.len() as i32, &payload)
         })
         .collect()
+}
+
+pub fn fvecs(rows: &[&[f32]]) -> Vec<u8> {
+    vecs(rows, f32::to_le_bytes)
 }
 
 pub fn ivecs(rows: &[&[i32]]) -> Vec<u8> {
-    rows.iter()
-        .flat_map(|r| {
-            let payload: Vec<u8> = r.iter().flat_map(|v| v.to_le_bytes()).collect();
-            record(r.len() as i32, &payload)
-        })
-        .collect()
+    vecs(rows, i32::to_le_bytes)
 }
 
 pub fn bvecs(rows: &[&[u8]]) -> Vec<u8> {
-    rows.iter()
-        .flat_map(|r| record(r.len() as i32, r))
-        .collect()
+    vecs(rows, |b: u8| [b])
 }
 
 /// An npy file of the given version with `dict` as header text (padded with spaces and a
