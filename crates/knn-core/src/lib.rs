@@ -16,6 +16,7 @@
 mod engine;
 mod error;
 pub mod expr;
+pub mod given;
 mod matrix;
 mod metric;
 mod neighbors;
@@ -39,8 +40,8 @@ pub use neighbors::Neighbors;
 pub use oracle::{check, check_with_truth, id_recall, oracle, CheckReport, DEFAULT_TOLERANCE};
 pub use prepare::PreparedBase;
 pub use search::{
-    graph, graph_prepared, graph_rows, graph_with_progress, search, search_prepared,
-    search_with_progress, ProgressFn,
+    graph, graph_given, graph_prepared, graph_rows, graph_with_progress, in_given_precision,
+    search, search_given, search_prepared, search_with_progress, ProgressFn,
 };
 pub use topk::TopK;
 pub use validate::check_base;

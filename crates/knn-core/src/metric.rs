@@ -6,6 +6,7 @@
 
 use crate::error::{KnnError, Result};
 use crate::expr::MetricExpr;
+use crate::given::Real;
 use crate::matrix::{Matrix, MatrixRef};
 use rayon::prelude::*;
 use std::fmt;
@@ -21,7 +22,8 @@ pub enum Metric {
     L2,
     /// Inner product `Σ xᵢ yᵢ`, a similarity: the **largest** come first; reported as is.
     InnerProduct,
-    /// Cosine distance `1 − x·y / (‖x‖ ‖y‖)`, in `[0, 2]`. All-zero vectors are rejected.
+    /// Cosine distance `1 − x·y / (‖x‖ ‖y‖)`, in `[0, 2]`; 1 between an all-zero row and any
+    /// row, itself included (scikit-learn's convention).
     Cosine,
     /// Manhattan: `Σ |xᵢ − yᵢ|`.
     L1,
@@ -101,11 +103,11 @@ impl Kernel {
 
     /// The kernel key of `x`, `y` in f64 (exact up to f64 rounding). Eight independent
     /// accumulators let the compiler vectorise it.
-    pub fn exact(self, x: &[f32], y: &[f32]) -> f64 {
+    pub fn exact<A: Real, B: Real>(self, x: &[A], y: &[B]) -> f64 {
         #[inline(always)]
-        fn fold8(
-            x: &[f32],
-            y: &[f32],
+        fn fold8<A: Real, B: Real>(
+            x: &[A],
+            y: &[B],
             f: impl Fn(f64, f64) -> f64,
             g: impl Fn(f64, f64) -> f64,
         ) -> f64 {
@@ -114,12 +116,12 @@ impl Kernel {
             let (xr, yr) = (xc.remainder(), yc.remainder());
             for (a, b) in xc.zip(yc) {
                 for l in 0..8 {
-                    acc[l] = g(acc[l], f(a[l] as f64, b[l] as f64));
+                    acc[l] = g(acc[l], f(a[l].get(), b[l].get()));
                 }
             }
             let mut s = acc.into_iter().fold(0.0, &g);
             for (&a, &b) in xr.iter().zip(yr) {
-                s = g(s, f(a as f64, b as f64));
+                s = g(s, f(a.get(), b.get()));
             }
             s
         }
@@ -179,44 +181,58 @@ impl Metric {
     /// The reported distance for an exact kernel key computed in the metric's exact space
     /// (see [`Metric::exact_key`]).
     pub fn distance_from_key(&self, key: f64) -> f32 {
-        let d = match self {
+        self.distance_from_key_f64(key) as f32
+    }
+
+    /// [`Metric::distance_from_key`] in f64: the distance reported for rows given in f64.
+    pub fn distance_from_key_f64(&self, key: f64) -> f64 {
+        match self {
             Metric::SqL2 | Metric::L1 | Metric::Linf => key,
             Metric::L2 | Metric::Mahalanobis(_) => key.max(0.0).sqrt(),
             Metric::InnerProduct => -key,
             Metric::Cosine => (1.0 + key).max(0.0),
             Metric::Hellinger => (0.5 * key).max(0.0).sqrt(),
             Metric::Expr(e) => e.distance(key),
-        };
-        d as f32
+        }
     }
 
     /// The exact (f64) kernel key of two points of the metric's exact space: the original data,
     /// except for Mahalanobis, whose exact space is the whitened data. Identical vectors give
     /// exactly the key of distance 0.
-    pub fn exact_key(&self, x: &[f32], y: &[f32]) -> f64 {
+    pub fn exact_key<A: Real, B: Real>(&self, x: &[A], y: &[B]) -> f64 {
         match self {
             Metric::Cosine => {
-                if x == y {
-                    return -1.0;
-                }
                 let (mut xy, mut xx, mut yy) = (0.0f64, 0.0f64, 0.0f64);
+                let mut same = true;
                 for (&a, &b) in x.iter().zip(y) {
-                    let (a, b) = (a as f64, b as f64);
+                    let (a, b) = (a.get(), b.get());
+                    same &= a == b;
                     xy += a * b;
                     xx += a * a;
                     yy += b * b;
                 }
-                (-xy / (xx.sqrt() * yy.sqrt())).max(-1.0)
+                if xx == 0.0 || yy == 0.0 {
+                    // An all-zero row is at distance 1 from every row (scikit-learn's
+                    // convention), itself and other zero rows included.
+                    0.0
+                } else if same {
+                    -1.0
+                } else {
+                    (-xy / (xx.sqrt() * yy.sqrt())).max(-1.0)
+                }
             }
             Metric::Hellinger => x
                 .iter()
                 .zip(y)
                 .map(|(&a, &b)| {
-                    let t = (a as f64).sqrt() - (b as f64).sqrt();
+                    let t = a.get().sqrt() - b.get().sqrt();
                     t * t
                 })
                 .sum(),
-            Metric::Expr(e) => e.key(x, y),
+            Metric::Expr(e) => e.key(
+                A::as_f32(x).expect("expression metrics are refused for f64 rows (check_given)"),
+                B::as_f32(y).expect("expression metrics are refused for f64 rows (check_given)"),
+            ),
             m => m.kernel().exact(x, y),
         }
     }
@@ -236,39 +252,31 @@ impl Metric {
         }
     }
 
-    /// Checks the inputs' values against the metric's domain (Hellinger: ≥ 0; cosine: no zero
-    /// vector); see also [`Metric::check_shape`]. Expression metrics are checked on base and queries together when they are prepared.
+    /// Checks the inputs' values against the metric's domain (Hellinger: ≥ 0; the others take
+    /// every finite value, and an all-zero row is at cosine distance 1 from every row); see
+    /// also [`Metric::check_shape`]. Expression metrics are checked on base and queries
+    /// together when they are prepared.
     pub fn check_domain(&self, what: &str, m: MatrixRef<'_>) -> Result<()> {
-        match self {
-            Metric::Hellinger => {
-                // Block by block, a branch-free test each (it vectorises), then the first
-                // negative value of the first bad block: an early-exit scan of every value
-                // cost ~10 ms on 80 000 × 256.
-                const BLOCK: usize = 1 << 14;
-                let x = m.as_slice();
-                let bad = x
-                    .par_chunks(BLOCK)
-                    .position_first(|c| c.iter().fold(false, |a, &v| a | (v < 0.0)));
-                if let Some(i) = bad.and_then(|b| {
-                    let at = b * BLOCK;
-                    x[at..].iter().position(|&v| v < 0.0).map(|i| at + i)
-                }) {
-                    return Err(KnnError::Negative {
-                        what: what.into(),
-                        row: i / m.dim(),
-                        col: i % m.dim(),
-                        value: m.as_slice()[i],
-                    });
-                }
+        if let Metric::Hellinger = self {
+            // Block by block, a branch-free test each (it vectorises), then the first
+            // negative value of the first bad block: an early-exit scan of every value
+            // cost ~10 ms on 80 000 × 256.
+            const BLOCK: usize = 1 << 14;
+            let x = m.as_slice();
+            let bad = x
+                .par_chunks(BLOCK)
+                .position_first(|c| c.iter().fold(false, |a, &v| a | (v < 0.0)));
+            if let Some(i) = bad.and_then(|b| {
+                let at = b * BLOCK;
+                x[at..].iter().position(|&v| v < 0.0).map(|i| at + i)
+            }) {
+                return Err(KnnError::Negative {
+                    what: what.into(),
+                    row: i / m.dim(),
+                    col: i % m.dim(),
+                    value: m.as_slice()[i],
+                });
             }
-            Metric::Cosine => {
-                if let Some(r) = (0..m.rows()).find(|&r| m.row(r).iter().all(|&v| v == 0.0)) {
-                    return Err(KnnError::Option(format!(
-                        "{what}: row {r} is all zeros; the cosine distance is undefined for it"
-                    )));
-                }
-            }
-            _ => {}
         }
         Ok(())
     }

@@ -2,15 +2,16 @@
 
 /// `rows × k` neighbour ids and distances, row-major. Each row is ordered by (distance, id),
 /// smaller id first among equal distances; for similarities ([`crate::Metric::InnerProduct`])
-/// by decreasing similarity, then id.
+/// by decreasing similarity, then id. Distances are f32, or f64 for rows given in f64
+/// ([`crate::in_given_precision`]).
 #[derive(Clone, Debug, PartialEq)]
-pub struct Neighbors {
+pub struct Neighbors<D = f32> {
     /// Neighbours per row.
     pub k: usize,
     /// Base-point ids, `rows·k`.
     pub ids: Vec<u32>,
     /// Distances (or similarities), `rows·k`.
-    pub distances: Vec<f32>,
+    pub distances: Vec<D>,
 }
 
 impl Neighbors {
@@ -46,6 +47,9 @@ impl Neighbors {
             .par_chunks_mut(1 << 16)
             .for_each(|c| std::hint::black_box(c).fill(0));
     }
+}
+
+impl<D> Neighbors<D> {
     /// Number of query rows.
     pub fn rows(&self) -> usize {
         self.ids.len().checked_div(self.k).unwrap_or(0)
@@ -55,7 +59,7 @@ impl Neighbors {
         &self.ids[i * self.k..(i + 1) * self.k]
     }
     /// Distances of row `i`.
-    pub fn distances_of(&self, i: usize) -> &[f32] {
+    pub fn distances_of(&self, i: usize) -> &[D] {
         &self.distances[i * self.k..(i + 1) * self.k]
     }
 }

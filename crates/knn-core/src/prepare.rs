@@ -442,6 +442,8 @@ impl Transform {
             EngineMap::Same => None,
             EngineMap::Normalise => Some(map_rows(exact, |x, o| {
                 let n = x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>().sqrt();
+                // An all-zero row stays zero: its key is 0 to every row (distance 1).
+                let n = if n == 0.0 { 1.0 } else { n };
                 for (o, &v) in o.iter_mut().zip(x) {
                     *o = (v as f64 / n) as f32;
                 }

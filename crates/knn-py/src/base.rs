@@ -4,6 +4,7 @@
 //! waits for a lock while it holds the GIL, and `add` (which builds the grown index aside)
 //! waits for no search.
 
+use knn::given::Given;
 use knn::{Device, Index, KnnError, MatrixRef, Metric, Neighbors, Options, Result, Rows, Symmetry};
 use std::sync::{Arc, Mutex};
 
@@ -47,10 +48,7 @@ impl Base {
             )));
         }
         index.metric().check_domain("added rows", rows)?;
-        let old = index.rows().as_slice();
-        let mut all = Vec::with_capacity(old.len() + rows.as_slice().len());
-        all.extend_from_slice(old);
-        all.extend_from_slice(rows.as_slice());
+        let all = index.rows().append(Given::F32(rows.as_slice()));
         let grown = Index::new(all, index.dim(), index.metric().clone(), &self.opts)?;
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(grown);
         Ok(())

@@ -9,6 +9,7 @@ mod errors;
 
 use base::Base;
 use errors::to_py;
+use knn::given::Given;
 use knn::{
     Covariance, Device, Matrix, MatrixRef, Metric, MetricExpr, Neighbors, Options, Rows, Symmetry,
 };
@@ -196,16 +197,15 @@ impl NativeIndex {
         matches!(self.base.snapshot().rows(), Rows::Shared(_))
     }
 
-    /// A copy of the base rows, `len × dim` float32 (for pickling).
-    fn rows<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    /// A copy of the base rows, `len × dim`, in the precision they were given in (for
+    /// pickling).
+    fn rows<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let index = self.base.snapshot();
         let (n, d) = (index.len(), index.dim());
-        index
-            .rows()
-            .as_slice()
-            .to_vec()
-            .into_pyarray(py)
-            .reshape([n, d])
+        Ok(match index.rows().given() {
+            Given::F32(v) => v.to_vec().into_pyarray(py).reshape([n, d])?.into_any(),
+            Given::F64(v) => v.to_vec().into_pyarray(py).reshape([n, d])?.into_any(),
+        })
     }
 }
 

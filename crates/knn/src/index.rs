@@ -2,28 +2,73 @@
 //! times.
 
 use crate::{Device, Knn, Options};
+use knn_core::given::{check_given, round_to_f32, Given, GivenRows, RowRounding};
 use knn_core::{
     check_base, KnnError, MatrixRef, Metric, Neighbors, PreparedBase, ProgressFn, Result,
 };
 use std::sync::Arc;
 
-/// The rows an [`Index`] keeps, row-major f32: its own, or the caller's, shared and used in
-/// place (no copy), such as a NumPy array kept alive by the Python package. Shared rows must
-/// not change while the index lives.
+/// The rows an [`Index`] keeps, row-major, in f32 or f64: its own, or the caller's, shared and
+/// used in place (no copy), such as a NumPy array kept alive by the Python package. Shared rows
+/// must not change while the index lives.
+///
+/// Rows given in f64 stay the truth: engines compute on their f32 rounding (a copy the index
+/// makes), and every answer is exact with respect to the f64 values (see `knn_core::given`).
 #[derive(Clone)]
 pub enum Rows {
-    /// Rows the index owns.
+    /// f32 rows the index owns.
     Owned(Vec<f32>),
-    /// Rows shared with the caller.
+    /// f32 rows shared with the caller.
     Shared(Arc<dyn AsRef<[f32]> + Send + Sync>),
+    /// f64 rows the index owns.
+    OwnedF64(Vec<f64>),
+    /// f64 rows shared with the caller.
+    SharedF64(Arc<dyn AsRef<[f64]> + Send + Sync>),
 }
 
 impl Rows {
-    /// The values, row after row.
-    pub fn as_slice(&self) -> &[f32] {
+    /// The values, row after row, in the type they were given in.
+    pub fn given(&self) -> Given<'_> {
         match self {
-            Rows::Owned(v) => v,
-            Rows::Shared(s) => (**s).as_ref(),
+            Rows::Owned(v) => Given::F32(v),
+            Rows::Shared(s) => Given::F32((**s).as_ref()),
+            Rows::OwnedF64(v) => Given::F64(v),
+            Rows::SharedF64(s) => Given::F64((**s).as_ref()),
+        }
+    }
+
+    /// The values, when they are f32.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match self.given() {
+            Given::F32(v) => Some(v),
+            Given::F64(_) => None,
+        }
+    }
+
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.given().len()
+    }
+
+    /// `true` when there are no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The rows followed by `more` (its values in f64 when either side is f64).
+    pub fn append(&self, more: Given<'_>) -> Rows {
+        match (self.given(), more) {
+            (Given::F32(a), Given::F32(b)) => Rows::Owned([a, b].concat()),
+            (a, b) => {
+                let mut all = Vec::with_capacity(a.len() + b.len());
+                for g in [a, b] {
+                    match g {
+                        Given::F32(v) => all.extend(v.iter().map(|&x| x as f64)),
+                        Given::F64(v) => all.extend_from_slice(v),
+                    }
+                }
+                Rows::OwnedF64(all)
+            }
         }
     }
 }
@@ -31,6 +76,12 @@ impl Rows {
 impl From<Vec<f32>> for Rows {
     fn from(v: Vec<f32>) -> Self {
         Rows::Owned(v)
+    }
+}
+
+impl From<Vec<f64>> for Rows {
+    fn from(v: Vec<f64>) -> Self {
+        Rows::OwnedF64(v)
     }
 }
 
@@ -45,8 +96,10 @@ impl std::fmt::Debug for Rows {
         let kind = match self {
             Rows::Owned(_) => "Owned",
             Rows::Shared(_) => "Shared",
+            Rows::OwnedF64(_) => "OwnedF64",
+            Rows::SharedF64(_) => "SharedF64",
         };
-        write!(f, "Rows::{kind}({} values)", self.as_slice().len())
+        write!(f, "Rows::{kind}({} values)", self.len())
     }
 }
 
@@ -72,6 +125,10 @@ impl std::fmt::Debug for Rows {
 /// ```
 pub struct Index {
     rows: Rows,
+    /// The f32 rounding of rows given in f64 (what engines compute on).
+    rounded: Option<Vec<f32>>,
+    /// The largest rounding of a base row, for the proofs of rows given in f64.
+    rounding: RowRounding,
     dim: usize,
     metric: Metric,
     knn: Knn,
@@ -79,15 +136,47 @@ pub struct Index {
 }
 
 impl Index {
-    /// An index of `rows` (row-major, `dim` values per row) under `metric`, on the device and
-    /// with the method of `opts` (see [`Knn::new`]).
+    /// An index of `rows` (row-major, `dim` values per row, f32 or f64) under `metric`, on the
+    /// device and with the method of `opts` (see [`Knn::new`]).
     pub fn new(rows: impl Into<Rows>, dim: usize, metric: Metric, opts: &Options) -> Result<Self> {
         Self::with_engine(rows.into(), dim, metric, Knn::new(opts)?)
     }
 
     fn with_engine(rows: Rows, dim: usize, metric: Metric, knn: Knn) -> Result<Self> {
-        let base = MatrixRef::new("base", rows.as_slice(), dim)?;
-        let engine = knn.engine_for(base.rows(), dim, &metric)?;
+        let (rounded, rounding, prepared) = Self::prepare(&rows, dim, &metric, &knn)?;
+        Ok(Index {
+            rows,
+            rounded,
+            rounding,
+            dim,
+            metric,
+            knn,
+            prepared,
+        })
+    }
+
+    /// Checks and prepares `rows` (their f32 rounding and its bound where they are f64) and
+    /// places them on the engine's device.
+    fn prepare(
+        rows: &Rows,
+        dim: usize,
+        metric: &Metric,
+        knn: &Knn,
+    ) -> Result<(Option<Vec<f32>>, RowRounding, PreparedBase)> {
+        let (rounded, rounding) = match rows.given() {
+            Given::F32(_) => (None, RowRounding::default()),
+            Given::F64(v) => {
+                check_given(metric, true)?;
+                let r = round_to_f32("base", v, dim)?;
+                (Some(r), RowRounding::of_rows(metric, v, dim))
+            }
+        };
+        let values = rounded
+            .as_deref()
+            .or(rows.as_f32())
+            .expect("f32 rows or their rounding");
+        let base = MatrixRef::new("base", values, dim)?;
+        let engine = knn.engine_for(base.rows(), dim, metric)?;
         let key = knn_core::base_key();
         // The base is placed on the device now, not at the first search: a GPU engine copies
         // the given rows while the host checks and prepares them, and the prepared rows after
@@ -98,26 +187,37 @@ impl Index {
             if place {
                 s.spawn(|| engine.prefetch_base(key, base));
             }
-            check_base(&metric, base)?;
-            PreparedBase::new(&metric, base, key)
+            check_base(metric, base)?;
+            PreparedBase::new(metric, base, key)
         })?;
         let engine_rows = prepared.engine_base(base);
         if place && engine_rows.as_slice().as_ptr() != base.as_slice().as_ptr() {
             engine.prefetch_base(key, engine_rows);
         }
-        Ok(Index {
-            rows,
-            dim,
-            metric,
-            knn,
-            prepared,
-        })
+        Ok((rounded, rounding, prepared))
     }
 
-    /// The base, checked when the index was built.
+    /// The rows engines compute on (the given f32 rows, or the rounding of f64 ones), checked
+    /// when the index was built.
     fn base(&self) -> MatrixRef<'_> {
-        MatrixRef::new_unchecked_values("base", self.rows.as_slice(), self.dim)
-            .expect("checked when the index was built")
+        let values = self.rounded.as_deref().or(self.rows.as_f32());
+        MatrixRef::new_unchecked_values(
+            "base",
+            values.expect("f32 rows or their rounding"),
+            self.dim,
+        )
+        .expect("checked when the index was built")
+    }
+
+    /// The rows as given, when some are f64 (`queries` `None`: a graph).
+    fn given<'a>(&'a self, queries: Option<Given<'a>>) -> Option<GivenRows<'a>> {
+        let f64_queries = queries.is_some_and(|q| q.is_f64());
+        (self.rounded.is_some() || f64_queries).then(|| GivenRows {
+            base: self.rows.given(),
+            queries,
+            dim: self.dim,
+            base_rounding: self.rounding,
+        })
     }
 
     /// The k nearest base points of every query, ordered by (distance, id); ids are row
@@ -135,15 +235,35 @@ impl Index {
     ) -> Result<Neighbors> {
         let base = self.base();
         let engine = self.knn.engine_for(base.rows(), self.dim, &self.metric)?;
-        knn_core::search_prepared(
-            engine,
-            &self.prepared,
-            base,
-            queries,
-            k,
-            &self.metric,
-            progress,
-        )
+        let (p, m) = (&self.prepared, &self.metric);
+        match (
+            self.given(Some(Given::F32(queries.as_slice()))),
+            queries.values(),
+        ) {
+            (Some(g), Some(_)) => {
+                knn_core::search_given(engine, Some(p), base, queries, &g, k, m, progress)
+            }
+            _ => knn_core::search_prepared(engine, p, base, queries, k, m, progress),
+        }
+    }
+
+    /// [`Index::search`] of queries given in f64 (row-major, [`Index::dim`] values each):
+    /// exact with respect to the f64 values (engines compute on their f32 rounding), distances
+    /// in f64.
+    pub fn search_f64(
+        &self,
+        queries: &[f64],
+        k: usize,
+        progress: ProgressFn<'_>,
+    ) -> Result<Neighbors<f64>> {
+        let rounded = round_to_f32("queries", queries, self.dim)?;
+        let q = MatrixRef::new_unchecked_values("queries", &rounded, self.dim)?;
+        let given = self.given(Some(Given::F64(queries))).expect("f64 queries");
+        let base = self.base();
+        let engine = self.knn.engine_for(base.rows(), self.dim, &self.metric)?;
+        let (p, m) = (&self.prepared, &self.metric);
+        let out = knn_core::search_given(engine, Some(p), base, q, &given, k, m, progress)?;
+        Ok(knn_core::in_given_precision(m, &given, out, 0))
     }
 
     /// The kNN graph of the index's own points: each point's k nearest other points (its own
@@ -162,15 +282,31 @@ impl Index {
     ) -> Result<Neighbors> {
         let base = self.base();
         let engine = self.knn.engine_for(base.rows(), self.dim, &self.metric)?;
-        knn_core::graph_prepared(
-            engine,
-            &self.prepared,
-            base,
-            rows,
-            k,
-            &self.metric,
-            progress,
-        )
+        let (p, m) = (&self.prepared, &self.metric);
+        match self.given(None) {
+            Some(g) => knn_core::graph_given(engine, Some(p), base, &g, rows, k, m, progress),
+            None => knn_core::graph_prepared(engine, p, base, rows, k, m, progress),
+        }
+    }
+
+    /// [`Index::graph_rows`] with distances in f64: for rows given in f64, the distances of
+    /// the given values (for f32 rows, their f32 distances widened).
+    pub fn graph_rows_f64(
+        &self,
+        rows: std::ops::Range<usize>,
+        k: usize,
+        progress: ProgressFn<'_>,
+    ) -> Result<Neighbors<f64>> {
+        let first = rows.start;
+        let out = self.graph_rows(rows, k, progress)?;
+        Ok(match self.given(None) {
+            Some(g) => knn_core::in_given_precision(&self.metric, &g, out, first),
+            None => Neighbors {
+                k: out.k,
+                ids: out.ids,
+                distances: out.distances.iter().map(|&d| d as f64).collect(),
+            },
+        })
     }
 
     /// Appends `rows` (same dimension) to the base; their ids continue from [`Index::len`].
@@ -185,36 +321,33 @@ impl Index {
             });
         }
         self.metric.check_domain("added rows", rows)?;
-        let mut all = match std::mem::replace(&mut self.rows, Rows::Owned(Vec::new())) {
-            Rows::Owned(v) => v,
-            Rows::Shared(s) => (*s).as_ref().to_vec(),
-        };
-        let before = all.len();
-        all.reserve(rows.rows() * self.dim);
+        let mut more = Vec::with_capacity(rows.rows() * self.dim);
         for i in 0..rows.rows() {
-            rows.extend_with_row(i, &mut all);
+            rows.extend_with_row(i, &mut more);
         }
-        let base = MatrixRef::new_unchecked_values("base", &all, self.dim)?;
-        let prepared = check_base(&self.metric, base)
-            .and_then(|_| PreparedBase::new(&self.metric, base, knn_core::base_key()));
-        match prepared {
-            Ok(prepared) => {
-                self.prepared = prepared;
-                self.rows = Rows::Owned(all);
-                Ok(())
-            }
-            Err(e) => {
-                // The index stays as it was.
-                all.truncate(before);
-                self.rows = Rows::Owned(all);
-                Err(e)
-            }
-        }
+        self.append(Given::F32(&more))
+    }
+
+    /// [`Index::add`] of rows given in f64 (an index of f32 rows keeps f64 ones from then on).
+    pub fn add_f64(&mut self, rows: &[f64]) -> Result<()> {
+        let rounded = round_to_f32("added rows", rows, self.dim)?;
+        let m = MatrixRef::new_unchecked_values("added rows", &rounded, self.dim)?;
+        self.metric.check_domain("added rows", m)?;
+        self.append(Given::F64(rows))
+    }
+
+    /// The index of every row and `more`, built again; on error the index stays as it was.
+    fn append(&mut self, more: Given<'_>) -> Result<()> {
+        let all = self.rows.append(more);
+        let (rounded, rounding, prepared) = Self::prepare(&all, self.dim, &self.metric, &self.knn)?;
+        (self.rows, self.rounded, self.rounding, self.prepared) =
+            (all, rounded, rounding, prepared);
+        Ok(())
     }
 
     /// Base points.
     pub fn len(&self) -> usize {
-        self.rows.as_slice().len() / self.dim
+        self.rows.len() / self.dim
     }
 
     /// Always `false`: an index holds at least one point.

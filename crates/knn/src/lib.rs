@@ -44,6 +44,7 @@
 //! f64 and proves no other point is closer (see `knn_core`). Rows are ordered by
 //! (distance, id); the same input gives the same answer on every device and thread count.
 
+pub use knn_core::given;
 pub use knn_core::pages;
 pub use knn_core::synth;
 pub use knn_core::{

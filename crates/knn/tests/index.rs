@@ -165,7 +165,7 @@ fn add_continues_the_ids() {
 fn bad_input_is_refused() {
     let d = 3;
     let err = |r: knn::Result<Index>| r.err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(err(Index::new(Vec::new(), d, Metric::L2, &cpu())).contains("empty"));
+    assert!(err(Index::new(Vec::<f32>::new(), d, Metric::L2, &cpu())).contains("empty"));
     let nan = vec![0.0f32, 1.0, f32::NAN];
     assert!(err(Index::new(nan, d, Metric::L2, &cpu())).contains("row 0, column 2"));
     let neg = vec![0.5f32, -1.0, 0.5];
@@ -193,7 +193,7 @@ fn shared_rows_are_used_in_place() {
     let values: Arc<Vec<f32>> = Arc::new(uniform(500, d, 12));
     let rows = Rows::Shared(values.clone());
     let index = Index::new(rows, d, Metric::L2, &cpu()).unwrap();
-    assert_eq!(index.rows().as_slice().as_ptr(), values.as_ptr());
+    assert_eq!(index.rows().as_f32().unwrap().as_ptr(), values.as_ptr());
     let queries = uniform(9, d, 13);
     let q = MatrixRef::new("queries", &queries, d).unwrap();
     let one_off = knn::search(MatrixRef::new("b", &values, d).unwrap(), q, 4, &Metric::L2);

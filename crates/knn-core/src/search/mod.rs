@@ -16,6 +16,7 @@ pub(crate) use rerank::exact_scan;
 
 use crate::engine::Engine;
 use crate::error::{KnnError, Result};
+use crate::given::{Given, GivenRows, Real};
 use crate::matrix::MatrixRef;
 use crate::metric::Metric;
 use crate::neighbors::Neighbors;
@@ -125,6 +126,145 @@ pub fn graph_prepared(
     check_graph_rows(&rows, points.rows())?;
     let base = Base::prepared(points, prepared);
     run(engine, base, None, k, metric, rows, progress)
+}
+
+/// [`search_prepared`] (or, with `prepared` `None`, [`search_with_progress`]) of rows given in
+/// f64 as `given` (see [`crate::given`]): `base` and `queries` are their f32 rounding
+/// ([`crate::given::round_to_f32`]; rows given in f32 are their own), on which the engine
+/// computes; the exact re-rank takes the given values, and each row is proven against them.
+/// Distances in f64: [`in_given_precision`].
+#[allow(clippy::too_many_arguments)]
+pub fn search_given(
+    engine: &dyn Engine,
+    prepared: Option<&PreparedBase>,
+    base: MatrixRef<'_>,
+    queries: MatrixRef<'_>,
+    given: &GivenRows<'_>,
+    k: usize,
+    metric: &Metric,
+    progress: ProgressFn<'_>,
+) -> Result<Neighbors> {
+    check_given_rows(metric, given, base, Some(queries))?;
+    let rows = 0..queries.rows();
+    let base = match prepared {
+        Some(p) => Base::prepared(base, p),
+        None => Base::given(base),
+    };
+    run(
+        engine,
+        base.rounded_from(given),
+        Some(queries),
+        k,
+        metric,
+        rows,
+        progress,
+    )
+}
+
+/// [`graph_prepared`] (or [`graph_rows`] with `prepared` `None`) of points given in f64 as
+/// `given`, `points` their f32 rounding (see [`search_given`]).
+#[allow(clippy::too_many_arguments)]
+pub fn graph_given(
+    engine: &dyn Engine,
+    prepared: Option<&PreparedBase>,
+    points: MatrixRef<'_>,
+    given: &GivenRows<'_>,
+    rows: std::ops::Range<usize>,
+    k: usize,
+    metric: &Metric,
+    progress: ProgressFn<'_>,
+) -> Result<Neighbors> {
+    check_graph_rows(&rows, points.rows())?;
+    check_given_rows(metric, given, points, None)?;
+    let base = match prepared {
+        Some(p) => Base::prepared(points, p),
+        None => Base::given(points),
+    };
+    run(
+        engine,
+        base.rounded_from(given),
+        None,
+        k,
+        metric,
+        rows,
+        progress,
+    )
+}
+
+/// `given` describes rows of the shapes of `base` and `queries`, under a metric that takes f64.
+fn check_given_rows(
+    metric: &Metric,
+    given: &GivenRows<'_>,
+    base: MatrixRef<'_>,
+    queries: Option<MatrixRef<'_>>,
+) -> Result<()> {
+    crate::given::check_given(
+        metric,
+        given.base.is_f64() || given.queries.is_some_and(|q| q.is_f64()),
+    )?;
+    let shape = |g: Given<'_>, m: MatrixRef<'_>| g.len() == m.rows() * m.dim();
+    let fits = given.dim == base.dim()
+        && shape(given.base, base)
+        && match (given.queries, queries) {
+            (Some(g), Some(q)) => shape(g, q),
+            (None, None) => true,
+            _ => false,
+        };
+    if fits {
+        Ok(())
+    } else {
+        Err(KnnError::Option(
+            "the rows as given do not match the shapes of their f32 rounding".into(),
+        ))
+    }
+}
+
+/// Neighbours with distances in f64, from rows given in f64 (see [`search_given`]): each
+/// distance taken again from the given rows (the key the re-rank chose by, so the sets stay),
+/// and each row ordered by (distance, id) in f64. Row `i` of `out` is query `first + i` (a
+/// piece of a graph: point `first + i`).
+pub fn in_given_precision(
+    metric: &Metric,
+    given: &GivenRows<'_>,
+    out: Neighbors,
+    first: usize,
+) -> Neighbors<f64> {
+    use rayon::prelude::*;
+    let k = out.k;
+    let mut distances = vec![0.0f64; out.ids.len()];
+    let mut ids = out.ids;
+    let sign = if metric.is_similarity() { -1.0 } else { 1.0 };
+    ids.par_chunks_mut(k.max(1))
+        .zip(distances.par_chunks_mut(k.max(1)))
+        .enumerate()
+        .for_each(|(i, (ids, dists))| {
+            struct Keys<'a> {
+                metric: &'a Metric,
+                ids: &'a [u32],
+            }
+            impl crate::given::RowsFn<Vec<(f64, u32)>> for Keys<'_> {
+                fn call<A: Real, B: Real>(self, q: &[A], base: &[B], d: usize) -> Vec<(f64, u32)> {
+                    self.ids
+                        .iter()
+                        .map(|&b| {
+                            let row = &base[b as usize * d..(b as usize + 1) * d];
+                            (
+                                self.metric
+                                    .distance_from_key_f64(self.metric.exact_key(q, row)),
+                                b,
+                            )
+                        })
+                        .collect()
+                }
+            }
+            let mut row = given.with_rows(first + i, Keys { metric, ids });
+            row.sort_by(|a, b| (sign * a.0).total_cmp(&(sign * b.0)).then(a.1.cmp(&b.1)));
+            for ((id, dist), (d, b)) in ids.iter_mut().zip(dists.iter_mut()).zip(row) {
+                *id = b;
+                *dist = d;
+            }
+        });
+    Neighbors { k, ids, distances }
 }
 
 /// Rows of a graph of `n` points.

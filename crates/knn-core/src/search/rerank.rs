@@ -2,6 +2,7 @@
 //! (key, id), and whether the row's floor proves them complete.
 
 use crate::engine::{CandidateRows, Candidates, RowSink};
+use crate::given::{lower_floor, GivenRows, Real, RowsFn};
 use crate::matrix::MatrixRef;
 use crate::metric::Metric;
 use rayon::prelude::*;
@@ -116,7 +117,8 @@ pub(super) fn sum_sq(x: &[f32]) -> f64 {
 }
 
 /// The cosine exact key of query `q` (with `qq = Σ q²`) against every candidate, appended to
-/// `out` as (key, id): `Metric::exact_key`'s value bit for bit (identical rows −1; else
+/// `out` as (key, id): `Metric::exact_key`'s value bit for bit (0 with an all-zero row;
+/// identical rows −1; else
 /// −Σqb / (√qq·√bb), at least −1, with the sums left to right), eight candidates' dot products
 /// interleaved.
 pub(super) fn cosine_keys(
@@ -129,7 +131,9 @@ pub(super) fn cosine_keys(
 ) {
     let key = |xy: f64, b: u32| {
         let row = xb.row(b as usize);
-        if q == row {
+        if qq == 0.0 || norms[b as usize] == 0.0 {
+            0.0
+        } else if q == row {
             -1.0
         } else {
             (-xy / (qq.sqrt() * norms[b as usize].sqrt())).max(-1.0)
@@ -211,6 +215,9 @@ pub(super) struct Rerank<'m, 'x> {
     pub(super) key_scale: f64,
     /// `true` when the candidate lists hold every available point.
     pub(super) complete: bool,
+    /// The rows as given, when some came in f64: exact keys are theirs, and floors are
+    /// lowered by their rounding (see [`crate::given`]).
+    pub(super) given: Option<&'x GivenRows<'x>>,
 }
 
 impl Rerank<'_, '_> {
@@ -236,7 +243,32 @@ impl Rerank<'_, '_> {
     ) -> bool {
         let (k, width) = (self.k, c.ids.len());
         scratch.clear();
-        if let Some(exact) = c.exact {
+        // The engine's rounding bound, recovered from its floor: a candidate whose key less
+        // that bound exceeds an exact k-th key cannot enter the top k.
+        let slack = if (c.floor as f64).is_finite() {
+            c.keys[width - 1] as f64 - c.floor as f64
+        } else {
+            f64::INFINITY
+        };
+        // The floor in exact terms: what every point left out reaches at least.
+        let mut floor = c.floor as f64 / self.key_scale;
+        if let Some(g) = self.given {
+            let qr = g.query_rounding(self.metric, qi);
+            let lower = |f: f64| lower_floor(self.metric, f, qr, g.base_rounding);
+            floor = lower_floor(self.metric, floor, qr, g.base_rounding);
+            g.with_rows(
+                qi,
+                GivenKeys {
+                    metric: self.metric,
+                    c,
+                    lower: &lower,
+                    slack,
+                    key_scale: self.key_scale,
+                    k,
+                    out: scratch,
+                },
+            );
+        } else if let Some(exact) = c.exact {
             scratch.extend(exact.iter().copied().zip(c.ids.iter().copied()));
         } else if let Metric::Expr(e) = self.metric {
             // Expression keys are chains of dependent f64 operations: every candidate at once,
@@ -260,14 +292,6 @@ impl Rerank<'_, '_> {
             cosine_keys(q, qq, self.xb, norms, c.ids, scratch);
         } else {
             let q = self.xq.row(qi);
-            // The engine's rounding bound, recovered from its floor; candidates whose key less
-            // that bound exceeds an exact k-th key cannot enter the top k.
-            let floor = c.floor as f64;
-            let slack = if floor.is_finite() {
-                c.keys[width - 1] as f64 - floor
-            } else {
-                f64::INFINITY
-            };
             let mut kth_bound = f64::INFINITY;
             for (&b, &key) in c.ids.iter().zip(c.keys) {
                 if scratch.len() >= k && key as f64 - slack > kth_bound {
@@ -290,11 +314,47 @@ impl Rerank<'_, '_> {
         }
         scratch.sort_unstable_by(by_key);
         let kth = scratch[k - 1].0;
-        if !(kth * self.key_scale < c.floor as f64 || self.complete) {
+        if !(kth < floor || self.complete) {
             return false;
         }
         finish_row(self.metric, scratch, ids_out, dists_out);
         true
+    }
+}
+
+/// The exact keys of one row's candidates from the rows as given (see [`Rerank::given`]), in
+/// the engine's order, stopping once no later candidate can enter the top k.
+struct GivenKeys<'a, L: Fn(f64) -> f64> {
+    metric: &'a Metric,
+    c: &'a RowCandidates<'a>,
+    /// The given rows' lower bound of a key from the rounded rows' one (exact terms).
+    lower: &'a L,
+    /// The engine's rounding bound (engine terms).
+    slack: f64,
+    key_scale: f64,
+    k: usize,
+    out: &'a mut Vec<(f64, u32)>,
+}
+
+impl<L: Fn(f64) -> f64> RowsFn<()> for GivenKeys<'_, L> {
+    fn call<A: Real, B: Real>(self, q: &[A], base: &[B], d: usize) {
+        let mut kth = f64::INFINITY;
+        for (&b, &key) in self.c.ids.iter().zip(self.c.keys) {
+            if self.out.len() >= self.k
+                && (self.lower)((key as f64 - self.slack) / self.key_scale) > kth
+            {
+                break;
+            }
+            let row = &base[b as usize * d..(b as usize + 1) * d];
+            self.out.push((self.metric.exact_key(q, row), b));
+            if self.out.len() == self.k {
+                kth = self
+                    .out
+                    .iter()
+                    .map(|e| e.0)
+                    .fold(f64::NEG_INFINITY, f64::max);
+            }
+        }
     }
 }
 
@@ -441,6 +501,41 @@ pub(super) fn finish_row(
     }
 }
 
+/// [`exact_scan`] of query `qi` over rows as given.
+pub(super) fn exact_scan_given(
+    metric: &Metric,
+    given: &GivenRows<'_>,
+    qi: usize,
+    k: usize,
+    skip: Option<u32>,
+) -> Vec<(f64, u32)> {
+    struct Scan<'m> {
+        metric: &'m Metric,
+        skip: Option<u32>,
+    }
+    impl RowsFn<Vec<(f64, u32)>> for Scan<'_> {
+        fn call<A: Real, B: Real>(self, q: &[A], base: &[B], d: usize) -> Vec<(f64, u32)> {
+            base.chunks_exact(d)
+                .zip(0u32..)
+                .filter(|&(_, b)| Some(b) != self.skip)
+                .map(|(row, b)| (self.metric.exact_key(q, row), b))
+                .collect()
+        }
+    }
+    smallest_k(given.with_rows(qi, Scan { metric, skip }), k)
+}
+
+/// The `k` smallest of `all` by (key, id), sorted.
+fn smallest_k(mut all: Vec<(f64, u32)>, k: usize) -> Vec<(f64, u32)> {
+    let cmp = |a: &(f64, u32), b: &(f64, u32)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
+    if k < all.len() {
+        all.select_nth_unstable_by(k - 1, cmp);
+        all.truncate(k);
+    }
+    all.sort_unstable_by(cmp);
+    all
+}
+
 /// The k smallest exact keys of one query over the whole base, sorted by (key, id).
 pub(crate) fn exact_scan(
     metric: &Metric,
@@ -449,7 +544,7 @@ pub(crate) fn exact_scan(
     k: usize,
     skip: Option<u32>,
 ) -> Vec<(f64, u32)> {
-    let mut all: Vec<(f64, u32)> = match metric {
+    let all: Vec<(f64, u32)> = match metric {
         Metric::Expr(e) => {
             let ids: Vec<u32> = (0..base.rows() as u32)
                 .filter(|&b| Some(b) != skip)
@@ -463,11 +558,5 @@ pub(crate) fn exact_scan(
             .map(|b| (metric.exact_key(q, base.row(b as usize)), b))
             .collect(),
     };
-    let cmp = |a: &(f64, u32), b: &(f64, u32)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
-    if k < all.len() {
-        all.select_nth_unstable_by(k - 1, cmp);
-        all.truncate(k);
-    }
-    all.sort_unstable_by(cmp);
-    all
+    smallest_k(all, k)
 }

@@ -3,7 +3,8 @@
 //! keys after a fast first try, then four times wider, then an exact scan.
 
 use super::rerank::{
-    as_atomic, as_atomic_f32, exact_scan, finish_row, hand_over, BaseAux, Collector, Rerank,
+    as_atomic, as_atomic_f32, exact_scan, exact_scan_given, finish_row, hand_over, BaseAux,
+    Collector, Rerank,
 };
 use crate::engine::{CandidateRequest, Engine, ExactFrom, FinishedRows};
 use crate::error::{KnnError, Result};
@@ -54,6 +55,9 @@ pub(super) struct Run<'a> {
     /// the two apart would need the gap between the k-th and W-th keys against the bound.)
     pub(super) loose: AtomicBool,
     pub(super) profile: bool,
+    /// The rows as given, when some came in f64 (see [`crate::given`]): the engine's rows are
+    /// then their f32 rounding, and only the pipeline takes exact keys.
+    pub(super) given: Option<&'a crate::given::GivenRows<'a>>,
 }
 
 impl Run<'_> {
@@ -89,7 +93,7 @@ impl Run<'_> {
             exact_data: self.exact_data,
             // First tries of Hellinger: an engine may take the exact keys of the given rows.
             exact_from: first
-                .filter(|_| matches!(self.metric, Metric::Hellinger))
+                .filter(|_| matches!(self.metric, Metric::Hellinger) && self.given.is_none())
                 .map(|r| ExactFrom::Hellinger {
                     base: self.xb,
                     queries: self.xq.slice_rows(r.start, r.end),
@@ -100,7 +104,9 @@ impl Run<'_> {
     /// Whether a first try not answered from host-side graph candidates asks the engine to
     /// finish its rows ([`Engine::finish_rows`]) rather than for candidates.
     pub(super) fn engine_may_finish(&self) -> bool {
-        self.expr.is_none() && (self.same_space || matches!(self.metric, Metric::Hellinger))
+        self.expr.is_none()
+            && self.given.is_none()
+            && (self.same_space || matches!(self.metric, Metric::Hellinger))
     }
 
     /// The first step of a whole graph (rows from `first` on, every one): host-side
@@ -188,6 +194,7 @@ impl Run<'_> {
                 k,
                 key_scale: self.key_scale,
                 complete: width >= available,
+                given: self.given,
             };
             // Re-rank each row exactly as the engine hands it over (in the engine's order, on
             // its threads) and write the rows whose floor proves them complete straight into
@@ -265,8 +272,12 @@ impl Run<'_> {
                     .par_iter()
                     .map(|&qi| {
                         let skip = self.self_join.then_some(qi);
-                        let exact =
-                            exact_scan(self.metric, self.xb, self.xq.row(qi as usize), k, skip);
+                        let exact = match self.given {
+                            Some(g) => exact_scan_given(self.metric, g, qi as usize, k, skip),
+                            None => {
+                                exact_scan(self.metric, self.xb, self.xq.row(qi as usize), k, skip)
+                            }
+                        };
                         let (mut ids, mut dists) = (vec![0u32; k], vec![0f32; k]);
                         finish_row(self.metric, &exact, &mut ids, &mut dists);
                         (ids, dists)

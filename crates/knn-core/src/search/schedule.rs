@@ -6,6 +6,7 @@ use super::rounds::Run;
 use super::ProgressFn;
 use crate::engine::Engine;
 use crate::error::{KnnError, Result};
+use crate::given::GivenRows;
 use crate::matrix::{Matrix, MatrixRef};
 use crate::metric::Metric;
 use crate::neighbors::Neighbors;
@@ -47,6 +48,9 @@ fn workers(engine: &dyn Engine) -> Vec<&dyn Engine> {
 pub(super) struct Base<'a> {
     rows: MatrixRef<'a>,
     prepared: Option<&'a PreparedBase>,
+    /// The rows as given, when base or queries came in f64 (`rows` and the queries are then
+    /// their f32 rounding).
+    given: Option<&'a GivenRows<'a>>,
 }
 
 impl<'a> Base<'a> {
@@ -54,6 +58,7 @@ impl<'a> Base<'a> {
         Base {
             rows,
             prepared: None,
+            given: None,
         }
     }
 
@@ -61,6 +66,15 @@ impl<'a> Base<'a> {
         Base {
             rows,
             prepared: Some(prepared),
+            given: None,
+        }
+    }
+
+    /// This base, with base or queries given in f64 as `given` (see [`crate::given`]).
+    pub(super) fn rounded_from(self, given: &'a GivenRows<'a>) -> Self {
+        Base {
+            given: Some(given),
+            ..self
         }
     }
 }
@@ -86,6 +100,7 @@ pub(super) fn run(
     let Base {
         rows: base,
         prepared: prepared_base,
+        given,
     } = base;
     let profile = std::env::var_os("KNN_PROFILE").is_some();
     let mut since = std::time::Instant::now();
@@ -188,6 +203,7 @@ pub(super) fn run(
                 xq: prep.exact_queries().unwrap_or(xb),
                 key_scale: prep.key_scale,
                 same_space: prep.engine.is_none()
+                    && given.is_none()
                     && !matches!(metric, Metric::Cosine | Metric::Hellinger),
                 self_join: queries.is_none(),
                 k,
@@ -200,6 +216,7 @@ pub(super) fn run(
                 aux: OnceLock::new(),
                 loose: AtomicBool::new(false),
                 profile,
+                given,
             };
             ctx.lap("prepare", &mut since);
             // A whole graph of a symmetric metric: the engine may compute every row's first
