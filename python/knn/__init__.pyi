@@ -9,7 +9,8 @@ import numpy.typing as npt
 __version__: str
 
 ArrayLike = Union[npt.ArrayLike, Sequence[Sequence[float]]]
-Distances = npt.NDArray[np.float32]
+# float64 for float64 queries (a graph: a float64 base), float32 for float32 ones.
+Distances = Union[npt.NDArray[np.float64], npt.NDArray[np.float32]]
 Ids = npt.NDArray[np.int64]
 Symmetric = Union[Literal["auto", "on", "off"], bool]
 

@@ -1,4 +1,4 @@
-"""Inputs as the native code takes them: 2-D, C-contiguous float32 NumPy arrays."""
+"""Inputs as the native code takes them: 2-D, C-contiguous float32 or float64 NumPy arrays."""
 
 from __future__ import annotations
 
@@ -12,11 +12,24 @@ _RESHAPE_HINT = (
 )
 
 
-def as_matrix(x, what: str) -> np.ndarray:
-    """``x`` as a 2-D aligned C-contiguous float32 array, without a copy when it already is one.
+def precision(dtype) -> type:
+    """The precision the engine keeps for input of ``dtype``: ``np.float64`` for floating types
+    wider than float32 (float64 itself; longdouble is rounded to it) and for Python objects
+    (which NumPy makes float64), ``np.float32`` for every other real type."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "O" or (dtype.kind == "f" and dtype.itemsize > 4):
+        return np.float64
+    return np.float32
 
-    Accepts NumPy arrays of any real dtype and memory order, nested lists, and objects NumPy
-    converts (PyTorch CPU tensors, array-likes). Refuses 1-D input with scikit-learn's hint.
+
+def as_matrix(x, what: str, *, keep_float64: bool = True) -> np.ndarray:
+    """``x`` as a 2-D aligned C-contiguous float64 or float32 array (see :func:`precision`),
+    without a copy when it already is one.
+
+    Accepts NumPy arrays of any real dtype and memory order, nested lists (Python floats are
+    float64, so a list of floats stays float64), and objects NumPy converts (PyTorch CPU
+    tensors, array-likes, host arrays through DLPack). Refuses 1-D input with scikit-learn's
+    hint. ``keep_float64=False``: always float32 (for parameters such as a covariance).
     """
     if _is_torch_tensor(x):
         if x.device.type != "cpu":
@@ -48,15 +61,16 @@ def as_matrix(x, what: str) -> np.ndarray:
         )
     if a.ndim != 2:
         raise ValueError(f"{what}: expected a 2-D array (rows x dimension), got {a.ndim}-D")
-    if a.dtype.kind == "f" and a.dtype.itemsize > 4:
+    dtype = precision(a.dtype) if keep_float64 else np.float32
+    if dtype is np.float32 and a.dtype.kind == "f" and a.dtype.itemsize > 4:
         big = np.abs(a) > np.finfo(np.float32).max
         if np.any(big & np.isfinite(a)):
             row, col = np.argwhere(big & np.isfinite(a))[0]
             raise ValueError(
-                f"{what}: row {row}, column {col} is {a[row, col]!r}, beyond the float32 "
-                "range this version computes in"
+                f"{what}: row {row}, column {col} is {float(a[row, col])!r}, beyond the "
+                "float32 range it is used in"
             )
-    return np.require(a, np.float32, ["C_CONTIGUOUS", "ALIGNED"])
+    return np.require(a, dtype, ["C_CONTIGUOUS", "ALIGNED"])
 
 
 def _from_dlpack(x, what: str):

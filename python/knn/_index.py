@@ -14,26 +14,31 @@ class Index:
     """An exact k-nearest-neighbour index over a fixed set of base points.
 
     Built once, searched many times, from any number of threads at once (the GIL is released
-    while it computes). Every answer is exact: each row holds a true k-nearest set, ordered by
-    (distance, id) with the smaller id first among equal distances, the same on every device
-    and thread count.
+    while it computes). Every answer is exact with respect to the values given (float64 ones
+    included): each row holds a true k-nearest set, ordered by (distance, id) with the smaller
+    id first among equal distances, the same on every device and thread count.
 
     Parameters
     ----------
     data : array_like, shape (n, d)
         The base points: a NumPy array of any real dtype and memory order, a nested list, a
         PyTorch CPU tensor, a host array of another library through DLPack, or anything NumPy
-        converts. Arrays in GPU memory are refused (this version). Converted to C-contiguous float32 when
-        it is not already. NaN, infinite values, empty input and 1-D input are refused with a
-        ``ValueError``. A C-contiguous float32 array is used in place, with no copy: the index
-        keeps a reference to it, and it must not be modified while the index lives (the
-        answers would no longer be exact). Other inputs are converted once, into an array the
-        index keeps.
+        converts. Arrays in GPU memory are refused (this version). Kept in float64 when NumPy
+        makes float64 of it (float64 arrays and tensors, lists of Python floats; longdouble
+        is rounded to float64), else in float32 (float32, float16, integers: integers beyond
+        2**24 in magnitude are rounded, pass float64 to keep them exact); see Notes. NaN,
+        infinite values, values beyond the float32 range (about 3.4e38), empty input and 1-D
+        input are refused with a ``ValueError``. A C-contiguous float32 or float64 array is
+        used in place, with no copy: the index keeps a reference to it, and it must not be
+        modified while the index lives (the answers would no longer be exact). Other inputs
+        are converted once, into an array the index keeps.
     metric : str, default "l2"
         ``"l2"`` (Euclidean), ``"sqeuclidean"``, ``"ip"`` (inner product, largest first, the
         similarity is reported), ``"cosine"`` (1 - cos), ``"l1"``, ``"linf"``, ``"hellinger"``
         (sqrt(0.5 * sum (sqrt x - sqrt y)^2), inputs >= 0) or ``"mahalanobis"``. Aliases:
-        ``"euclidean"``, ``"manhattan"``, ``"cityblock"``, ``"chebyshev"``.
+        ``"euclidean"``, ``"manhattan"``, ``"cityblock"``, ``"chebyshev"``. Cosine: an
+        all-zero row is at distance 1 from every row (scikit-learn's convention).
+        ``"mahalanobis"`` takes float32 data only (see Notes).
     device : str, default "auto"
         ``"auto"`` (a usable NVIDIA GPU, else the CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         The same wheel runs with or without a GPU; CUDA is loaded at run time.
@@ -42,10 +47,12 @@ class Index:
         ``acc`` (running value, from 0), ``x`` (query coordinate) and ``y`` (base coordinate),
         optionally followed by ``; FINAL``, a non-decreasing step over ``acc`` for the reported
         distance. For example ``"acc + (sqrt(x) - sqrt(y))^2 ; sqrt(0.5 * acc)"`` is Hellinger.
-        Numbers, ``+ - * /``, ``^n`` (whole n), ``abs sqrt exp log min max``.
+        Numbers, ``+ - * /``, ``^n`` (whole n), ``abs sqrt exp log min max``. Takes float32
+        data only (see Notes).
     covariance : array_like, shape (d, d), optional
         For ``metric="mahalanobis"``: the covariance (symmetric positive definite). Without
-        it the covariance is estimated from the base (unbiased, divisor n - 1).
+        it the covariance is estimated from the base (unbiased, divisor n - 1). Used in
+        float32.
     gpu_memory : int or str, optional
         Cap on the GPU memory used for tiles, in bytes or as ``"2GiB"``, ``"512MiB"``;
         smaller caps stream the base from host memory. Default: 70 % of free memory.
@@ -63,9 +70,20 @@ class Index:
 
     Notes
     -----
-    Computation is in float32 with an exact float64 re-rank: float64 input is rounded to
-    float32 first, so results are exact for the float32 values, and distances are float32.
-    Exactness for float64 input itself is planned. Ids are int64.
+    Precision. The engines compute on float32 values, and an exact float64 re-rank decides:
+    float64 input stays float64 (the engines compute on its float32 rounding, and the re-rank
+    reads the float64 values), so answers are exact for the float64 values themselves, even
+    for points closer than a float32 step. Distances come back in the precision of the
+    input: ``search`` gives float64 distances for float64 queries and float32 distances for
+    float32 queries (whatever the base's precision: float32 queries against a float64 base
+    are exact for the float64 base, with float32 distances); ``graph`` gives float64
+    distances when the base is float64. Rows added in float64 to a float32 index make it a
+    float64 index (its float32 rows are widened exactly). Ids are int64.
+
+    ``metric="mahalanobis"`` and ``metric_expr`` compute on float32 features of their own,
+    and exactness for float64 values is proven for the other metrics only: they refuse
+    float64 data and float64 queries with a ``ValueError`` (nothing is rounded behind your
+    back). Pass float32 for them: ``data.astype(np.float32)``.
 
     Ctrl-C raises ``KeyboardInterrupt`` and leaves the index usable: a search stops between
     pieces of work (well under a second each); an interrupted ``graph`` returns at once and
@@ -79,6 +97,14 @@ class Index:
     >>> distances, ids = index.search([[0.9, 0.1]], k=2)
     >>> ids
     array([[1, 0]])
+    >>> distances.dtype  # float64 queries (a list of Python floats): float64 distances
+    dtype('float64')
+
+    float64 values closer than a float32 step keep their order:
+
+    >>> points = np.array([[1.0], [1 + 1e-9], [1 + 2e-9], [1 - 3e-9]])
+    >>> knn.Index(points, device="cpu").search([[1 + 2.1e-9]], k=4)[1]
+    array([[2, 1, 0, 3]])
     """
 
     def __init__(
@@ -99,7 +125,7 @@ class Index:
         if threads is not None:
             threads = as_k(threads, "threads")
         rows = as_matrix(data, "base")
-        cov = None if covariance is None else as_matrix(covariance, "covariance")
+        cov = None if covariance is None else as_matrix(covariance, "covariance", keep_float64=False)
         self._args = dict(
             metric=metric, device=device, metric_expr=metric_expr, covariance=cov,
             gpu_memory=gpu_memory, threads=threads,
@@ -114,15 +140,16 @@ class Index:
         Parameters
         ----------
         queries : array_like, shape (m, d)
-            Query points, converted like the base.
+            Query points, converted like the base (float64 stays float64, exact).
         k : int
             Neighbours per query, 1 <= k <= len(index).
 
         Returns
         -------
-        distances : ndarray of float32, shape (m, k)
+        distances : ndarray of float64 or float32, shape (m, k)
             Row i: the distances of query i's neighbours, ascending (for ``"ip"``: the inner
-            products, descending).
+            products, descending). In the queries' precision: float64 for float64 queries
+            (lists of Python floats included), float32 for float32 ones, whatever the base's.
         ids : ndarray of int64, shape (m, k)
             Row i: the neighbours' row numbers in the base (ids of added rows continue).
 
@@ -151,7 +178,9 @@ class Index:
 
         Returns
         -------
-        distances : ndarray of float32, shape (n, k)
+        distances : ndarray of float64 or float32, shape (n, k)
+            float64 when the base is float64 (also after float64 rows were added), else
+            float32.
         ids : ndarray of int64, shape (n, k)
         """
         try:
@@ -168,7 +197,9 @@ class Index:
         Parameters
         ----------
         data : array_like, shape (m, d)
-            Points of the index's dimension, validated like the base.
+            Points of the index's dimension, validated and converted like the base. float64
+            rows stay float64; added to a float32 index they make it a float64 index (its
+            rows widened exactly, the rows copied into the index).
         """
         self._native.add(as_matrix(data, "added rows"))
 
@@ -210,7 +241,8 @@ def search(base, queries, k: int, metric: str = "l2", device: str = "auto", **op
 
     Returns
     -------
-    distances : ndarray of float32, shape (m, k)
+    distances : ndarray of float64 or float32, shape (m, k)
+        In the queries' precision (float64 for float64 queries), as :meth:`Index.search`.
     ids : ndarray of int64, shape (m, k)
     """
     return Index(base, metric, device, **options).search(queries, k)
@@ -232,7 +264,8 @@ def graph(
     symmetric : {"auto", "on", "off"} or bool, default "auto"
         As for :meth:`Index.graph`.
     format : {"arrays", "csr"}, default "arrays"
-        ``"arrays"``: ``(distances, ids)``, each (n, k). ``"csr"``: a
+        ``"arrays"``: ``(distances, ids)``, each (n, k), distances float64 for float64
+        points, else float32. ``"csr"``: a
         ``scipy.sparse.csr_matrix`` of shape (n, n) whose row i holds point i's neighbours
         with their distances (as stored entries, zeros included), in (distance, id) order.
         Needs SciPy.

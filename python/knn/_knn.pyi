@@ -1,16 +1,21 @@
 """The native module (PyO3); use the `knn` package's API instead."""
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
 
 __version__: str
 
+# float32 or float64, C-contiguous and aligned (the package converts every input so).
+Rows = Union[npt.NDArray[np.float32], npt.NDArray[np.float64]]
+# In the queries' precision (a graph: the base's).
+Distances = Union[npt.NDArray[np.float32], npt.NDArray[np.float64]]
+
 class NativeIndex:
     def __init__(
         self,
-        data: npt.NDArray[np.float32],
+        data: Rows,
         metric: str = "l2",
         device: str = "auto",
         metric_expr: Optional[str] = None,
@@ -18,14 +23,12 @@ class NativeIndex:
         gpu_memory: Optional[int] = None,
         threads: Optional[int] = None,
     ) -> None: ...
-    def search(
-        self, queries: npt.NDArray[np.float32], k: int
-    ) -> Tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]: ...
+    def search(self, queries: Rows, k: int) -> Tuple[Distances, npt.NDArray[np.int64]]: ...
     def graph(
         self, k: int, symmetric: str = "auto"
-    ) -> Tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]: ...
-    def add(self, data: npt.NDArray[np.float32]) -> None: ...
-    def rows(self) -> npt.NDArray[np.float32]: ...
+    ) -> Tuple[Distances, npt.NDArray[np.int64]]: ...
+    def add(self, data: Rows) -> None: ...
+    def rows(self) -> Rows: ...
     def __len__(self) -> int: ...
     dim: int
     metric: str

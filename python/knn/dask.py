@@ -1,7 +1,8 @@
 """Exact kNN on Dask: base chunks held as `knn.Index` objects on the workers (issue 22).
 
 ``search(base, queries, k)`` and ``graph(points, k)`` take Dask arrays chunked by rows (NumPy is
-accepted and chunked) and return lazy ``(distances, ids)`` Dask arrays chunked like the queries.
+accepted and chunked) and return lazy ``(distances, ids)`` Dask arrays chunked like the queries,
+distances in the queries' precision as ``knn.search`` gives them (float64 for float64 queries).
 Each base chunk becomes one ``knn.Index`` (a delayed object, built once per chunk and shared by
 every query block; Dask recomputes it if its worker is lost). Every query block is searched
 against every base chunk; partials carry global ids (chunk offset + local id) and are merged
@@ -17,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import Index
+from ._arrays import precision
 
 __all__ = ["search", "graph", "NearestNeighbors"]
 
@@ -102,7 +104,7 @@ def _run(base, queries, k, self_graph, args):
                 if kc > 0:
                     parts.append(delayed(_partial)(idx, qb, kc, int(starts[bi])))
         res = _tree(parts, k)
-        dist_blocks.append(da.from_delayed(res[0], (m, k), dtype=np.float32))
+        dist_blocks.append(da.from_delayed(res[0], (m, k), dtype=precision(queries.dtype)))
         id_blocks.append(da.from_delayed(res[1], (m, k), dtype=np.int64))
     return da.concatenate(dist_blocks, axis=0), da.concatenate(id_blocks, axis=0)
 

@@ -15,9 +15,14 @@ training data without either), and this library's ``"hellinger"``; a distance of
 with ``metric_params={"metric_expr": "..."}`` (see ``knn.Index``). Callable metrics and
 ``"precomputed"`` are not supported.
 
-Distances are computed in float32 with an exact float64 re-rank (exact for the float32
-values of the input); they are returned in the input's dtype (float64 for float64 input), with
-float32 precision. Sparse input is refused.
+Precision: float32 input stays float32, everything else becomes float64 (as scikit-learn
+does: lists, integers). float64 input is exact for its float64 values (the engines compute on
+its float32 rounding, an exact float64 re-rank decides), and distances come back in the
+queries' dtype, float64 for float64 input, as scikit-learn returns them (``kneighbors()``
+without ``X``: the training data's dtype). ``"mahalanobis"`` and ``metric_params={"metric_expr":
+...}`` take float32 data only: with float64 input (and so with lists and integers) ``fit``
+and ``kneighbors`` raise a ``ValueError`` that says so; pass ``X.astype(np.float32)``.
+Sparse input is refused.
 
 Not covered: ``radius_neighbors``, ``sample_weight``.
 """
@@ -145,7 +150,8 @@ class _Neighbors(BaseEstimator):
         Returns
         -------
         neigh_dist : ndarray of shape (n_queries, n_neighbors)
-            Distances, ascending, in the input's float dtype. Only with ``return_distance``.
+            Distances, ascending, in the queries' dtype (float64 for float64 input, exact for
+            its values; ``X=None``: the training data's dtype). Only with ``return_distance``.
         neigh_ind : ndarray of int64, shape (n_queries, n_neighbors)
             Indices of the neighbours in the training data.
         """

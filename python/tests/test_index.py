@@ -11,9 +11,10 @@ import knn
 
 
 def oracle(base, queries, k, metric="l2"):
-    """float64 brute force: (distances, ids) ordered by (distance, id)."""
-    b = np.asarray(base, np.float32).astype(np.float64)
-    q = np.asarray(queries, np.float32).astype(np.float64)
+    """float64 brute force on the values as given (float32 ones widened): (distances, ids)
+    ordered by (distance, id)."""
+    b = np.asarray(base).astype(np.float64)
+    q = np.asarray(queries).astype(np.float64)
     diff = q[:, None, :] - b[None, :, :]
     if metric == "l2":
         d = np.sqrt((diff**2).sum(-1))
@@ -24,7 +25,12 @@ def oracle(base, queries, k, metric="l2"):
     elif metric == "linf":
         d = np.abs(diff).max(-1)
     elif metric == "cosine":
-        d = 1 - (q @ b.T) / np.linalg.norm(q, axis=1)[:, None] / np.linalg.norm(b, axis=1)[None]
+        # 1 - x.y / (|x| |y|); an all-zero row is at distance 1 from every row
+        nq, nb = np.linalg.norm(q, axis=1)[:, None], np.linalg.norm(b, axis=1)[None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            d = 1 - (q @ b.T) / nq / nb
+        d[(nq == 0) | (nb == 0)] = 1.0
+        d = np.maximum(d, 0.0)
     elif metric == "hellinger":
         d = np.sqrt(0.5 * ((np.sqrt(q)[:, None] - np.sqrt(b)[None]) ** 2).sum(-1))
     elif metric == "ip":
@@ -46,19 +52,24 @@ def assert_exact(dist, ids, want_dist, want_ids):
             assert len(set(ids[r])) == ids.shape[1]
 
 
-@pytest.mark.parametrize("metric", ["l2", "sqeuclidean", "l1", "linf", "cosine", "ip", "hellinger"])
-def test_search_matches_the_oracle(rng, metric):
-    base = rng.random((300, 7))
-    queries = rng.random((40, 7))
+METRICS = ["l2", "sqeuclidean", "l1", "linf", "cosine", "ip", "hellinger"]
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_search_matches_the_oracle(rng, metric, dtype):
+    base = rng.random((300, 7)).astype(dtype)
+    queries = rng.random((40, 7)).astype(dtype)
     index = knn.Index(base, metric, device="cpu")
     dist, ids = index.search(queries, 6)
-    assert dist.dtype == np.float32 and ids.dtype == np.int64
+    assert dist.dtype == dtype and ids.dtype == np.int64
     assert dist.shape == ids.shape == (40, 6)
     assert_exact(dist, ids, *oracle(base, queries, 6, metric))
 
 
 def test_metric_expr_is_hellinger(rng):
-    base, queries = rng.random((200, 5)), rng.random((20, 5))
+    base = rng.random((200, 5), dtype=np.float32)
+    queries = rng.random((20, 5), dtype=np.float32)
     mine = knn.search(base, queries, 4, metric_expr="acc + (sqrt(x) - sqrt(y))^2 ; sqrt(0.5 * acc)", device="cpu")
     builtin = knn.search(base, queries, 4, "hellinger", device="cpu")
     np.testing.assert_array_equal(mine[1], builtin[1])
@@ -67,11 +78,13 @@ def test_metric_expr_is_hellinger(rng):
 
 
 def test_mahalanobis_with_a_given_covariance(rng):
-    base, queries = rng.random((150, 3)), rng.random((10, 3))
+    base = rng.random((150, 3), dtype=np.float32)
+    queries = rng.random((10, 3), dtype=np.float32)
     cov = np.array([[2.0, 0.3, 0.0], [0.3, 1.0, 0.1], [0.0, 0.1, 0.5]])
     dist, ids = knn.search(base, queries, 3, "mahalanobis", covariance=cov, device="cpu")
+    assert dist.dtype == np.float32
     white = np.linalg.cholesky(np.linalg.inv(cov))  # x -> x @ L: L L^T = inverse
-    want = oracle(base @ white, queries @ white, 3)
+    want = oracle(base.astype(np.float64) @ white, queries.astype(np.float64) @ white, 3)
     np.testing.assert_allclose(dist, want[0], rtol=1e-4, atol=1e-5)
     # Estimated from the base when not given:
     assert knn.Index(base, "mahalanobis", device="cpu").search(queries, 3)[1].shape == (10, 3)
@@ -81,16 +94,24 @@ def test_any_dtype_order_and_lists_give_the_same_answer(rng):
     base = rng.integers(0, 20, (120, 4))
     queries = rng.integers(0, 20, (15, 4))
     want = knn.search(base.astype(np.float32), queries.astype(np.float32), 5, device="cpu")
-    for b, q in [
-        (base, queries),  # int64
-        (base.astype(np.int8), queries.astype(np.uint16)),
-        (base.astype(np.float64), queries.astype(np.float16)),
-        (np.asfortranarray(base), np.asfortranarray(queries)),
-        (base.tolist(), queries.tolist()),
-        (base[:, ::-1][:, ::-1], queries),  # a non-contiguous view
+    wide = knn.search(base.astype(np.float64), queries.astype(np.float64), 5, device="cpu")
+    assert wide[0].dtype == np.float64
+    np.testing.assert_array_equal(wide[0].astype(np.float32), want[0])  # both exact, rounded
+    # (distances in the queries' precision: float64 for float64 queries and lists of floats)
+    for b, q, dtype in [
+        (base, queries, np.float32),  # int64
+        (base.astype(np.int8), queries.astype(np.uint16), np.float32),
+        (base.astype(np.float64), queries.astype(np.float16), np.float32),
+        (base.astype(np.float16), queries.astype(np.float64), np.float64),
+        (np.asfortranarray(base), np.asfortranarray(queries), np.float32),
+        (np.asfortranarray(base, np.float64), np.asfortranarray(queries, np.float64), np.float64),
+        (base.tolist(), queries.tolist(), np.float32),  # lists of Python ints
+        (base.astype(float).tolist(), queries.astype(float).tolist(), np.float64),  # of floats
+        (base[:, ::-1][:, ::-1], queries, np.float32),  # a non-contiguous view
     ]:
         got = knn.search(b, q, 5, device="cpu")
-        np.testing.assert_array_equal(got[0], want[0])
+        assert got[0].dtype == dtype
+        np.testing.assert_array_equal(got[0], (want if dtype == np.float32 else wide)[0])
         np.testing.assert_array_equal(got[1], want[1])
 
 
@@ -100,22 +121,38 @@ def test_pytorch_cpu_tensors(rng):
     got = knn.search(torch.from_numpy(base), torch.from_numpy(queries).float(), 3, device="cpu")
     want = knn.search(base, queries, 3, device="cpu")
     np.testing.assert_array_equal(got[1], want[1])
+    assert got[0].dtype == np.float32  # float32 queries
+    # float64 tensors stay float64 (the base used in place), as float64 arrays do
+    t = torch.from_numpy(base)
+    index = knn.Index(t, device="cpu")
+    assert index._native.shares_rows
+    got = index.search(torch.from_numpy(queries), 3)
+    assert got[0].dtype == np.float64
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
 
 
-def test_index_attributes_add_and_pickle(rng):
-    base = rng.random((50, 3))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_index_attributes_add_and_pickle(rng, dtype):
+    base = rng.random((50, 3)).astype(dtype)
     index = knn.Index(base, "cosine", device="cpu", threads=1)
     assert (len(index), index.dim, index.metric, index.device) == (50, 3, "cosine", "cpu")
     assert "n=50" in repr(index)
-    extra = rng.random((5, 3))
+    extra = rng.random((5, 3)).astype(dtype)
     index.add(extra)
     assert len(index) == 55
     _, ids = index.search(extra, 1)
     np.testing.assert_array_equal(ids[:, 0], np.arange(50, 55))  # ids continue
     again = pickle.loads(pickle.dumps(index))
     assert len(again) == 55 and again.metric == "cosine"
-    q = rng.random((7, 3))
-    np.testing.assert_array_equal(again.search(q, 4)[1], index.search(q, 4)[1])
+    rows = again._native.rows()
+    assert rows.dtype == dtype  # the rows as given, in their precision
+    np.testing.assert_array_equal(rows, np.vstack([base, extra]))
+    q = rng.random((7, 3)).astype(dtype)
+    for a, b in [(again.search(q, 4), index.search(q, 4)), (again.graph(4), index.graph(4))]:
+        assert a[0].dtype == b[0].dtype == dtype
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[1], b[1])
 
 
 def test_graph_leaves_each_point_out_and_keeps_duplicates(rng):
@@ -222,12 +259,15 @@ ERRORS = [
     (lambda: knn.Index(np.zeros((3, 2), complex)), ValueError, "not a real number type"),
     (lambda: knn.Index([["a", "b"]]), ValueError, "not a real number type"),
     (lambda: knn.Index([[1, 2], [3]]), ValueError, "not an array of numbers"),
-    (lambda: knn.Index([[1e300, 0.0]]), ValueError, "beyond the float32 range"),
+    (lambda: knn.Index([[1e300, 0.0]]), ValueError, "base: row 0, column 0 is 1e300, beyond the float32 range"),
+    (lambda: knn.search([[1.0, 0.0]], [[0.0, 0.0], [0.0, -1e40]], 1), ValueError, "queries: row 1, column 1 is -1e40, beyond the float32 range"),
+    (lambda: knn.Index([[0.0, 0.0]], "mahalanobis", covariance=np.eye(2, dtype=np.float32)), ValueError, "mahalanobis metric takes float32"),
+    (lambda: knn.Index([[1.0]], covariance=[[1e300]]), ValueError, r"covariance: row 0, column 0 is 1e\+300, beyond the float32 range"),
     (lambda: knn.Index([[1.0, -0.5]], "hellinger"), ValueError, "needs values >= 0"),
     (lambda: knn.Index([[1.0]], "nope"), ValueError, "unknown metric 'nope'"),
     (lambda: knn.Index([[1.0]], device="tpu"), ValueError, "unknown device 'tpu'"),
     (lambda: knn.Index([[1.0]], metric_expr="acc + sqr(x - y)"), ValueError, "metric_expr: .*unknown function 'sqr'"),
-    (lambda: knn.Index(np.eye(3), "mahalanobis", covariance=np.eye(2)), ValueError, "covariance is 2×2, the data has d=3"),
+    (lambda: knn.Index(np.eye(3, dtype=np.float32), "mahalanobis", covariance=np.eye(2)), ValueError, "covariance is 2×2, the data has d=3"),
     (lambda: knn.Index(np.eye(3), covariance=np.eye(3)), ValueError, "covariance is only for metric='mahalanobis'"),
     (lambda: knn.Index(np.eye(3), threads=0), ValueError, "threads must be at least 1"),
     (lambda: knn.Index(np.eye(3), gpu_memory="lots"), ValueError, "not a size"),
@@ -237,6 +277,10 @@ ERRORS = [
     (lambda: knn.graph(np.eye(3), 1, format="coo"), ValueError, "format='coo'"),
     (lambda: knn.Index(np.eye(3)).add(np.eye(2)), ValueError, "the added rows have d=2, the index has d=3"),
     (lambda: knn.Index(np.eye(3)).add([[0, np.nan, 0]]), ValueError, "added rows: row 0, column 1 is NaN"),
+    (lambda: knn.Index(np.eye(3, dtype=np.float32)).add([[0, np.inf, 0]]), ValueError, "added rows: row 0, column 1 is inf"),
+    (lambda: knn.Index(np.eye(3)).add([[0, 1e300, 0]]), ValueError, "added rows: row 0, column 1 is 1e300, beyond"),
+    (lambda: knn.Index(np.eye(3)).search(np.eye(2), 1), ValueError, "dimension mismatch: base has d=3, queries have d=2"),
+    (lambda: knn.Index(np.eye(3)).search(np.zeros((1, 0)), 1), ValueError, "dimension must be at least 1"),
 ]
 
 
@@ -263,24 +307,28 @@ def test_help_explains_every_argument():
         assert "Returns" in method.__doc__ or "Parameters" in method.__doc__
 
 
-def test_a_c_contiguous_float32_base_is_used_in_place(rng):
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_c_contiguous_base_is_used_in_place(rng, dtype):
+    import gc
     import sys
 
-    base = rng.random((1000, 8)).astype(np.float32)
+    base = rng.random((1000, 8)).astype(dtype)
     held = sys.getrefcount(base)
     index = knn.Index(base, device="cpu")
     assert index._native.shares_rows and sys.getrefcount(base) == held + 1  # the array itself
-    wide = base.astype(np.float64)
-    held = sys.getrefcount(wide)
-    knn.Index(wide, device="cpu")
-    assert sys.getrefcount(wide) == held  # a float32 copy of it was made and is kept instead
+    for other in (np.asfortranarray(base), base.astype(np.float16)):
+        held = sys.getrefcount(other)
+        copied = knn.Index(other, device="cpu")
+        assert sys.getrefcount(other) == held  # a copy of it was made and is kept instead
+        del copied
     del base  # the index keeps the array alive
-    import gc
-
     gc.collect()
-    dist, ids = index.search(index._native.rows()[:3], 1)
+    rows = index._native.rows()
+    assert rows.dtype == dtype
+    dist, ids = index.search(rows[:3], 1)
+    assert dist.dtype == dtype
     np.testing.assert_array_equal(ids[:, 0], [0, 1, 2])
-    index.add(np.zeros((1, 8)))
+    index.add(np.zeros((1, 8), dtype))
     assert len(index) == 1001 and not index._native.shares_rows
 
 
@@ -302,9 +350,15 @@ def test_unaligned_and_big_endian_arrays(rng):
     raw = np.frombuffer(b"\0" + base.tobytes(), dtype=np.float32, offset=1).reshape(64, 4)
     assert not raw.flags.aligned
     want = knn.search(base, base[:5], 3, device="cpu")
-    for b in (raw, base.astype(">f4"), base.astype(">f8")):
+    raw64 = np.frombuffer(b"\0" + base.astype(np.float64).tobytes(), np.float64, offset=1)
+    raw64 = raw64.reshape(64, 4)
+    assert not raw64.flags.aligned
+    for b in (raw, base.astype(">f4"), base.astype(">f8"), raw64):
         got = knn.search(b, base[:5], 3, device="cpu")
         np.testing.assert_array_equal(got[1], want[1])
+    got = knn.search(base, raw64[:5], 3, device="cpu")
+    assert got[0].dtype == np.float64
+    np.testing.assert_array_equal(got[1], want[1])
 
 
 def test_huge_k_is_an_error_not_a_crash(rng):
@@ -333,6 +387,13 @@ def test_dlpack_host_arrays_and_a_clear_error_for_device_ones(rng):
     base = rng.random((100, 5)).astype(np.float32)
     want = knn.search(base, base[:4], 3, device="cpu")
     got = knn.search(_DLPackArray(base), _DLPackArray(base[:4]), 3, device="cpu")
+    np.testing.assert_array_equal(got[1], want[1])
+    assert got[0].dtype == np.float32
+    wide = base.astype(np.float64) + 1e-12  # float64 through DLPack stays float64
+    index = knn.Index(_DLPackArray(wide), device="cpu")
+    assert index._native.shares_rows and index._native.rows().dtype == np.float64
+    got = index.search(_DLPackArray(wide[:4]), 3)
+    assert got[0].dtype == np.float64
     np.testing.assert_array_equal(got[1], want[1])
     with pytest.raises(ValueError, match="device memory .* copy it to the host"):
         knn.Index(_DLPackArray(base, device=(2, 0)))

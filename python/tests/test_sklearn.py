@@ -43,13 +43,15 @@ DATASETS = ["digits", "iris", "wine", "breast_cancer"]
 
 
 def tolerance(X, metric="euclidean"):
-    """How far our distances may be from scikit-learn's float64 ones: this version computes on
-    the float32 values of the input, each rounded by up to 2^-24 of itself, so a distance moves
-    by up to that much of the points' L1 norms (cosine: of the distance's scale, 1)."""
-    eps = 2.0**-24
-    if metric == "cosine":
-        return 8 * eps
-    return 4 * eps * float(np.max(np.abs(X).sum(axis=1))) + 1e-6
+    """How far scikit-learn's float64 distances may be from ours, exact for the float64 input:
+    its Euclidean form |x|^2 - 2 x.y + |y|^2 loses up to a few eps |x|^2 of a squared distance,
+    so up to sqrt(eps) |x| near 0; its other metrics sum directly, off by a few eps of the
+    points' L1 norms (cosine: of 1)."""
+    eps = np.finfo(np.float64).eps
+    scale = float(np.max(np.abs(X).sum(axis=1)))
+    if metric == "euclidean":
+        return 4 * np.sqrt(eps) * scale + 1e-12
+    return 64 * eps * (1 + scale)
 
 
 def tie_groups(dist, tol):
@@ -164,9 +166,15 @@ def test_parameters():
         theirs = neighbors.NearestNeighbors(metric=metric, p=p, algorithm="brute").fit(X)
         np.testing.assert_allclose(ours.kneighbors(Q)[0], theirs.kneighbors(Q)[0], rtol=1e-5, atol=tolerance(X))
     cov = np.cov(X.T)
-    ours = ks.NearestNeighbors(metric="mahalanobis", metric_params={"VI": np.linalg.inv(cov)}, device="cpu").fit(X)
+    # Mahalanobis takes float32 data only (float64 input raises rather than being rounded)
+    X32, Q32 = X.astype(np.float32), Q.astype(np.float32)
+    ours = ks.NearestNeighbors(metric="mahalanobis", metric_params={"VI": np.linalg.inv(cov)}, device="cpu").fit(X32)
     theirs = neighbors.NearestNeighbors(metric="mahalanobis", metric_params={"VI": np.linalg.inv(cov)}, algorithm="brute").fit(X)
-    np.testing.assert_allclose(ours.kneighbors(Q)[0], theirs.kneighbors(Q)[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ours.kneighbors(Q32)[0], theirs.kneighbors(Q)[0], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="mahalanobis metric takes float32"):
+        ours.kneighbors(Q)
+    with pytest.raises(ValueError, match="mahalanobis metric takes float32"):
+        ks.NearestNeighbors(metric="mahalanobis", device="cpu").fit(X)
     for bad in [dict(metric="minkowski", p=3), dict(metric=lambda a, b: 0.0), dict(metric="precomputed"), dict(n_jobs=0)]:
         with pytest.raises(ValueError):
             ks.NearestNeighbors(**bad).fit(X)
@@ -184,3 +192,26 @@ def test_effective_metric_uses_sklearn_names():
         ours = ks.NearestNeighbors(metric=metric, p=p, device="cpu").fit(X)
         theirs = neighbors.NearestNeighbors(metric=metric, p=p).fit(X)
         assert ours.effective_metric_ == theirs.effective_metric_
+
+
+def test_float64_input_is_exact_float32_stays_float32():
+    rng = np.random.default_rng(5)
+    X = 1000 + 2e-5 * rng.random((300, 4))  # closer together than a float32 step
+    Q = 1000 + 2e-5 * rng.random((20, 4))
+    ours = ks.NearestNeighbors(n_neighbors=5, device="cpu").fit(X)
+    d, i = ours.kneighbors(Q)
+    exact = np.sqrt(((Q[:, None, :] - X[None, :, :]) ** 2).sum(-1))  # direct, no cancellation
+    want = np.argsort(exact, axis=1, kind="stable")[:, :5]
+    assert d.dtype == np.float64
+    np.testing.assert_array_equal(i, want)
+    np.testing.assert_allclose(d, np.take_along_axis(exact, want, 1), rtol=1e-12)
+    d, i = ours.kneighbors()  # each point without itself
+    assert d.dtype == np.float64
+    exact = np.sqrt(((X[:, None, :] - X[None, :, :]) ** 2).sum(-1))
+    np.fill_diagonal(exact, np.inf)
+    np.testing.assert_array_equal(i, np.argsort(exact, axis=1, kind="stable")[:, :5])
+    X32 = rng.random((100, 4), dtype=np.float32)
+    d, _ = ks.NearestNeighbors(device="cpu").fit(X32).kneighbors(X32[:5])
+    assert d.dtype == np.float32
+    d, _ = ks.NearestNeighbors(device="cpu").fit(X32).kneighbors(X32[:5].astype(np.float64))
+    assert d.dtype == np.float64

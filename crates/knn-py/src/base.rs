@@ -4,9 +4,16 @@
 //! waits for a lock while it holds the GIL, and `add` (which builds the grown index aside)
 //! waits for no search.
 
-use knn::given::Given;
+use knn::given::{round_to_f32, Given};
 use knn::{Device, Index, KnnError, MatrixRef, Metric, Neighbors, Options, Result, Rows, Symmetry};
 use std::sync::{Arc, Mutex};
+
+/// Neighbours with their distances in the precision of the rows they came from: f32, or f64
+/// for rows given in f64.
+pub enum Found {
+    F32(Neighbors),
+    F64(Neighbors<f64>),
+}
 
 /// An index and the options it was built with.
 pub struct Base {
@@ -17,7 +24,8 @@ pub struct Base {
 }
 
 impl Base {
-    /// Checks and prepares `rows` (`rows.len() / dim` points) and opens the engine of `opts`.
+    /// Checks and prepares `rows` (`rows.len() / dim` points, f32 or f64) and opens the engine
+    /// of `opts`.
     pub fn new(rows: Rows, dim: usize, metric: Metric, opts: Options) -> Result<Self> {
         let index = Index::new(rows, dim, metric, &opts)?;
         Ok(Self {
@@ -35,20 +43,29 @@ impl Base {
             .clone()
     }
 
-    /// Appends rows (checked like the base): a grown index is built from all the rows, then
-    /// takes the place of the current one. Ids continue from the current length.
-    pub fn add(&self, rows: MatrixRef<'_>) -> Result<()> {
+    /// Appends `rows` (`dim` values each, checked like the base): a grown index is built from
+    /// all the rows, then takes the place of the current one. Ids continue from the current
+    /// length. Rows given in f64 stay f64 (an index of f32 rows keeps f64 ones from then on,
+    /// its f32 rows widened exactly), as [`Index::add_f64`] does.
+    pub fn add(&self, rows: Given<'_>, dim: usize) -> Result<()> {
         let _one_at_a_time = self.adding.lock().unwrap_or_else(|e| e.into_inner());
         let index = self.snapshot();
-        if rows.dim() != index.dim() {
+        if dim != index.dim() {
             return Err(KnnError::Option(format!(
-                "the added rows have d={}, the index has d={}",
-                rows.dim(),
+                "the added rows have d={dim}, the index has d={}",
                 index.dim()
             )));
         }
-        index.metric().check_domain("added rows", rows)?;
-        let all = index.rows().append(Given::F32(rows.as_slice()));
+        let rounded;
+        let checked = match rows {
+            Given::F32(v) => MatrixRef::new("added rows", v, dim)?,
+            Given::F64(v) => {
+                rounded = round_to_f32("added rows", v, dim)?;
+                MatrixRef::new_unchecked_values("added rows", &rounded, dim)?
+            }
+        };
+        index.metric().check_domain("added rows", checked)?;
+        let all = index.rows().append(rows);
         let grown = Index::new(all, index.dim(), index.metric().clone(), &self.opts)?;
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(grown);
         Ok(())
@@ -56,21 +73,30 @@ impl Base {
 
     /// The kNN graph of `index` with pairs computed once where `symmetric` says: the index
     /// itself for `Auto` (its options), else an index of the same rows with that setting.
-    pub fn graph(&self, index: &Index, k: usize, symmetric: Symmetry) -> Result<Neighbors> {
-        if symmetric == self.opts.symmetric {
-            return index.graph(k);
-        }
-        let opts = Options {
-            symmetric,
-            ..self.opts.clone()
+    /// Distances in f64 when the rows were given in f64.
+    pub fn graph(&self, index: &Index, k: usize, symmetric: Symmetry) -> Result<Found> {
+        let other;
+        let index = if symmetric == self.opts.symmetric {
+            index
+        } else {
+            let opts = Options {
+                symmetric,
+                ..self.opts.clone()
+            };
+            other = Index::new(
+                index.rows().clone(),
+                index.dim(),
+                index.metric().clone(),
+                &opts,
+            )?;
+            &other
         };
-        Index::new(
-            index.rows().clone(),
-            index.dim(),
-            index.metric().clone(),
-            &opts,
-        )?
-        .graph(k)
+        match index.rows().given() {
+            Given::F32(_) => index.graph(k).map(Found::F32),
+            Given::F64(_) => index
+                .graph_rows_f64(0..index.len(), k, &|_, _| {})
+                .map(Found::F64),
+        }
     }
 
     /// The device of the index (`Auto` resolved).

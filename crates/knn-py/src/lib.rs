@@ -1,19 +1,24 @@
 //! `knn._knn`: the native part of the `knn` Python package (`python/knn`).
 //!
-//! The Python layer converts inputs to C-contiguous float32 NumPy arrays and gives them here;
-//! this module validates them through the library, computes with the GIL released, checks for
-//! Ctrl-C between pieces of work and returns `(distances float32, ids int64)`.
+//! The Python layer converts inputs to C-contiguous float32 or float64 NumPy arrays (float64
+//! for float64 input, which stays exact) and gives them here; this module validates them
+//! through the library, computes with the GIL released, checks for Ctrl-C between pieces of
+//! work and returns `(distances, ids int64)`, the distances float64 for float64 queries (a
+//! graph: for rows given in float64), else float32.
 
 mod base;
 mod errors;
 
-use base::Base;
+use base::{Base, Found};
 use errors::to_py;
-use knn::given::Given;
+use knn::given::{round_to_f32, Given};
 use knn::{
-    Covariance, Device, Matrix, MatrixRef, Metric, MetricExpr, Neighbors, Options, Rows, Symmetry,
+    Covariance, Device, Index, KnnError, Matrix, MatrixRef, Metric, MetricExpr, Neighbors, Options,
+    Rows, Symmetry,
 };
-use numpy::{IntoPyArray, PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
+use numpy::{
+    Element, IntoPyArray, PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods,
+};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::{mpsc, Arc};
@@ -29,7 +34,8 @@ const MIN_PIECE_ROWS: usize = 64;
 /// How often a graph's caller looks for Ctrl-C while the graph is computed.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
-type Pair<'py> = (Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<i64>>);
+/// `(distances, ids)`: distances a float32 or float64 array.
+type Pair<'py> = (Bound<'py, PyAny>, Bound<'py, PyArray2<i64>>);
 
 /// The native index: a checked, prepared base set, searched from any number of threads.
 #[pyclass(module = "knn._knn", frozen)]
@@ -44,7 +50,7 @@ impl NativeIndex {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        data: Bound<'_, PyArray2<f32>>,
+        data: Bound<'_, PyAny>,
         metric: &str,
         device: &str,
         metric_expr: Option<&str>,
@@ -65,8 +71,7 @@ impl NativeIndex {
             gpu_memory,
             ..Options::default()
         };
-        let dim = data.shape()[1];
-        let rows = ArrayRows::share(data)?;
+        let (rows, dim) = shared_rows(data)?;
         let base = py
             .detach(move || Base::new(rows, dim, metric, opts))
             .map_err(to_py)?;
@@ -75,61 +80,49 @@ impl NativeIndex {
         })
     }
 
-    /// k nearest base points of each query row: (distances, ids).
+    /// k nearest base points of each query row: (distances, ids), the distances float64 for
+    /// float64 queries (exact for their values), float32 for float32 ones.
     fn search<'py>(
         &self,
         py: Python<'py>,
-        queries: PyReadonlyArray2<'py, f32>,
+        queries: Bound<'py, PyAny>,
         k: usize,
     ) -> PyResult<Pair<'py>> {
         let index = self.base.snapshot();
-        let dim = queries.shape()[1];
-        let values = contiguous(&queries)?;
-        let all = py
-            .detach(|| MatrixRef::new("queries", values, dim).map(|q| q.rows()))
-            .map_err(to_py)?;
-        let budget = match index.device() {
-            Device::Cuda(_) => GPU_PIECE_WORK,
-            _ => CPU_PIECE_WORK,
-        };
-        let per_row = index.len().saturating_mul(dim.max(1)).max(1);
-        let piece = (budget / per_row).max(MIN_PIECE_ROWS);
-        if all <= piece {
-            let nn = py
-                .detach(|| {
-                    let q = MatrixRef::new_unchecked_values("queries", values, dim)?;
-                    index.search(q, k)
-                })
-                .map_err(to_py)?;
-            return Ok(to_numpy(py, nn));
-        }
-        // (Reserved after the first piece, whose success bounds k by the base's size.)
-        let mut out = Neighbors {
-            k,
-            ids: Vec::new(),
-            distances: Vec::new(),
-        };
-        for start in (0..all).step_by(piece) {
-            let end = (start + piece).min(all);
-            let nn = py
-                .detach(|| {
+        let queries = Values::extract(&queries, "queries")?;
+        let dim = queries.dim();
+        Ok(match queries.given()? {
+            Given::F32(values) => {
+                let all = py
+                    .detach(|| MatrixRef::new("queries", values, dim).map(|q| q.rows()))
+                    .map_err(to_py)?;
+                let nn = in_pieces(py, &index, all, dim, k, |start, end| {
                     let q = MatrixRef::new_unchecked_values(
                         "queries",
                         &values[start * dim..end * dim],
                         dim,
                     )?;
                     index.search(q, k)
-                })
-                .map_err(|e| to_py(errors::shift_rows(e, start)))?;
-            if start == 0 {
-                out.ids.reserve_exact(all * k);
-                out.distances.reserve_exact(all * k);
+                })?;
+                to_numpy(py, nn)
             }
-            out.ids.extend_from_slice(&nn.ids);
-            out.distances.extend_from_slice(&nn.distances);
-            py.check_signals()?;
-        }
-        Ok(to_numpy(py, out))
+            Given::F64(values) => {
+                // The values are checked here, so that errors name rows of the whole set.
+                let all = py
+                    .detach(|| round_to_f32("queries", values, dim).map(|r| r.len() / dim))
+                    .map_err(to_py)?;
+                if dim != index.dim() {
+                    return Err(to_py(KnnError::DimMismatch {
+                        base: index.dim(),
+                        queries: dim,
+                    }));
+                }
+                let nn = in_pieces(py, &index, all, dim, k, |start, end| {
+                    index.search_f64(&values[start * dim..end * dim], k, &|_, _| {})
+                })?;
+                to_numpy(py, nn)
+            }
+        })
     }
 
     /// The kNN graph of the base (each point's k nearest other points): (distances, ids).
@@ -152,7 +145,12 @@ impl NativeIndex {
             let (got, back) = py.detach(move || (rx.recv_timeout(SIGNAL_POLL), rx));
             rx = back;
             match got {
-                Ok(result) => return Ok(to_numpy(py, result.map_err(to_py)?)),
+                Ok(result) => {
+                    return Ok(match result.map_err(to_py)? {
+                        Found::F32(nn) => to_numpy(py, nn),
+                        Found::F64(nn) => to_numpy(py, nn),
+                    })
+                }
                 Err(mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     return Err(PyRuntimeError::new_err("the graph's thread stopped"))
@@ -161,12 +159,12 @@ impl NativeIndex {
         }
     }
 
-    /// Appends rows; their ids continue from len(index).
-    fn add(&self, py: Python<'_>, data: PyReadonlyArray2<'_, f32>) -> PyResult<()> {
-        let dim = data.shape()[1];
-        let values = contiguous(&data)?;
-        py.detach(|| self.base.add(MatrixRef::new("added rows", values, dim)?))
-            .map_err(to_py)
+    /// Appends rows (float32 or float64, kept as given); their ids continue from len(index).
+    fn add(&self, py: Python<'_>, data: Bound<'_, PyAny>) -> PyResult<()> {
+        let data = Values::extract(&data, "added rows")?;
+        let dim = data.dim();
+        let rows = data.given()?;
+        py.detach(|| self.base.add(rows, dim)).map_err(to_py)
     }
 
     fn __len__(&self) -> usize {
@@ -194,7 +192,10 @@ impl NativeIndex {
     /// Whether the index uses the given array's memory in place (no copy of it).
     #[getter]
     fn shares_rows(&self) -> bool {
-        matches!(self.base.snapshot().rows(), Rows::Shared(_))
+        matches!(
+            self.base.snapshot().rows(),
+            Rows::Shared(_) | Rows::SharedF64(_)
+        )
     }
 
     /// A copy of the base rows, `len × dim`, in the precision they were given in (for
@@ -209,41 +210,142 @@ impl NativeIndex {
     }
 }
 
-/// A C-contiguous float32 NumPy array used in place as an index's rows.
-struct ArrayRows {
+/// Runs a search of `all` query rows of dimension `dim` through `run(start, end)`, in pieces
+/// small enough that Ctrl-C is looked for often enough, with the GIL released.
+fn in_pieces<D: Send>(
+    py: Python<'_>,
+    index: &Index,
+    all: usize,
+    dim: usize,
+    k: usize,
+    run: impl Fn(usize, usize) -> knn::Result<Neighbors<D>> + Sync,
+) -> PyResult<Neighbors<D>> {
+    let budget = match index.device() {
+        Device::Cuda(_) => GPU_PIECE_WORK,
+        _ => CPU_PIECE_WORK,
+    };
+    let per_row = index.len().saturating_mul(dim.max(1)).max(1);
+    let piece = (budget / per_row).max(MIN_PIECE_ROWS);
+    if all <= piece {
+        return py.detach(|| run(0, all)).map_err(to_py);
+    }
+    // (Reserved after the first piece, whose success bounds k by the base's size.)
+    let mut out = Neighbors {
+        k,
+        ids: Vec::new(),
+        distances: Vec::new(),
+    };
+    for start in (0..all).step_by(piece) {
+        let end = (start + piece).min(all);
+        let nn = py
+            .detach(|| run(start, end))
+            .map_err(|e| to_py(errors::shift_rows(e, start)))?;
+        if start == 0 {
+            out.ids.reserve_exact(all * k);
+            out.distances.reserve_exact(all * k);
+        }
+        out.ids.extend_from_slice(&nn.ids);
+        out.distances.extend(nn.distances);
+        py.check_signals()?;
+    }
+    Ok(out)
+}
+
+/// Rows of a 2-D NumPy array in the precision the caller gave: float32 or float64.
+enum Values<'py> {
+    F32(PyReadonlyArray2<'py, f32>),
+    F64(PyReadonlyArray2<'py, f64>),
+}
+
+impl<'py> Values<'py> {
+    /// `obj` as rows; `what` names it in the error for another type.
+    fn extract(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Self> {
+        if let Ok(a) = obj.extract::<PyReadonlyArray2<'py, f64>>() {
+            return Ok(Values::F64(a));
+        }
+        obj.extract::<PyReadonlyArray2<'py, f32>>()
+            .map(Values::F32)
+            .map_err(|_| {
+                PyValueError::new_err(format!(
+                    "{what}: expected a 2-D float32 or float64 NumPy array"
+                ))
+            })
+    }
+
+    /// Values per row.
+    fn dim(&self) -> usize {
+        match self {
+            Values::F32(a) => a.shape()[1],
+            Values::F64(a) => a.shape()[1],
+        }
+    }
+
+    /// The values, row after row (the array must be aligned and C-contiguous).
+    fn given(&self) -> PyResult<Given<'_>> {
+        Ok(match self {
+            Values::F32(a) => Given::F32(contiguous(a)?),
+            Values::F64(a) => Given::F64(contiguous(a)?),
+        })
+    }
+}
+
+/// The rows of a float32 or float64 array, used in place, and their dimension.
+fn shared_rows(data: Bound<'_, PyAny>) -> PyResult<(Rows, usize)> {
+    let data = match data.cast_into::<PyArray2<f64>>() {
+        Ok(a) => {
+            let dim = a.shape()[1];
+            return Ok((
+                ArrayRows::share(a)?.map_or(Rows::OwnedF64(Vec::new()), |r| Rows::SharedF64(r)),
+                dim,
+            ));
+        }
+        Err(e) => e.into_inner(),
+    };
+    let a = data.cast_into::<PyArray2<f32>>().map_err(|_| {
+        PyValueError::new_err("base: expected a 2-D float32 or float64 NumPy array")
+    })?;
+    let dim = a.shape()[1];
+    Ok((
+        ArrayRows::share(a)?.map_or(Rows::Owned(Vec::new()), |r| Rows::Shared(r)),
+        dim,
+    ))
+}
+
+/// A C-contiguous float32 or float64 NumPy array used in place as an index's rows.
+struct ArrayRows<T: Element> {
     /// Keeps the array, and so its buffer, alive (it cannot be resized while referenced).
-    _array: Py<PyArray2<f32>>,
-    data: *const f32,
+    _array: Py<PyArray2<T>>,
+    data: *const T,
     len: usize,
 }
 
 // SAFETY: the rows are only read, through `data`, while `_array` holds a strong reference to
 // the array that owns them (NumPy neither frees nor moves the buffer of a referenced array);
-// `Py` itself may be sent and shared between threads.
-unsafe impl Send for ArrayRows {}
-unsafe impl Sync for ArrayRows {}
+// `Py` itself may be sent and shared between threads, and `T` is f32 or f64.
+unsafe impl<T: Element> Send for ArrayRows<T> {}
+unsafe impl<T: Element> Sync for ArrayRows<T> {}
 
-impl AsRef<[f32]> for ArrayRows {
-    fn as_ref(&self) -> &[f32] {
-        // SAFETY: `data` points at `len` initialised f32 values kept alive by `_array`.
+impl<T: Element> AsRef<[T]> for ArrayRows<T> {
+    fn as_ref(&self) -> &[T] {
+        // SAFETY: `data` points at `len` initialised values kept alive by `_array`.
         unsafe { std::slice::from_raw_parts(self.data, self.len) }
     }
 }
 
-impl ArrayRows {
-    /// The rows of `array` in place, or owned empty rows (an empty array's pointer may dangle).
-    fn share(array: Bound<'_, PyArray2<f32>>) -> PyResult<Rows> {
-        let data = array.data() as *const f32;
+impl<T: Element> ArrayRows<T> {
+    /// The rows of `array` in place; `None` for an empty array (whose pointer may dangle).
+    fn share(array: Bound<'_, PyArray2<T>>) -> PyResult<Option<Arc<Self>>> {
+        let data = array.data() as *const T;
         if !array.is_c_contiguous() || !data.is_aligned() {
             return Err(PyValueError::new_err(
-                "expected an aligned C-contiguous float32 array",
+                "expected an aligned C-contiguous float32 or float64 array",
             ));
         }
         let len = array.len();
         if len == 0 {
-            return Ok(Rows::Owned(Vec::new()));
+            return Ok(None);
         }
-        Ok(Rows::Shared(Arc::new(ArrayRows {
+        Ok(Some(Arc::new(ArrayRows {
             _array: array.unbind(),
             data,
             len,
@@ -283,8 +385,8 @@ fn parse_metric(
 }
 
 /// The values of a C-contiguous array (the Python layer makes every input so).
-fn contiguous<'a>(a: &'a PyReadonlyArray2<'_, f32>) -> PyResult<&'a [f32]> {
-    let bad = || PyValueError::new_err("expected an aligned C-contiguous float32 array");
+fn contiguous<'a, T: Element>(a: &'a PyReadonlyArray2<'_, T>) -> PyResult<&'a [T]> {
+    let bad = || PyValueError::new_err("expected an aligned C-contiguous float32 or float64 array");
     let values = a.as_slice().map_err(|_| bad())?;
     if values.is_empty() || values.as_ptr().is_aligned() {
         Ok(values)
@@ -293,14 +395,18 @@ fn contiguous<'a>(a: &'a PyReadonlyArray2<'_, f32>) -> PyResult<&'a [f32]> {
     }
 }
 
-/// `(distances float32, ids int64)`, each `rows × k`; the distances are moved, not copied.
-fn to_numpy(py: Python<'_>, nn: Neighbors) -> Pair<'_> {
+/// `(distances, ids int64)`, each `rows × k`, the distances in their own precision (float32
+/// or float64); the distances are moved, not copied.
+fn to_numpy<D: Element>(py: Python<'_>, nn: Neighbors<D>) -> Pair<'_> {
     let (rows, k) = (nn.rows(), nn.k);
     let ids: Vec<i64> = nn.ids.iter().map(|&i| i64::from(i)).collect();
     let distances = nn.distances.into_pyarray(py);
     let ids = ids.into_pyarray(py);
     (
-        distances.reshape([rows, k]).expect("rows·k values"),
+        distances
+            .reshape([rows, k])
+            .expect("rows·k values")
+            .into_any(),
         ids.reshape([rows, k]).expect("rows·k values"),
     )
 }
