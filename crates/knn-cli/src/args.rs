@@ -117,7 +117,8 @@ pub struct OutputArgs {
     /// devices and pipes such as /dev/stdout are written through, never replaced.
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
-    /// Output file for the distances (.npy float32, .fvecs or .csv).
+    /// Output file for the distances (.npy, .fvecs or .csv): float32, or float64 when an
+    /// input holds float64 values (.npy float64 or .csv only).
     #[arg(long)]
     pub distances: Option<PathBuf>,
     /// Output format (npy, ivecs, csv) for standard output and names without one of these
@@ -162,6 +163,13 @@ pub struct SearchArgs {
     pub input_format: Option<String>,
     #[command(flatten)]
     pub text: TextArgs,
+    /// Compute on the float32 rounding of float64 inputs (float64 .npy or HDF5 data, CSV and
+    /// other text, whose decimal numbers are read as float64). Without it such inputs are
+    /// kept exact: the answer is exact for the float64 values and distances are written in
+    /// float64. The mahalanobis metric and --metric-expr take float32 values and need it for
+    /// float64 inputs.
+    #[arg(long)]
+    pub float32: bool,
     #[command(flatten)]
     pub metric: MetricArgs,
     #[command(flatten)]
@@ -184,6 +192,13 @@ pub struct GraphArgs {
     pub input_format: Option<String>,
     #[command(flatten)]
     pub text: TextArgs,
+    /// Compute on the float32 rounding of float64 inputs (float64 .npy or HDF5 data, CSV and
+    /// other text, whose decimal numbers are read as float64). Without it such inputs are
+    /// kept exact: the answer is exact for the float64 values and distances are written in
+    /// float64. The mahalanobis metric and --metric-expr take float32 values and need it for
+    /// float64 inputs.
+    #[arg(long)]
+    pub float32: bool,
     /// Compute each unordered pair once and fold it into both points' lists: auto (wherever
     /// it was measured faster: on the CPU 64 points or more, its lists under 1 GiB, and not
     /// l2-type metrics at d <= 64 on CPUs with the int8 kernel; on one GPU 10 000 points or
@@ -261,6 +276,12 @@ pub struct VerifyArgs {
     pub min_recall: f64,
     #[command(flatten)]
     pub text: TextArgs,
+    /// Check against the float32 rounding of float64 inputs (float64 .npy or HDF5 data,
+    /// text), as a search run with --float32 computed. Without it the check is against the
+    /// float64 values: an answer computed on their float32 rounding fails where the rounding
+    /// changed it.
+    #[arg(long)]
+    pub float32: bool,
     #[command(flatten)]
     pub metric: MetricArgs,
 }

@@ -9,9 +9,11 @@
 //!
 //! File: `KNNCKPT1`, then the run's fingerprint, row count and k (u64 little-endian each), then
 //! records `start, end` (u64) followed by `(end − start)·k` ids (u32) and as many distances
-//! (f32). The fingerprint covers the command, k, the metric and each input file's path, size and
-//! modification time: a checkpoint of other arguments or changed inputs is refused.
+//! (f32, or f64 for a run on float64 inputs: the distances it writes). The fingerprint covers
+//! the command, k, the metric, the precision of a float64 run and each input file's path, size
+//! and modification time: a checkpoint of other arguments or changed inputs is refused.
 
+use crate::output::Distance;
 use anyhow::{bail, Context, Result};
 use knn::Neighbors;
 use std::fs::{File, OpenOptions};
@@ -77,10 +79,10 @@ pub fn fingerprint(command: &str, k: usize, metric: &str, inputs: &[&Path]) -> R
 }
 
 /// Rows computed in chunks, saved to and resumed from a checkpoint file.
-pub struct Checkpointed {
+pub struct Checkpointed<D: Distance> {
     path: PathBuf,
     file: File,
-    out: Neighbors,
+    out: Neighbors<D>,
     done: usize,
 }
 
@@ -88,12 +90,16 @@ fn u64_at(b: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
 }
 
-impl Checkpointed {
+impl<D: Distance> Checkpointed<D> {
     /// Opens `path`, resuming its finished rows when it was made for the same `fingerprint`,
     /// or starts it anew when it does not exist.
     pub fn open(path: &Path, fingerprint: u64, rows: usize, k: usize) -> Result<Self> {
         let name = path.display();
-        let mut out = Neighbors::with_shape(rows, k);
+        let mut out = Neighbors {
+            k,
+            ids: vec![0; rows * k],
+            distances: vec![D::UNWRITTEN; rows * k],
+        };
         let mut done = 0usize;
         let exists = path.exists();
         let mut file = OpenOptions::new()
@@ -132,18 +138,18 @@ impl Checkpointed {
                 }
                 let n = (end - start) * k;
                 let mut ids = vec![0u8; n * 4];
-                let mut dists = vec![0u8; n * 4];
+                let mut dists = vec![0u8; n * D::BYTES];
                 if reader.read_exact(&mut ids).is_err() || reader.read_exact(&mut dists).is_err() {
                     break;
                 }
                 for (j, c) in ids.chunks_exact(4).enumerate() {
                     out.ids[start * k + j] = u32::from_le_bytes(c.try_into().expect("4"));
                 }
-                for (j, c) in dists.chunks_exact(4).enumerate() {
-                    out.distances[start * k + j] = f32::from_le_bytes(c.try_into().expect("4"));
+                for (j, c) in dists.chunks_exact(D::BYTES).enumerate() {
+                    out.distances[start * k + j] = D::get(c);
                 }
                 done = end;
-                pos += 16 + 8 * n as u64;
+                pos += 16 + ((4 + D::BYTES) * n) as u64;
             }
             drop(reader);
             file.set_len(pos)?;
@@ -176,8 +182,8 @@ impl Checkpointed {
         mut self,
         chunk: usize,
         stop_after: Option<usize>,
-        mut rows_of: impl FnMut(std::ops::Range<usize>) -> knn::Result<Neighbors>,
-    ) -> Result<Option<Neighbors>> {
+        mut rows_of: impl FnMut(std::ops::Range<usize>) -> knn::Result<Neighbors<D>>,
+    ) -> Result<Option<Neighbors<D>>> {
         install_handler();
         let rows = self.out.rows();
         let k = self.out.k;
@@ -193,15 +199,13 @@ impl Checkpointed {
             }
             let (start, end) = (self.done, (self.done + chunk).min(rows));
             let part = rows_of(start..end)?;
-            let mut rec = Vec::with_capacity(16 + part.ids.len() * 8);
+            let mut rec = Vec::with_capacity(16 + part.ids.len() * (4 + D::BYTES));
             rec.extend_from_slice(&(start as u64).to_le_bytes());
             rec.extend_from_slice(&(end as u64).to_le_bytes());
             part.ids
                 .iter()
                 .for_each(|v| rec.extend_from_slice(&v.to_le_bytes()));
-            part.distances
-                .iter()
-                .for_each(|v| rec.extend_from_slice(&v.to_le_bytes()));
+            part.distances.iter().for_each(|v| v.put(&mut rec));
             self.file
                 .write_all(&rec)
                 .and_then(|_| self.file.sync_data())
@@ -213,11 +217,11 @@ impl Checkpointed {
         }
         Ok(Some(self.out))
     }
+}
 
-    /// Removes the checkpoint file (after the results were written).
-    pub fn remove(path: &Path) {
-        let _ = std::fs::remove_file(path);
-    }
+/// Removes the checkpoint file (after the results were written).
+pub fn remove(path: &Path) {
+    let _ = std::fs::remove_file(path);
 }
 
 /// Rows per chunk: about 1/64 of the work, at least 4096 rows.

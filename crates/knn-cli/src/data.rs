@@ -42,23 +42,124 @@ impl Points {
     pub fn dim(&self) -> usize {
         self.view().dim()
     }
+    /// The rows for a [`knn::Index`]: moved, or shared in place (a memory map).
+    pub fn into_rows(self) -> knn::Rows {
+        match self {
+            Points::Owned(m) => knn::Rows::from(m),
+            Points::Mapped(m) => knn::Rows::Shared(std::sync::Arc::new(SharedMap(m))),
+        }
+    }
+}
+
+/// A memory-mapped float32 matrix as the rows of an index.
+struct SharedMap(knn_io::MappedF32);
+
+impl AsRef<[f32]> for SharedMap {
+    fn as_ref(&self) -> &[f32] {
+        self.0.values()
+    }
+}
+
+/// Points in the precision their file holds: float32 (and everything that converts to it
+/// exactly), or float64 (float64 `.npy` and HDF5 data, decimal text), kept exact.
+pub enum Data {
+    /// float32 points.
+    F32(Points),
+    /// float64 points, row-major, validated (finite, within the float32 range).
+    F64 { values: Vec<f64>, dim: usize },
+}
+
+impl Data {
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        match self {
+            Data::F32(p) => p.rows(),
+            Data::F64 { values, dim } => values.len() / dim,
+        }
+    }
+    /// Dimension.
+    pub fn dim(&self) -> usize {
+        match self {
+            Data::F32(p) => p.dim(),
+            Data::F64 { dim, .. } => *dim,
+        }
+    }
+    /// Whether the values are float64.
+    pub fn is_f64(&self) -> bool {
+        matches!(self, Data::F64 { .. })
+    }
+    /// The values as the library takes them (`knn::given`).
+    pub fn given(&self) -> knn::given::Given<'_> {
+        match self {
+            Data::F32(p) => knn::given::Given::F32(p.view().as_slice()),
+            Data::F64 { values, .. } => knn::given::Given::F64(values),
+        }
+    }
+    /// The values in f64 (float32 ones widened exactly).
+    pub fn to_f64(&self) -> std::borrow::Cow<'_, [f64]> {
+        match self {
+            Data::F32(p) => p.view().as_slice().iter().map(|&v| f64::from(v)).collect(),
+            Data::F64 { values, .. } => std::borrow::Cow::Borrowed(values),
+        }
+    }
+}
+
+/// Points of `name` from a table read in the precision of its file: float64 values are kept
+/// (validated as the engines validate them: NaN, infinities and values beyond the float32
+/// range named by row and column), float32 ones validated into a matrix.
+pub fn data_from(values: knn_io::Values, name: &str) -> Result<Data> {
+    if values.rows() == 0 {
+        bail!("{name}: no points in the file");
+    }
+    match values {
+        knn_io::Values::F32(t) => Ok(Data::F32(Points::Owned(Matrix::new(name, t.data, t.cols)?))),
+        knn_io::Values::F64(t) => {
+            knn::given::round_to_f32(name, &t.data, t.cols)?;
+            Ok(Data::F64 {
+                values: t.data,
+                dim: t.cols,
+            })
+        }
+    }
+}
+
+/// Loads points for search, graph and verify in the precision of their file (see [`Data`]);
+/// `float32`: every file as float32 (its float32 rounding), as [`load_points`] reads it.
+pub fn load_data(path: &Path, options: &ReadOptions, float32: bool) -> Result<Data> {
+    if float32 {
+        return load_points(path, options).map(Data::F32);
+    }
+    if let Some(points) = mapped_points(path, options)? {
+        return Ok(Data::F32(points));
+    }
+    let values = knn_io::read_values_with(path, options)?;
+    data_from(values, &path.display().to_string())
 }
 
 /// Loads points for search and graph: float32 `.npy` files are mapped in place, record files
 /// too large for memory go through a mapped temporary copy, others are read.
 pub fn load_points(path: &Path, options: &ReadOptions) -> Result<Points> {
+    match mapped_points(path, options)? {
+        Some(points) => Ok(points),
+        None => load_matrix_with(path, options).map(Points::Owned),
+    }
+}
+
+/// A float32 `.npy` file mapped in place, or a record file too large for memory through a
+/// mapped temporary copy; `None` for other files.
+fn mapped_points(path: &Path, options: &ReadOptions) -> Result<Option<Points>> {
     let format = options.format;
     let mapped = match knn_io::map_f32(path, format)? {
         Some(m) => Some(m),
         None if spill(path, format) => knn_io::spill_f32(path, format, &std::env::temp_dir())?,
         None => None,
     };
-    if let Some(m) = mapped {
-        let name = path.display().to_string();
-        MatrixRef::new(&name, m.values(), m.cols())?; // NaN/inf named by row and column
-        return Ok(Points::Mapped(m));
-    }
-    load_matrix_with(path, options).map(Points::Owned)
+    let Some(m) = mapped else {
+        return Ok(None);
+    };
+    let name = path.display().to_string();
+    MatrixRef::new(&name, m.values(), m.cols())?; // NaN/inf named by row and column
+    Ok(Some(Points::Mapped(m)))
 }
 
 /// What the command line says about reading the points of `role` (an HDF5 file's dataset:
@@ -191,8 +292,8 @@ pub const TIE_EPSILON: f64 = 1e-3;
 /// (the result's own distances are not trusted): an entry counts when its id is among the
 /// true k, or is listed further on in the truth's row at a distance no more than the true
 /// k-th plus [`TIE_EPSILON`] (a tie the truth broke otherwise). The fraction of all entries.
-pub fn recall_with_ties(
-    result: &knn::Neighbors,
+pub fn recall_with_ties<D>(
+    result: &knn::Neighbors<D>,
     truth: &Table<i64>,
     distances: &Table<f32>,
 ) -> f64 {

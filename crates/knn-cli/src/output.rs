@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use knn::Neighbors;
-use knn_io::{Format, OutputTarget, Table};
+use knn_io::{Format, IoError, OutputTarget, Table};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -102,6 +102,60 @@ pub fn distances_path(ids: &Path, format: Format) -> PathBuf {
     ids.with_file_name(name)
 }
 
+/// A distance type of results: f32, or f64 for runs on float64 inputs.
+pub trait Distance: Copy + Send + Sync + std::fmt::Debug + 'static {
+    /// Bytes of one value in a checkpoint.
+    const BYTES: usize;
+    /// What a row not yet computed holds.
+    const UNWRITTEN: Self;
+    /// The type in words, for messages.
+    const NAME: &'static str;
+    /// Appends the little-endian bytes of `self`.
+    fn put(self, out: &mut Vec<u8>);
+    /// The value of `BYTES` little-endian bytes.
+    fn get(bytes: &[u8]) -> Self;
+    /// Writes a table of distances to `path` in `format`.
+    fn write(path: &Path, format: Format, t: &Table<Self>) -> Result<(), IoError>;
+    /// Writes a table of distances to `w` in `format`.
+    fn write_to(w: &mut dyn Write, format: Format, t: &Table<Self>) -> Result<(), IoError>;
+}
+
+impl Distance for f32 {
+    const BYTES: usize = 4;
+    const UNWRITTEN: f32 = f32::NAN;
+    const NAME: &'static str = "float32";
+    fn put(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn get(bytes: &[u8]) -> f32 {
+        f32::from_le_bytes(bytes.try_into().expect("4 bytes"))
+    }
+    fn write(path: &Path, format: Format, t: &Table<f32>) -> Result<(), IoError> {
+        knn_io::write_f32(path, Some(format), t)
+    }
+    fn write_to(mut w: &mut dyn Write, format: Format, t: &Table<f32>) -> Result<(), IoError> {
+        knn_io::write_f32_to(&mut w, format, t, "standard output")
+    }
+}
+
+impl Distance for f64 {
+    const BYTES: usize = 8;
+    const UNWRITTEN: f64 = f64::NAN;
+    const NAME: &'static str = "float64";
+    fn put(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn get(bytes: &[u8]) -> f64 {
+        f64::from_le_bytes(bytes.try_into().expect("8 bytes"))
+    }
+    fn write(path: &Path, format: Format, t: &Table<f64>) -> Result<(), IoError> {
+        knn_io::write_f64(path, Some(format), t)
+    }
+    fn write_to(mut w: &mut dyn Write, format: Format, t: &Table<f64>) -> Result<(), IoError> {
+        knn_io::write_f64_to(&mut w, format, t, "standard output")
+    }
+}
+
 /// Where the results of a search or graph go.
 #[derive(Debug)]
 pub struct Plan {
@@ -144,8 +198,23 @@ impl Plan {
         })
     }
 
+    /// Refuses, before any work, a distances file that cannot hold float64 values (fvecs),
+    /// for a run on float64 inputs.
+    pub fn check_float64(&self, inputs: &str) -> Result<()> {
+        if let Some((path, Format::Fvecs)) = &self.distances {
+            bail!(
+                "{}: fvecs holds float32 values, but the distances of {inputs} are float64; \
+                 name a .npy or .csv distances file (--distances {}), or give --float32 to \
+                 compute on the float32 rounding of the inputs",
+                path.display(),
+                path.with_extension("dist.npy").display()
+            );
+        }
+        Ok(())
+    }
+
     /// Writes the results; returns what the summary says about where they went.
-    pub fn write(&self, nn: &Neighbors) -> Result<String> {
+    pub fn write<D: Distance>(&self, nn: &Neighbors<D>) -> Result<String> {
         let rows = nn.rows();
         let ids = Table {
             data: nn.ids.iter().map(|&i| i64::from(i)).collect(),
@@ -183,9 +252,9 @@ impl Plan {
         };
         if is_std_stream(path) {
             let out = std::io::stdout();
-            knn_io::write_f32_to(&mut out.lock(), *format, &d, "standard output")?;
+            D::write_to(&mut out.lock(), *format, &d)?;
         } else {
-            knn_io::write_f32(path, Some(*format), &d)?;
+            D::write(path, *format, &d)?;
         }
         Ok(format!(
             "ids in {}, distances in {}",
@@ -204,8 +273,8 @@ fn distance_format(format: Format) -> Format {
 }
 
 /// One row per query: its k ids, then its k distances (shortest text that reads back to the
-/// same float32).
-pub fn side_by_side_csv(nn: &Neighbors) -> String {
+/// same float32, or float64 for a run on float64 inputs).
+pub fn side_by_side_csv<D: Distance>(nn: &Neighbors<D>) -> String {
     use std::fmt::Write as _;
     let mut s = String::with_capacity(nn.ids.len() * 16);
     for i in 0..nn.rows() {

@@ -3,14 +3,16 @@
 use crate::args::{EngineArgs, GraphArgs, MetricArgs, OutputArgs, SearchArgs, VerifyArgs};
 use crate::checkpoint::{self, chunk_rows, Checkpointed};
 use crate::data::{
-    input_options, load_matrix, load_points, parse_format, Points, BASE_DATASET, QUERY_DATASET,
+    data_from, input_options, load_data, load_matrix, parse_format, Data, BASE_DATASET,
+    QUERY_DATASET,
 };
-use crate::output::{distances_path, is_std_stream, Plan};
+use crate::output::{distances_path, is_std_stream, Distance, Plan};
 use crate::progress::Progress;
 use crate::timing::{self, timed};
 use anyhow::{bail, Context, Result};
 use knn::{
-    Covariance, Device, Knn, KnnError, Method, Metric, MetricExpr, Neighbors, Options, Symmetry,
+    CheckReport, Covariance, Device, Index, Knn, KnnError, Method, Metric, MetricExpr, Neighbors,
+    Options, Symmetry,
 };
 use knn_io::{Format, IoError, ReadOptions};
 use std::path::Path;
@@ -57,6 +59,14 @@ pub fn engine(a: &EngineArgs) -> Result<Knn> {
 
 /// [`engine`] with the symmetric mode of `knn graph`.
 fn engine_with_symmetry(a: &EngineArgs, symmetric: Symmetry) -> Result<Knn> {
+    let opts = options(a, symmetric)?;
+    let knn = Knn::new(&opts)?;
+    gpu_memory_note(&opts, knn.device());
+    Ok(knn)
+}
+
+/// What the engine flags say, as the library's options.
+fn options(a: &EngineArgs, symmetric: Symmetry) -> Result<Options> {
     let device: Device = a.device.parse()?;
     let method: Method = a.method.parse()?;
     let gpu_memory = a.gpu_memory.as_deref().map(parse_bytes).transpose()?;
@@ -64,21 +74,24 @@ fn engine_with_symmetry(a: &EngineArgs, symmetric: Symmetry) -> Result<Knn> {
         None => Vec::new(),
         Some(list) => parse_gpus(list)?,
     };
-    let knn = Knn::new(&Options {
+    Ok(Options {
         device,
         threads: a.threads,
         method,
         gpu_memory,
         gpus,
         symmetric,
-    })?;
-    if device == Device::Auto && knn.device() == Device::Cpu && gpu_memory.is_some() {
+    })
+}
+
+/// A note when `--gpu-memory` was given but no GPU is in use.
+fn gpu_memory_note(opts: &Options, used: Device) {
+    if opts.device == Device::Auto && used == Device::Cpu && opts.gpu_memory.is_some() {
         eprintln!(
             "note: no usable GPU ({}), --gpu-memory ignored",
             knn::gpu_status()
         );
     }
-    Ok(knn)
 }
 
 /// `all` (every usable GPU) or a comma list of CUDA ordinals.
@@ -148,10 +161,10 @@ fn plan(out: &OutputArgs, inputs: &[&Path]) -> Result<Option<Plan>> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn finish(
+fn finish<D: Distance>(
     what: &str,
     unit: &str,
-    nn: &Neighbors,
+    nn: &Neighbors<D>,
     times: &[f64],
     out: &OutputArgs,
     plan: Option<Plan>,
@@ -161,7 +174,7 @@ fn finish(
     let (med, runs) = timing::summary(times, out.timing_json.as_deref())?;
     let written = plan.map(|p| p.write(nn)).transpose()?;
     if let (Some(c), Some(_)) = (&out.checkpoint, &written) {
-        Checkpointed::remove(c);
+        checkpoint::remove(c);
     }
     if !quiet {
         let rate = nn.rows() as f64 / (med / 1e3);
@@ -177,7 +190,7 @@ fn finish(
 /// Runs the whole computation (`repeat` times), or, with `--checkpoint`, the rows in saved
 /// chunks (`rows_of(range)`). `None`: stopped by Ctrl-C with the checkpoint saved.
 #[allow(clippy::too_many_arguments)]
-fn compute(
+fn compute<D: Distance>(
     what: &str,
     out: &OutputArgs,
     rows: usize,
@@ -185,8 +198,8 @@ fn compute(
     fingerprint: impl FnOnce() -> Result<u64>,
     inputs: &[&Path],
     quiet: bool,
-    rows_of: impl Fn(std::ops::Range<usize>, &Progress) -> knn::Result<Neighbors>,
-) -> Result<Option<(Neighbors, Vec<f64>)>> {
+    rows_of: impl Fn(std::ops::Range<usize>, &Progress) -> knn::Result<Neighbors<D>>,
+) -> Result<Option<(Neighbors<D>, Vec<f64>)>> {
     let progress = Progress::new(what, rows, quiet);
     let Some(path) = &out.checkpoint else {
         let r = timed(out.repeat, || rows_of(0..rows, &progress))?;
@@ -203,7 +216,7 @@ fn compute(
     if canon(path).is_some() && inputs.iter().any(|i| canon(i) == canon(path)) {
         bail!("{}: the checkpoint cannot be an input file", path.display());
     }
-    let state = Checkpointed::open(path, fingerprint()?, rows, k)?;
+    let state = Checkpointed::<D>::open(path, fingerprint()?, rows, k)?;
     if state.done() > 0 && !quiet {
         eprintln!(
             "{what}: resuming from {}: {} of {rows} rows already done",
@@ -218,23 +231,34 @@ fn compute(
     Ok(result.map(|nn| (nn, vec![t.elapsed().as_secs_f64() * 1e3])))
 }
 
-/// The metric as the checkpoint fingerprint sees it (the covariance file is an input).
-fn metric_tag(a: &MetricArgs) -> String {
-    match &a.metric_expr {
+/// The metric as the checkpoint fingerprint sees it (the covariance file is an input), and
+/// the precision of a float64 run (its checkpoint holds float64 distances).
+fn metric_tag<D: Distance>(a: &MetricArgs) -> String {
+    let metric = match &a.metric_expr {
         Some(e) => format!("expr:{e}"),
         None => a.metric.as_deref().unwrap_or("l2").to_ascii_lowercase(),
+    };
+    match D::BYTES {
+        4 => metric,
+        _ => format!("{metric}|{}", D::NAME),
     }
 }
 
-/// Reads the points of `path` for search and graph; `-` is standard input (read whole, at
-/// most once: `stdin_taken`). A 1-D npy array is refused with scikit-learn's hint.
-fn read_points(path: &Path, options: &ReadOptions, stdin_taken: &mut bool) -> Result<Points> {
+/// Reads the points of `path` for search and graph in the precision of the file (see
+/// [`Data`]; `float32`: rounded to float32); `-` is standard input (read whole, at most once:
+/// `stdin_taken`). A 1-D npy array is refused with scikit-learn's hint.
+fn read_points(
+    path: &Path,
+    options: &ReadOptions,
+    float32: bool,
+    stdin_taken: &mut bool,
+) -> Result<Data> {
     let format = options.format;
     if !is_std_stream(path) {
         if let Ok(dims) = knn_io::array_dims(path, format) {
             refuse_one_d(dims, &path.display().to_string())?;
         }
-        return load_points(path, options).map_err(input_format_hint);
+        return load_data(path, options, float32).map_err(input_format_hint);
     }
     if std::mem::replace(stdin_taken, true) {
         bail!("only one input can be read from standard input (-); give the other as a file");
@@ -253,14 +277,58 @@ fn read_points(path: &Path, options: &ReadOptions, stdin_taken: &mut bool) -> Re
         ),
     };
     refuse_one_d(knn_io::array_dims_from_bytes(&bytes, format, name), name)?;
-    let t = match format {
-        Format::Csv => knn_io::read_csv_f32_from_bytes(&bytes, &options.csv, name)?,
-        _ => knn_io::read_f32_from_bytes(&bytes, format, name)?,
-    };
-    if t.rows == 0 {
-        bail!("{name}: no points");
+    if float32 {
+        let t = match format {
+            Format::Csv => knn_io::read_csv_f32_from_bytes(&bytes, &options.csv, name)?,
+            _ => knn_io::read_f32_from_bytes(&bytes, format, name)?,
+        };
+        return data_from(knn_io::Values::F32(t), name);
     }
-    Ok(Points::Owned(knn::Matrix::new(name, t.data, t.cols)?))
+    data_from(
+        knn_io::read_values_from_bytes(&bytes, format, &options.csv, name)?,
+        name,
+    )
+}
+
+/// A float64 run: refuses the metrics that take float32 values (Mahalanobis, expressions)
+/// with the fix, and a distances file that cannot hold float64, before any work.
+fn check_float64(metric: &Metric, plan: Option<&Plan>, inputs: &[(&Path, &Data)]) -> Result<()> {
+    let files: Vec<String> = inputs
+        .iter()
+        .filter(|(_, d)| d.is_f64())
+        .map(|(p, _)| {
+            if is_std_stream(p) {
+                "standard input".to_owned()
+            } else {
+                p.display().to_string()
+            }
+        })
+        .collect();
+    let hold = if files.len() == 1 { "holds" } else { "hold" };
+    let files = files.join(" and ");
+    knn::given::check_given(metric, true).map_err(|e| {
+        anyhow::anyhow!(
+            "{e}. {files} {hold} float64 values (float64 .npy or HDF5 data, or decimal text): \
+             give --float32 to compute on their float32 rounding"
+        )
+    })?;
+    if let Some(plan) = plan {
+        plan.check_float64(&files)?;
+    }
+    Ok(())
+}
+
+/// The device of an index in words ("on the CPU", "on GPU 0"), with the method asked for
+/// when one was.
+fn index_in_words(index: &Index, method: &str) -> String {
+    let device = match index.device() {
+        Device::Cuda(n) => format!("on GPU {n}"),
+        _ => "on the CPU".to_owned(),
+    };
+    match method {
+        "auto" => device,
+        m => format!("{} {device}", method_in_words(m)),
+    }
 }
 
 /// A 1-D array is refused as scikit-learn refuses it: one point or one coordinate per point?
@@ -317,20 +385,23 @@ fn name_the_file(e: anyhow::Error, base: &Path, queries: &Path) -> anyhow::Error
     )
 }
 
+/// A method (of `--method`, or of an engine's name) in the user's words.
+fn method_in_words(m: &str) -> &str {
+    match m {
+        "cpu" | "fused" | "brute" => "brute force",
+        "grid" => "exact grid",
+        "global" => "seed 000's global-memory kernel",
+        "texture" => "seed 000's texture-memory kernel",
+        "cublas" => "seed 000's cuBLAS kernel",
+        other => other,
+    }
+}
+
 /// The method and device of the engine named `name` in the user's words: "brute force on the
 /// CPU", "exact grid on GPU 0", "brute force on GPUs 0, 1".
 pub fn in_words(name: &str) -> String {
     let parts: Vec<&str> = name.split('+').collect();
-    fn method(m: &str) -> &str {
-        match m {
-            "cpu" | "fused" | "brute" => "brute force",
-            "grid" => "exact grid",
-            "global" => "seed 000's global-memory kernel",
-            "texture" => "seed 000's texture-memory kernel",
-            "cublas" => "seed 000's cuBLAS kernel",
-            other => other,
-        }
-    }
+    let method = method_in_words;
     let gpu = |p: &str| -> Option<(String, String)> {
         let rest = p.strip_prefix("cuda:")?;
         let (n, m) = rest.split_once('/').unwrap_or((rest, "fused"));
@@ -370,16 +441,27 @@ pub fn search(a: &SearchArgs, quiet: bool) -> Result<ExitCode> {
         bail!("only one input can be read from standard input (-); give the other as a file");
     }
     let mut stdin_taken = false;
-    let base = read_points(&a.base, &base_options, &mut stdin_taken)?;
-    let queries = read_points(&a.queries, &query_options, &mut stdin_taken)?;
+    let base = read_points(&a.base, &base_options, a.float32, &mut stdin_taken)?;
+    let queries = read_points(&a.queries, &query_options, a.float32, &mut stdin_taken)?;
     let metric = metric_for(&a.metric, &[&a.base, &a.queries])?;
+    if base.is_f64() || queries.is_f64() {
+        check_float64(
+            &metric,
+            plan.as_ref(),
+            &[(&a.base, &base), (&a.queries, &queries)],
+        )?;
+        return search_f64(a, base, queries, metric, plan, &inputs, quiet);
+    }
+    let (Data::F32(base), Data::F32(queries)) = (base, queries) else {
+        unreachable!("float32 inputs")
+    };
     let knn = engine(&a.engine)?;
     let Some((nn, times)) = compute(
         "search",
         &a.out,
         queries.rows(),
         a.k,
-        || checkpoint::fingerprint("search", a.k, &metric_tag(&a.metric), &inputs),
+        || checkpoint::fingerprint("search", a.k, &metric_tag::<f32>(&a.metric), &inputs),
         &inputs,
         quiet,
         |r, progress| {
@@ -408,14 +490,79 @@ pub fn search(a: &SearchArgs, quiet: bool) -> Result<ExitCode> {
     )
 }
 
+/// `knn search` where the base or the queries are float64: exact for the float64 values
+/// (the library's `Index` of the base, `search_f64` of the queries, float32 ones widened),
+/// distances in float64.
+fn search_f64(
+    a: &SearchArgs,
+    base: Data,
+    queries: Data,
+    metric: Metric,
+    plan: Option<Plan>,
+    inputs: &[&Path],
+    quiet: bool,
+) -> Result<ExitCode> {
+    let (nb, nq, dim) = (base.rows(), queries.rows(), base.dim());
+    if queries.dim() != dim {
+        return Err(KnnError::DimMismatch {
+            base: dim,
+            queries: queries.dim(),
+        }
+        .into());
+    }
+    let q = queries.to_f64();
+    let rows = match base {
+        Data::F32(points) => points.into_rows(),
+        Data::F64 { values, .. } => knn::Rows::OwnedF64(values),
+    };
+    let opts = options(&a.engine, Symmetry::Auto)?;
+    let index = Index::new(rows, dim, metric.clone(), &opts)
+        .map_err(|e| name_the_file(e.into(), &a.base, &a.queries))?;
+    gpu_memory_note(&opts, index.device());
+    let Some((nn, times)) = compute(
+        "search",
+        &a.out,
+        nq,
+        a.k,
+        || checkpoint::fingerprint("search", a.k, &metric_tag::<f64>(&a.metric), inputs),
+        inputs,
+        quiet,
+        |r, progress| {
+            let offset = r.start;
+            index.search_f64(&q[r.start * dim..r.end * dim], a.k, &|d, _| {
+                progress.update(offset + d, nq)
+            })
+        },
+    )
+    .map_err(|e| name_the_file(e, &a.base, &a.queries))?
+    else {
+        return Ok(ExitCode::from(130));
+    };
+    let describe = format!(
+        "{nq} queries × {nb} base points (d={dim}), k={}, {metric}, {}, float64 values",
+        a.k,
+        index_in_words(&index, &a.engine.method)
+    );
+    finish(
+        "search", "queries", &nn, &times, &a.out, plan, quiet, describe,
+    )
+}
+
 pub fn graph(a: &GraphArgs, quiet: bool) -> Result<ExitCode> {
     let mut inputs: Vec<&Path> = vec![&a.points];
     inputs.extend(a.metric.covariance.as_deref());
     let plan = plan(&a.out, &inputs)?;
     let options = input_options(&a.input_format, &a.text, Some(BASE_DATASET))?;
-    let points = read_points(&a.points, &options, &mut false)?;
+    let points = read_points(&a.points, &options, a.float32, &mut false)?;
     let metric = metric_for(&a.metric, &[&a.points])?;
     let symmetric: Symmetry = a.symmetric.parse().context("--symmetric")?;
+    if points.is_f64() {
+        check_float64(&metric, plan.as_ref(), &[(&a.points, &points)])?;
+        return graph_f64(a, points, metric, symmetric, plan, &inputs, quiet);
+    }
+    let Data::F32(points) = points else {
+        unreachable!("float32 points")
+    };
     let knn = engine_with_symmetry(&a.engine, symmetric)?;
     let n = points.rows();
     let Some((nn, times)) = compute(
@@ -423,7 +570,7 @@ pub fn graph(a: &GraphArgs, quiet: bool) -> Result<ExitCode> {
         &a.out,
         n,
         a.k,
-        || checkpoint::fingerprint("graph", a.k, &metric_tag(&a.metric), &inputs),
+        || checkpoint::fingerprint("graph", a.k, &metric_tag::<f32>(&a.metric), &inputs),
         &inputs,
         quiet,
         |r, progress| {
@@ -454,13 +601,61 @@ pub fn graph(a: &GraphArgs, quiet: bool) -> Result<ExitCode> {
     )
 }
 
-fn read_result(ids: &Path, dists: Option<&Path>) -> Result<Neighbors> {
+/// `knn graph` of float64 points: exact for the float64 values (the library's `Index` and
+/// `graph_rows_f64`), distances in float64.
+#[allow(clippy::too_many_arguments)]
+fn graph_f64(
+    a: &GraphArgs,
+    points: Data,
+    metric: Metric,
+    symmetric: Symmetry,
+    plan: Option<Plan>,
+    inputs: &[&Path],
+    quiet: bool,
+) -> Result<ExitCode> {
+    let (n, dim) = (points.rows(), points.dim());
+    let Data::F64 { values, .. } = points else {
+        unreachable!("float64 points")
+    };
+    let opts = options(&a.engine, symmetric)?;
+    let index = Index::new(values, dim, metric.clone(), &opts)
+        .map_err(|e| name_the_file(e.into(), &a.points, &a.points))?;
+    gpu_memory_note(&opts, index.device());
+    let Some((nn, times)) = compute(
+        "graph",
+        &a.out,
+        n,
+        a.k,
+        || checkpoint::fingerprint("graph", a.k, &metric_tag::<f64>(&a.metric), inputs),
+        inputs,
+        quiet,
+        |r, progress| {
+            let offset = r.start;
+            index.graph_rows_f64(r, a.k, &|d, _| progress.update(offset + d, n))
+        },
+    )
+    .map_err(|e| name_the_file(e, &a.points, &a.points))?
+    else {
+        return Ok(ExitCode::from(130));
+    };
+    let describe = format!(
+        "{n} points (d={dim}), k={}, {metric}, {}, float64 values",
+        a.k,
+        index_in_words(&index, &a.engine.method)
+    );
+    finish(
+        "graph", "points", &nn, &times, &a.out, plan, quiet, describe,
+    )
+}
+
+/// A result file: its ids, and its distances (float32 or float64, as written) in f64.
+fn read_result(ids: &Path, dists: Option<&Path>) -> Result<Neighbors<f64>> {
     let t = knn_io::read_i64(ids, None)?;
     let ids_format = Format::from_path(ids)?;
     let dpath = dists
         .map(Path::to_path_buf)
         .unwrap_or_else(|| distances_path(ids, ids_format));
-    let d = knn_io::read_f32(&dpath, None)
+    let d = knn_io::read_f64(&dpath, None)
         .with_context(|| format!("result distances {}", dpath.display()))?;
     if (d.rows, d.cols) != (t.rows, t.cols) {
         bail!(
@@ -516,7 +711,12 @@ pub fn verify(a: &VerifyArgs, quiet: bool) -> Result<ExitCode> {
             .iter()
             .map(|&v| v.clamp(0, u32::MAX as i64) as u32)
             .collect();
-        let recall = knn::id_recall(&result, &ids, truth.cols);
+        let result_ids = Neighbors::<f32> {
+            k,
+            ids: result.ids.clone(),
+            distances: Vec::new(),
+        };
+        let recall = knn::id_recall(&result_ids, &ids, truth.cols);
         match &distances {
             Some(d) => {
                 let with_ties = crate::data::recall_with_ties(&result, &truth, d);
@@ -538,28 +738,46 @@ pub fn verify(a: &VerifyArgs, quiet: bool) -> Result<ExitCode> {
         }
     }
     if let Some(b) = &a.base {
-        let base = load_points(b, &input_options(&None, &a.text, Some(BASE_DATASET))?)?;
+        let base_options = input_options(&None, &a.text, Some(BASE_DATASET))?;
+        let base = load_data(b, &base_options, a.float32)?;
         let query_options = input_options(&None, &a.text, Some(QUERY_DATASET))?;
         let queries = a
             .queries
             .as_ref()
-            .map(|q| load_points(q, &query_options))
+            .map(|q| load_data(q, &query_options, a.float32))
             .transpose()?;
         let mut inputs: Vec<&Path> = vec![b];
         inputs.extend(a.queries.as_deref());
         let metric = metric_for(&a.metric, &inputs)?;
+        let mut files = vec![(b.as_path(), &base)];
+        files.extend(a.queries.as_deref().zip(queries.as_ref()));
+        let f64_rows = files.iter().any(|(_, d)| d.is_f64());
+        if f64_rows {
+            check_float64(&metric, None, &files)?;
+        }
+        if let Some(q) = &queries {
+            if q.dim() != base.dim() {
+                return Err(KnnError::DimMismatch {
+                    base: base.dim(),
+                    queries: q.dim(),
+                }
+                .into());
+            }
+        }
         let t0 = Instant::now();
-        let rep = knn::check(
-            base.view(),
-            queries.as_ref().map(|q| q.view()),
+        let rep = CheckReport::of_given(
+            base.given(),
+            queries.as_ref().map(Data::given),
+            base.dim(),
             k,
             &metric,
             &result,
             knn::DEFAULT_TOLERANCE,
         )?;
         ok &= rep.passed() && rep.recall >= a.min_recall;
+        let values = if f64_rows { "float64 values, " } else { "" };
         println!(
-            "exact check ({} rows, {metric}, f64 oracle, {:.1} s): tie-aware recall {:.6}, worst distance error {:.3e} (relative), {} bad rows{}",
+            "exact check ({} rows, {metric}, {values}f64 oracle, {:.1} s): tie-aware recall {:.6}, worst distance error {:.3e} (relative), {} bad rows{}",
             rep.rows,
             t0.elapsed().as_secs_f64(),
             rep.recall,

@@ -69,8 +69,20 @@ fn graph_csv_and_metrics() {
         "mahalanobis",
     ] {
         let out = p(dir.path(), &format!("g_{m}.csv"));
-        ok(&graph_cpu(&pts, "4", &["-m", m, "-o", &out, "--quiet"]));
-        ok(&["verify", "-r", &out, "-b", &pts, "-m", m, "--quiet"]);
+        // CSV text is float64 input; mahalanobis takes float32 values: --float32 says to
+        // compute on their rounding (refused without it, see tests/float64.rs).
+        let f32_only: &[&str] = if m == "mahalanobis" {
+            &["--float32"]
+        } else {
+            &[]
+        };
+        let args = [&["-m", m, "-o", &out, "--quiet"], f32_only].concat();
+        ok(&graph_cpu(&pts, "4", &args));
+        ok(&[
+            &["verify", "-r", &out, "-b", &pts, "-m", m, "--quiet"],
+            f32_only,
+        ]
+        .concat());
     }
     let text = std::fs::read_to_string(p(dir.path(), "g_l2.csv")).unwrap();
     assert_eq!(text.lines().count(), 120);
@@ -488,7 +500,10 @@ fn metric_expr_errors_point_at_the_column() {
     let neg = p(dir.path(), "neg.csv");
     std::fs::write(&neg, "0.5,1\n2,-3\n1,1\n").unwrap();
     let sqrt_expr = "acc + (sqrt(x) - sqrt(y))^2";
-    let e = fails(&graph_cpu(&neg, "1", &["--metric-expr", sqrt_expr]), 2);
+    let e = fails(
+        &graph_cpu(&neg, "1", &["--metric-expr", sqrt_expr, "--float32"]),
+        2,
+    );
     assert!(e.contains("row 1, column 1 (value -3)"), "{e}");
     let both = ["-m", "l1", "--metric-expr", "acc + abs(x - y)"];
     let e = fails(&graph_args(&b, "3", &both), 2);

@@ -1,7 +1,8 @@
 //! The f64 brute-force oracle and the tie-aware check that every engine, test and `knn verify`
 //! use.
 
-use crate::error::Result;
+use crate::error::{KnnError, Result};
+use crate::given::{check_given, round_to_f32, Given};
 use crate::matrix::MatrixRef;
 use crate::metric::Metric;
 use crate::neighbors::Neighbors;
@@ -97,13 +98,156 @@ pub fn check_with_truth(
     truth: &Neighbors,
     tol: f64,
 ) -> Result<CheckReport> {
+    check_against(base, queries, k, metric, result, truth, tol)
+}
+
+/// [`check_with_truth`] of a result with distances of any precision.
+fn check_against<D: Copy + Into<f64> + std::fmt::Display + Sync>(
+    base: MatrixRef<'_>,
+    queries: Option<MatrixRef<'_>>,
+    k: usize,
+    metric: &Metric,
+    result: &Neighbors<D>,
+    truth: &Neighbors,
+    tol: f64,
+) -> Result<CheckReport> {
     let prep = prepare(metric, base, queries)?;
     let xb = prep.exact_base.view();
     let xq = prep.exact_queries().unwrap_or(xb);
+    let rows = Rows {
+        queries: xq.rows(),
+        base: xb.rows(),
+        self_join: queries.is_none(),
+    };
+    let exact = |i: usize, id: usize| {
+        metric.distance_from_key(metric.exact_key(xq.row(i), xb.row(id))) as f64
+    };
+    let kth = |i: usize| truth.distances_of(i)[k - 1] as f64;
+    Ok(check_rows(rows, k, metric, result, &kth, &exact, tol))
+}
+
+impl CheckReport {
+    /// [`check`] of rows given in f32 or f64 (see [`crate::given`]): the truth is the k
+    /// nearest under the given values, found by brute force in f64, with distances in f64
+    /// ([`Metric::distance_from_key_f64`]), so an answer computed on the f32 rounding of f64
+    /// rows fails where the rounding changed it. `queries` `None`: a graph of `base`. The
+    /// result's distances may be f32 or f64; each is compared with the f64 distance of the
+    /// given rows within `tol` as [`check`] compares. Rows given in f32 alone are checked as
+    /// [`check`] checks them; Mahalanobis and expression metrics refuse f64 rows (as
+    /// [`crate::given::check_given`] says), and NaN, infinite or (for f64) beyond-f32 values
+    /// are refused as [`crate::given::round_to_f32`] refuses them.
+    pub fn of_given<D: Copy + Into<f64> + std::fmt::Display + Sync>(
+        base: Given<'_>,
+        queries: Option<Given<'_>>,
+        dim: usize,
+        k: usize,
+        metric: &Metric,
+        result: &Neighbors<D>,
+        tol: f64,
+    ) -> Result<CheckReport> {
+        let any_f64 = base.is_f64() || queries.is_some_and(|q| q.is_f64());
+        check_given(metric, any_f64)?;
+        if let (false, Given::F32(b), None | Some(Given::F32(_))) = (any_f64, base, queries) {
+            // f32 rows: the f32 oracle and check (Mahalanobis in its whitened space too).
+            let b = MatrixRef::new("base", b, dim)?;
+            let q = match queries {
+                Some(Given::F32(q)) => Some(MatrixRef::new("queries", q, dim)?),
+                _ => None,
+            };
+            let truth = oracle(b, q, k, metric)?;
+            return check_against(b, q, k, metric, result, &truth, tol);
+        }
+        // NaN, infinities and values beyond f32's range refused as the engines refuse them.
+        validate("base", base, dim)?;
+        if let Some(q) = queries {
+            validate("queries", q, dim)?;
+        }
+        let q_given = queries.unwrap_or(base);
+        let rows = Rows {
+            queries: q_given.len() / dim,
+            base: base.len() / dim,
+            self_join: queries.is_none(),
+        };
+        let available = rows.base - usize::from(rows.self_join);
+        if k == 0 || k > available {
+            return Err(KnnError::Option(format!(
+                "k={k} but there are {available} points to choose from"
+            )));
+        }
+        // The truth: the k nearest of every query under the given values, by (key, id).
+        let kth: Vec<f64> = (0..rows.queries)
+            .into_par_iter()
+            .map(|i| {
+                let skip = rows.self_join.then_some(i);
+                let mut keys: Vec<(f64, usize)> = (0..rows.base)
+                    .filter(|&b| Some(b) != skip)
+                    .map(|b| (given_key(metric, q_given, i, base, b, dim), b))
+                    .collect();
+                let cmp =
+                    |a: &(f64, usize), b: &(f64, usize)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
+                keys.select_nth_unstable_by(k - 1, cmp);
+                metric.distance_from_key_f64(keys[k - 1].0)
+            })
+            .collect();
+        let exact = |i: usize, id: usize| {
+            metric.distance_from_key_f64(given_key(metric, q_given, i, base, id, dim))
+        };
+        Ok(check_rows(
+            rows,
+            k,
+            metric,
+            result,
+            &|i| kth[i],
+            &exact,
+            tol,
+        ))
+    }
+}
+
+/// Refuses rows the engines refuse: a shape that is no whole number of rows, NaN, infinities
+/// and (for f64) values beyond f32's range.
+fn validate(what: &str, g: Given<'_>, dim: usize) -> Result<()> {
+    match g {
+        Given::F32(v) => MatrixRef::new(what, v, dim).map(|_| ()),
+        Given::F64(v) => round_to_f32(what, v, dim).map(|_| ()),
+    }
+}
+
+/// The exact key of query row `qi` of `q` and base row `bi` of `b`, in their given types.
+fn given_key(metric: &Metric, q: Given<'_>, qi: usize, b: Given<'_>, bi: usize, dim: usize) -> f64 {
+    let (qs, bs) = (qi * dim..(qi + 1) * dim, bi * dim..(bi + 1) * dim);
+    match (q, b) {
+        (Given::F32(q), Given::F32(b)) => metric.exact_key(&q[qs], &b[bs]),
+        (Given::F32(q), Given::F64(b)) => metric.exact_key(&q[qs], &b[bs]),
+        (Given::F64(q), Given::F32(b)) => metric.exact_key(&q[qs], &b[bs]),
+        (Given::F64(q), Given::F64(b)) => metric.exact_key(&q[qs], &b[bs]),
+    }
+}
+
+/// The shape of a checked problem.
+#[derive(Clone, Copy)]
+struct Rows {
+    queries: usize,
+    base: usize,
+    /// A graph: a row's own id may not be returned.
+    self_join: bool,
+}
+
+/// The tie-aware check of [`check_with_truth`], on any rows: `kth(i)` is the true k-th
+/// distance of row `i`, `exact(i, id)` the exact distance of row `i` to base point `id`.
+fn check_rows<D: Copy + Into<f64> + std::fmt::Display + Sync>(
+    shape: Rows,
+    k: usize,
+    metric: &Metric,
+    result: &Neighbors<D>,
+    kth: &(dyn Fn(usize) -> f64 + Sync),
+    exact: &(dyn Fn(usize, usize) -> f64 + Sync),
+    tol: f64,
+) -> CheckReport {
     let sim = metric.is_similarity();
-    let nq = xq.rows();
+    let nq = shape.queries;
     if result.k != k || result.rows() != nq {
-        return Ok(CheckReport {
+        return CheckReport {
             rows: nq,
             bad_rows: nq,
             recall: 0.0,
@@ -113,12 +257,12 @@ pub fn check_with_truth(
                 result.rows(),
                 result.k
             )),
-        });
+        };
     }
     let per_row: Vec<(usize, f64, Option<String>)> = (0..nq)
         .into_par_iter()
         .map(|i| {
-            let kth = truth.distances_of(i)[k - 1] as f64;
+            let kth = kth(i);
             let scale = kth.abs().max(f64::MIN_POSITIVE);
             let slack = tol * scale + 1e-30;
             let ids = result.ids_of(i);
@@ -134,7 +278,7 @@ pub fn check_with_truth(
                         *problem = Some(format!("row {i}, position {j}: {p}"));
                     }
                 };
-                if id as usize >= xb.rows() {
+                if id as usize >= shape.base {
                     say(format!("id {id} out of range"), &mut problem);
                     continue;
                 }
@@ -142,16 +286,15 @@ pub fn check_with_truth(
                     say(format!("id {id} repeated"), &mut problem);
                     continue;
                 }
-                if queries.is_none() && id as usize == i {
+                if shape.self_join && id as usize == i {
                     say("the point itself was returned".into(), &mut problem);
                     continue;
                 }
-                let exact = metric
-                    .distance_from_key(metric.exact_key(xq.row(i), xb.row(id as usize)))
-                    as f64;
-                let e = (dists[j] as f64 - exact).abs();
+                let exact = exact(i, id as usize);
+                let reported: f64 = dists[j].into();
+                let e = (reported - exact).abs();
                 err = err.max(e / scale);
-                if exact == 0.0 && dists[j] != 0.0 {
+                if exact == 0.0 && reported != 0.0 {
                     say(
                         format!("id {id} is identical but reported at distance {}", dists[j]),
                         &mut problem,
@@ -176,7 +319,7 @@ pub fn check_with_truth(
                     );
                 }
                 if j > 0 {
-                    let (a, b) = (dists[j - 1], dists[j]);
+                    let (a, b): (f64, f64) = (dists[j - 1].into(), reported);
                     let disordered = if sim { b > a } else { b < a };
                     if disordered || (a == b && ids[j - 1] > id) {
                         say("row not ordered by (distance, id)".into(), &mut problem);
@@ -206,7 +349,7 @@ pub fn check_with_truth(
     } else {
         good as f64 / (nq * k) as f64
     };
-    Ok(rep)
+    rep
 }
 
 /// Plain id recall of `result` against ground-truth ids (`truth_k` per row, the first `k`
@@ -228,4 +371,149 @@ pub fn id_recall(result: &Neighbors, truth: &[u32], truth_k: usize) -> f64 {
         })
         .sum();
     hits as f64 / (rows * k) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metric::Covariance;
+
+    /// The case: 1-D points closer together than an f32 step.
+    const BASE: [f64; 4] = [1.0, 1.0 + 1e-9, 1.0 + 2e-9, 1.0 - 3e-9];
+    const QUERY: [f64; 1] = [1.0 + 2.1e-9];
+
+    fn answer<D>(ids: &[u32], distances: Vec<D>) -> Neighbors<D> {
+        Neighbors {
+            k: ids.len(),
+            ids: ids.to_vec(),
+            distances,
+        }
+    }
+
+    fn check_f64<D: Copy + Into<f64> + std::fmt::Display + Sync>(
+        result: &Neighbors<D>,
+    ) -> CheckReport {
+        let q = Some(Given::F64(&QUERY));
+        CheckReport::of_given(
+            Given::F64(&BASE),
+            q,
+            1,
+            4,
+            &Metric::L2,
+            result,
+            DEFAULT_TOLERANCE,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn f64_rows_are_checked_against_their_own_values() {
+        let exact = [0.1e-9, 1.1e-9, 2.1e-9, 5.1e-9];
+        let exact: Vec<f64> = [2usize, 1, 0, 3]
+            .iter()
+            .zip(exact)
+            .map(|(&i, _)| (QUERY[0] - BASE[i]).abs())
+            .collect();
+        let right = check_f64(&answer(&[2, 1, 0, 3], exact.clone()));
+        assert!(right.passed() && right.recall == 1.0, "{right:?}");
+        // The same answer with its distances in f32 passes too (within the tolerance).
+        let narrowed: Vec<f32> = exact.iter().map(|&d| d as f32).collect();
+        assert!(check_f64(&answer(&[2, 1, 0, 3], narrowed)).passed());
+        // The answer of the f32 rounding: every point at 0, ids in order.
+        let rounded = check_f64(&answer(&[0, 1, 2, 3], vec![0.0f32; 4]));
+        assert!(!rounded.passed(), "{rounded:?}");
+        assert_eq!(rounded.bad_rows, 1);
+        let p = rounded.first_problem.unwrap();
+        assert!(p.contains("row 0, position 0: id 0: reported 0"), "{p}");
+        // The right ids in the wrong order.
+        let swapped = check_f64(&answer(
+            &[1, 2, 0, 3],
+            vec![exact[1], exact[0], exact[2], exact[3]],
+        ));
+        assert!(!swapped.passed());
+        // k = 2: a far id fails recall.
+        let q = Some(Given::F64(&QUERY[..]));
+        let two = answer(&[2, 0], vec![exact[0], exact[2]]);
+        let r = CheckReport::of_given(Given::F64(&BASE), q, 1, 2, &Metric::L2, &two, 1e-5).unwrap();
+        assert!(!r.passed() && r.recall == 0.5, "{r:?}");
+    }
+
+    #[test]
+    fn f64_graphs_and_mixed_rows() {
+        // Graph: each point's 3 nearest other points by (f64 distance, id).
+        let d = |a: usize, b: usize| (BASE[a] - BASE[b]).abs();
+        let mut rows = answer(&[], Vec::new());
+        rows.k = 3;
+        for i in 0..4 {
+            let mut others: Vec<(f64, u32)> = (0..4)
+                .filter(|&j| j != i)
+                .map(|j| (d(i, j), j as u32))
+                .collect();
+            others.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            rows.ids.extend(others.iter().map(|p| p.1));
+            rows.distances.extend(others.iter().map(|p| p.0));
+        }
+        assert_eq!(rows.ids_of(0), &[1, 2, 3]);
+        let r =
+            CheckReport::of_given(Given::F64(&BASE), None, 1, 3, &Metric::L2, &rows, 1e-5).unwrap();
+        assert!(r.passed(), "{r:?}");
+        // The point itself is refused.
+        let mut own = rows.clone();
+        own.ids[0] = 0;
+        let r =
+            CheckReport::of_given(Given::F64(&BASE), None, 1, 3, &Metric::L2, &own, 1e-5).unwrap();
+        assert!(r.first_problem.unwrap().contains("the point itself"));
+        // f32 queries against f64 rows: checked against the f64 values.
+        let q32 = [1.0f32];
+        let nn = answer(&[0, 1, 2], vec![0.0, 1e-9, 2e-9]);
+        let r = CheckReport::of_given(
+            Given::F64(&BASE),
+            Some(Given::F32(&q32)),
+            1,
+            3,
+            &Metric::L2,
+            &nn,
+            1e-5,
+        )
+        .unwrap();
+        assert!(r.passed(), "{r:?}");
+    }
+
+    #[test]
+    fn f32_rows_are_checked_as_check_does_and_f64_refusals() {
+        let base = [0.0f32, 0.0, 1.0, 0.0, 5.0, 5.0];
+        let q = [0.9f32, 0.1];
+        let b = MatrixRef::new("base", &base, 2).unwrap();
+        let qm = MatrixRef::new("queries", &q, 2).unwrap();
+        let nn = oracle(b, Some(qm), 2, &Metric::L2).unwrap();
+        let r = CheckReport::of_given(
+            Given::F32(&base),
+            Some(Given::F32(&q)),
+            2,
+            2,
+            &Metric::L2,
+            &nn,
+            1e-5,
+        )
+        .unwrap();
+        assert_eq!(r, check(b, Some(qm), 2, &Metric::L2, &nn, 1e-5).unwrap());
+        assert!(r.passed());
+        let maha = Metric::Mahalanobis(Covariance::FromBase);
+        let e = CheckReport::of_given(Given::F64(&BASE), None, 1, 1, &maha, &nn, 1e-5)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("float64") && e.contains("float32"), "{e}");
+        let nan = [1.0, f64::NAN];
+        let e = CheckReport::of_given(Given::F64(&nan), None, 1, 1, &Metric::L2, &nn, 1e-5)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("base: row 1, column 0") && e.contains("NaN"),
+            "{e}"
+        );
+        let e = CheckReport::of_given(Given::F64(&BASE), None, 1, 4, &Metric::L2, &nn, 1e-5)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("k=4") && e.contains('3'), "{e}");
+    }
 }

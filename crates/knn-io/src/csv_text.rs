@@ -154,6 +154,21 @@ impl CsvCell for f32 {
     }
 }
 
+impl CsvCell for f64 {
+    fn parse_cell(text: &str) -> Result<f64, &'static str> {
+        match text.parse::<f64>() {
+            Ok(v) if v.is_infinite() && !is_infinity_literal(text) => {
+                Err("is beyond the f64 range")
+            }
+            Ok(v) => Ok(v),
+            Err(_) => Err("is not a number"),
+        }
+    }
+    fn is_finite(self) -> bool {
+        f64::is_finite(self)
+    }
+}
+
 impl CsvCell for i64 {
     fn parse_cell(text: &str) -> Result<i64, &'static str> {
         use std::num::IntErrorKind;
@@ -374,17 +389,54 @@ fn write_rows<T: Copy>(
 /// Writes `f32` values in the shortest text that reads back to the same value
 /// (`NaN`, `inf`, `-inf` for the non-finite ones).
 pub(crate) fn write_f32(w: &mut impl Write, t: &Table<f32>) -> std::io::Result<()> {
+    write_floats(w, t)
+}
+
+/// Writes `f64` values in the shortest text that reads back to the same `f64` (up to 17
+/// significant digits), as [`write_f32`] does for `f32`.
+pub(crate) fn write_f64(w: &mut impl Write, t: &Table<f64>) -> std::io::Result<()> {
+    write_floats(w, t)
+}
+
+/// A float type written as text: `f32` or `f64`.
+trait FloatText: ryu::Float + Copy {
+    fn class(self) -> FloatClass;
+}
+
+enum FloatClass {
+    Finite,
+    Nan,
+    PosInf,
+    NegInf,
+}
+
+impl FloatText for f32 {
+    fn class(self) -> FloatClass {
+        f64::from(self).class()
+    }
+}
+
+impl FloatText for f64 {
+    fn class(self) -> FloatClass {
+        match self {
+            v if v.is_finite() => FloatClass::Finite,
+            v if v.is_nan() => FloatClass::Nan,
+            v if v > 0.0 => FloatClass::PosInf,
+            _ => FloatClass::NegInf,
+        }
+    }
+}
+
+fn write_floats<T: FloatText>(w: &mut impl Write, t: &Table<T>) -> std::io::Result<()> {
     let mut fmt = ryu::Buffer::new();
     write_rows(w, t, |buf, v| {
-        if v.is_finite() {
-            buf.extend_from_slice(fmt.format_finite(v).as_bytes());
-        } else if v.is_nan() {
-            buf.extend_from_slice(b"NaN");
-        } else if v > 0.0 {
-            buf.extend_from_slice(b"inf");
-        } else {
-            buf.extend_from_slice(b"-inf");
-        }
+        let text: &[u8] = match v.class() {
+            FloatClass::Finite => fmt.format_finite(v).as_bytes(),
+            FloatClass::Nan => b"NaN",
+            FloatClass::PosInf => b"inf",
+            FloatClass::NegInf => b"-inf",
+        };
+        buf.extend_from_slice(text);
     })
 }
 

@@ -5,6 +5,8 @@
 //! - into `f32`: floats pass through (NaN and ±inf included; the engine rejects them later
 //!   with row and column), `f64` beyond the `f32` range is an error, integers wider than 16 bits
 //!   are an error when `|v| > 2^24` (the largest range where every integer is exact in `f32`);
+//! - into `f64`: floats exactly (NaN and ±inf pass through), integers exactly when
+//!   `|v| <= 2^53` (the largest range where every integer is exact in `f64`), else an error;
 //! - into `i64`: every integer type, with `u64` above `i64::MAX` an error; floats are refused.
 
 use std::fmt;
@@ -12,6 +14,9 @@ use std::io::Read;
 
 /// Largest magnitude up to which every integer is exactly representable in `f32`.
 pub(crate) const F32_EXACT_INT: i64 = 1 << 24;
+
+/// Largest magnitude up to which every integer is exactly representable in `f64`.
+pub(crate) const F64_EXACT_INT: i64 = 1 << 53;
 
 /// A scalar element type, independent of byte order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +105,7 @@ impl fmt::Display for BadValue {
     }
 }
 
-/// An output element type: `f32` for data, `i64` for ids and labels.
+/// An output element type: `f32` or `f64` for data, `i64` for ids and labels.
 ///
 /// # Safety
 ///
@@ -308,6 +313,59 @@ unsafe impl Element for f32 {
     }
 }
 
+fn exact_in_f64(v: i64) -> Result<f64, BadValue> {
+    if v.unsigned_abs() <= F64_EXACT_INT as u64 {
+        Ok(v as f64)
+    } else {
+        Err(BadValue {
+            value: v.to_string(),
+            reason: "is not exactly representable as f64 (|v| > 2^53)",
+        })
+    }
+}
+
+fn u64_exact_in_f64(v: u64) -> Result<f64, BadValue> {
+    if v <= F64_EXACT_INT as u64 {
+        Ok(v as f64)
+    } else {
+        Err(BadValue {
+            value: v.to_string(),
+            reason: "is not exactly representable as f64 (|v| > 2^53)",
+        })
+    }
+}
+
+// SAFETY: every bit pattern is an f64 (NaNs included).
+unsafe impl Element for f64 {
+    const WHAT: &'static str = "f64 values";
+    const ZERO: f64 = 0.0;
+    const NATIVE: Scalar = Scalar::F64;
+
+    fn accepts(_: Scalar) -> bool {
+        true
+    }
+
+    fn convert(dtype: DType, src: &[u8], out: &mut Vec<f64>) -> Result<(), (usize, BadValue)> {
+        let be = dtype.big_endian;
+        match dtype.scalar {
+            Scalar::F64 => convert_run(src, be, out, |b| Ok(f64::from_le_bytes(b))),
+            Scalar::F32 => convert_run(src, be, out, |b| Ok(f64::from(f32::from_le_bytes(b)))),
+            Scalar::F16 => convert_run(src, be, out, |b| {
+                Ok(f64::from(f16_to_f32(u16::from_le_bytes(b))))
+            }),
+            Scalar::Bool => convert_run(src, be, out, |b: [u8; 1]| Ok(f64::from(b[0] != 0))),
+            Scalar::U8 => convert_run(src, be, out, |b: [u8; 1]| Ok(f64::from(b[0]))),
+            Scalar::I8 => convert_run(src, be, out, |b| Ok(f64::from(i8::from_le_bytes(b)))),
+            Scalar::I16 => convert_run(src, be, out, |b| Ok(f64::from(i16::from_le_bytes(b)))),
+            Scalar::U16 => convert_run(src, be, out, |b| Ok(f64::from(u16::from_le_bytes(b)))),
+            Scalar::I32 => convert_run(src, be, out, |b| Ok(f64::from(i32::from_le_bytes(b)))),
+            Scalar::U32 => convert_run(src, be, out, |b| Ok(f64::from(u32::from_le_bytes(b)))),
+            Scalar::I64 => convert_run(src, be, out, |b| exact_in_f64(i64::from_le_bytes(b))),
+            Scalar::U64 => convert_run(src, be, out, |b| u64_exact_in_f64(u64::from_le_bytes(b))),
+        }
+    }
+}
+
 // SAFETY: every bit pattern is an i64.
 unsafe impl Element for i64 {
     const WHAT: &'static str = "integers";
@@ -412,6 +470,34 @@ mod tests {
         assert!(out[1].is_nan());
         assert_eq!(out[2], f32::INFINITY);
         assert_eq!(out[3], f32::MAX);
+    }
+
+    #[test]
+    fn into_f64_exactly() {
+        let mut src = Vec::new();
+        for v in [1.0 + 1e-9, f64::NAN, -1e300] {
+            src.extend_from_slice(&v.to_be_bytes());
+        }
+        let be = DType {
+            scalar: Scalar::F64,
+            big_endian: true,
+        };
+        let mut out = Vec::new();
+        f64::convert(be, &src, &mut out).unwrap();
+        assert_eq!(out[0], 1.0 + 1e-9);
+        assert!(out[1].is_nan());
+        assert_eq!(out[2], -1e300);
+        let mut out = Vec::new();
+        f64::convert(DType::le(Scalar::F32), &0.1f32.to_le_bytes(), &mut out).unwrap();
+        assert_eq!(out, [f64::from(0.1f32)]);
+        let big = [(1i64 << 53).to_le_bytes(), ((1i64 << 53) + 1).to_le_bytes()].concat();
+        let mut out = Vec::new();
+        let (i, e) = f64::convert(DType::le(Scalar::I64), &big, &mut out).unwrap_err();
+        assert_eq!((i, out), (1, vec![9_007_199_254_740_992.0]));
+        assert_eq!(
+            e.to_string(),
+            "value 9007199254740993 is not exactly representable as f64 (|v| > 2^53)"
+        );
     }
 
     #[test]

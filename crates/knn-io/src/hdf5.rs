@@ -320,6 +320,38 @@ pub(crate) fn read<T: Element>(path: &Path, dataset: Option<&str>) -> Result<Tab
     read_dataset(&h, dataset, len)
 }
 
+/// [`read`] into the precision the dataset stores: `f64` for float64 datasets, `f32` for
+/// every other type (see [`crate::Values`]).
+pub(crate) fn read_values(path: &Path, dataset: Option<&str>) -> Result<crate::Values, IoError> {
+    let len = std::fs::metadata(path)
+        .map(|m| m.len())
+        .map_err(|e| IoError::io(&path.display().to_string(), e))?;
+    let h = open(path, len)?;
+    values_of(&h, dataset, len)
+}
+
+fn values_of(h: &Opened, dataset: Option<&str>, len: u64) -> Result<crate::Values, IoError> {
+    let ds = h.dataset(dataset)?;
+    let f64_stored = scalar_type(ds.dtype()).is_some_and(|t| t.scalar == Scalar::F64);
+    drop(ds);
+    Ok(if f64_stored {
+        crate::Values::F64(read_dataset(h, dataset, len)?)
+    } else {
+        crate::Values::F32(read_dataset(h, dataset, len)?)
+    })
+}
+
+/// Reads `dataset` (or the only one) of an HDF5 file held in memory in the precision it
+/// stores (see [`crate::Values`]); `name_for_errors` starts every message.
+pub fn read_values_from_bytes(
+    bytes: &[u8],
+    dataset: Option<&str>,
+    name_for_errors: &str,
+) -> Result<crate::Values, IoError> {
+    let h = open_bytes(bytes, name_for_errors)?;
+    values_of(&h, dataset, bytes.len() as u64)
+}
+
 fn read_bytes<T: Element>(
     bytes: &[u8],
     dataset: Option<&str>,
@@ -336,6 +368,16 @@ pub fn read_f32_from_bytes(
     dataset: Option<&str>,
     name_for_errors: &str,
 ) -> Result<Table<f32>, IoError> {
+    read_bytes(bytes, dataset, name_for_errors)
+}
+
+/// Reads `dataset` (or the only one) of an HDF5 file held in memory as `f64`, every type
+/// converted exactly (see the crate docs).
+pub fn read_f64_from_bytes(
+    bytes: &[u8],
+    dataset: Option<&str>,
+    name_for_errors: &str,
+) -> Result<Table<f64>, IoError> {
     read_bytes(bytes, dataset, name_for_errors)
 }
 

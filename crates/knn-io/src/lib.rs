@@ -3,8 +3,11 @@
 //! | call | use |
 //! |---|---|
 //! | [`read_f32`]`(path, None)` | a data or query matrix, as `f32` rows |
+//! | [`read_values_with`]`(path, &options)` | a data matrix in the precision the file stores: `f64` for float64 npy/HDF5 and for text, `f32` otherwise ([`Values`]) |
+//! | [`read_f64`]`(path, None)` | any numbers as `f64`, exactly |
 //! | [`read_i64`]`(path, None)` | ground-truth ids or class labels |
 //! | [`write_f32`]`(path, None, &table)` | distances, generated data |
+//! | [`write_f64`]`(path, None, &table)` | distances of float64 inputs (npy `<f8`, CSV) |
 //! | [`write_i64`]`(path, None, &table)` | neighbour ids, labels |
 //! | [`read_f32_from_bytes`], [`read_i64_from_bytes`] | the same parsers on bytes in memory |
 //! | [`read_f32_with`]`(path, &options)`, [`read_i64_with`] | with a CSV header / delimiter, an HDF5 dataset |
@@ -33,7 +36,7 @@
 //!   The header's shape is checked against the file length before anything is allocated; data
 //!   that is short or has bytes left over is an error with the expected and actual byte counts.
 //!   An empty file is an error (an npy file always has a header). Written files are 2-D,
-//!   C order, version 1.0, `<f4` for `f32` and `<i8` for `i64`.
+//!   C order, version 1.0, `<f4` for `f32`, `<f8` for `f64` and `<i8` for `i64`.
 //! - **CSV** (`.csv`, `.txt`): numbers separated by commas, tabs, semicolons or runs of
 //!   spaces (NumPy's `savetxt`), detected from the first lines unless [`CsvOptions`] names the
 //!   [`Delimiter`]; one row per line, optional spaces or quotes around values, `\n` or `\r\n`
@@ -43,8 +46,10 @@
 //!   those values (refused with [`CsvOptions::finite_only`]); cells that do not parse are
 //!   errors with line and column (both from 1): `x.csv: line 5, column 3: 'abc' is not a
 //!   number`, with the delimiter to give when the cell holds several numbers. An input without
-//!   data lines reads as 0 rows. Written files have no header; `f32` values are written in the
-//!   shortest form that reads back to the same value.
+//!   data lines reads as 0 rows. Written files have no header; `f32` and `f64` values are
+//!   written in the shortest form that reads back to the same value (of that type). Text holds
+//!   decimal numbers, not binary ones: [`read_values_with`] reads it in `f64`, the nearest
+//!   binary value to each decimal that the types here hold.
 //! - **HDF5** (`.hdf5`, `.h5`, or any file that starts with the HDF5 signature; read only,
 //!   see [`hdf5`]): a 1-D or 2-D dataset of any integer or floating-point type, contiguous or
 //!   chunked, deflate- or shuffle-compressed: the one named as `FILE.hdf5:NAME`, else
@@ -56,6 +61,9 @@
 //!   the `f32` range are an error naming the element (NaN and ±inf pass through: the engine
 //!   rejects them later with row and column); `u8`, `i8`, `u16`, `i16`, bool exactly; `i32`,
 //!   `u32`, `i64`, `u64` (ivecs included) exactly when `|v| <= 2^24`, otherwise an error.
+//! - Into `f64` ([`read_f64`]): every float type exactly (`f32` and `f16` widened); integers
+//!   exactly when `|v| <= 2^53`, otherwise an error; CSV cells parsed as `f64` (a finite
+//!   number beyond the `f64` range is an error).
 //! - Into `i64` ([`read_i64`]): every integer type, `u64` above `i64::MAX` an error; ivecs and
 //!   bvecs; CSV cells must be decimal integers. Floating-point data is refused.
 //!
@@ -95,7 +103,9 @@ pub use csv_text::{CsvOptions, Delimiter, Header, ParseDelimiterError};
 pub use error::{IoError, ParseFormatError};
 pub use format::Format;
 pub use labels::{read_labels, read_labels_from_bytes, write_labels, write_labels_to, Labels};
-pub use output::{output_target, write_bytes, write_f32_to, write_i64_to, OutputTarget};
+pub use output::{
+    output_target, write_bytes, write_f32_to, write_f64_to, write_i64_to, OutputTarget,
+};
 pub use shape::{array_dims, array_dims_from_bytes};
 
 use dtype::Element;
@@ -130,6 +140,41 @@ impl<T> Table<T> {
     /// may not be; the writers check this and return an error).
     pub fn is_consistent(&self) -> bool {
         self.rows.checked_mul(self.cols) == Some(self.data.len())
+    }
+}
+
+/// A matrix of numbers in the precision its file stores them in: `f64` for float64 data (npy
+/// `f8`, HDF5 float64 datasets) and for text (CSV cells are decimal numbers, read as the
+/// nearest `f64`); `f32` for every other type (float32 and float16, fvecs, bvecs, and integers,
+/// converted by the `f32` rules of the crate docs).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Values {
+    /// Values stored in 32 bits or fewer.
+    F32(Table<f32>),
+    /// Values stored as float64, or written as decimal text.
+    F64(Table<f64>),
+}
+
+impl Values {
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        match self {
+            Values::F32(t) => t.rows,
+            Values::F64(t) => t.rows,
+        }
+    }
+
+    /// Values per row.
+    pub fn cols(&self) -> usize {
+        match self {
+            Values::F32(t) => t.cols,
+            Values::F64(t) => t.cols,
+        }
+    }
+
+    /// Whether the values are `f64`.
+    pub fn is_f64(&self) -> bool {
+        matches!(self, Values::F64(_))
     }
 }
 
@@ -197,6 +242,29 @@ fn read_path<T: Element + csv_text::CsvCell>(
     }
 }
 
+/// [`read_path`] into the precision the file stores (see [`Values`]).
+fn read_values_path(path: &Path, options: &ReadOptions) -> Result<Values, IoError> {
+    if options.format.is_none() {
+        if let Some(h) = hdf5::parse(path) {
+            let dataset = h.dataset.as_deref().or(options.dataset.as_deref());
+            return hdf5::read_values(&h.file, dataset);
+        }
+    }
+    let format = resolve(path, options.format)?;
+    let name = path.display().to_string();
+    match format {
+        Format::Csv => {
+            let file = FileBytes::open(path, &name)?;
+            csv_text::read(file.bytes(), &name, &options.csv).map(Values::F64)
+        }
+        Format::Npy => match Input::open(path, &name)? {
+            Input::File { reader, len } => npy::read_values(&mut { reader }, len, &name),
+            Input::Bytes(bytes) => npy::read_values(&mut &bytes[..], bytes.len(), &name),
+        },
+        _ => read_path(path, options).map(Values::F32),
+    }
+}
+
 /// How to read an input beyond its path: everything a command line can say about it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReadOptions {
@@ -246,6 +314,50 @@ pub fn read_f32_with(path: &Path, options: &ReadOptions) -> Result<Table<f32>, I
 /// [`read_i64`] with everything [`ReadOptions`] can say.
 pub fn read_i64_with(path: &Path, options: &ReadOptions) -> Result<Table<i64>, IoError> {
     read_path(path, options)
+}
+
+/// Reads a matrix of numbers from `path` in the precision the file stores them in: `f64` for
+/// float64 npy files and HDF5 datasets and for text (decimal numbers), `f32` for the rest (see
+/// [`Values`]), with everything [`ReadOptions`] can say. Nothing is rounded that the file
+/// holds more precisely than `f32`.
+pub fn read_values_with(path: &Path, options: &ReadOptions) -> Result<Values, IoError> {
+    read_values_path(path, options)
+}
+
+/// [`read_values_with`] on the bytes of a file held in memory (standard input), in `format`
+/// (text with the header, delimiter and finiteness of `csv`).
+pub fn read_values_from_bytes(
+    bytes: &[u8],
+    format: Format,
+    csv: &CsvOptions,
+    name_for_errors: &str,
+) -> Result<Values, IoError> {
+    match format {
+        Format::Csv => csv_text::read(bytes, name_for_errors, csv).map(Values::F64),
+        Format::Npy => npy::read_values(&mut &bytes[..], bytes.len(), name_for_errors),
+        _ => read_from_bytes(bytes, format, name_for_errors, csv).map(Values::F32),
+    }
+}
+
+/// Reads a matrix of numbers as `f64` from `path`: every type exactly (float32 widened,
+/// integers within 2^53), CSV cells as the nearest `f64`; formats as [`read_f32`].
+pub fn read_f64(path: &Path, format: Option<Format>) -> Result<Table<f64>, IoError> {
+    read_path(path, &ReadOptions::format(format))
+}
+
+/// [`read_f64`] with everything [`ReadOptions`] can say.
+pub fn read_f64_with(path: &Path, options: &ReadOptions) -> Result<Table<f64>, IoError> {
+    read_path(path, options)
+}
+
+/// [`read_f64`] on the bytes of a file already in memory; `name_for_errors` starts every
+/// error message.
+pub fn read_f64_from_bytes(
+    bytes: &[u8],
+    format: Format,
+    name_for_errors: &str,
+) -> Result<Table<f64>, IoError> {
+    read_from_bytes(bytes, format, name_for_errors, &CsvOptions::default())
 }
 
 /// [`read_f32`] on the bytes of a file already in memory; `name_for_errors` starts every error
@@ -312,6 +424,16 @@ pub fn write_f32(path: &Path, format: Option<Format>, t: &Table<f32>) -> Result<
     let name = path.display().to_string();
     output::check_f32(t, format, &name)?;
     write_atomically(path, &name, |w| output::encode_f32(w, t, format))
+}
+
+/// Writes `t` to `path` as `f64` rows: npy (`<f8`, 2-D) or CSV (no header; the shortest text
+/// that reads back to the same `f64`). fvecs, ivecs and bvecs cannot hold `f64` and are an
+/// error. Written as [`write_f32`] writes.
+pub fn write_f64(path: &Path, format: Option<Format>, t: &Table<f64>) -> Result<(), IoError> {
+    let format = resolve(path, format)?;
+    let name = path.display().to_string();
+    output::check_f64(t, format, &name)?;
+    write_atomically(path, &name, |w| output::encode_f64(w, t, format))
 }
 
 /// Writes `t` to `path` as integer rows: ivecs (every value must fit in `i32`, else an error

@@ -254,6 +254,33 @@ pub(crate) fn encode_f32(
     }
 }
 
+/// Checks that `t` can be written as `f64` values in `format`: npy (`<f8`) and CSV only (the
+/// record formats hold no `f64`).
+pub(crate) fn check_f64(t: &Table<f64>, format: Format, name: &str) -> Result<(), IoError> {
+    crate::check_consistent(t, name)?;
+    match format {
+        Format::Fvecs | Format::Ivecs | Format::Bvecs => Err(IoError::invalid(
+            name,
+            format!("format {format} cannot hold f64 values (npy and csv can)"),
+        )),
+        Format::Npy => Ok(()),
+        Format::Csv => crate::check_csv_writable(t, name),
+    }
+}
+
+/// Encodes `t` (checked by [`check_f64`]) as `format` into `w`.
+pub(crate) fn encode_f64(
+    w: &mut impl Write,
+    t: &Table<f64>,
+    format: Format,
+) -> std::io::Result<()> {
+    match format {
+        Format::Npy => npy::write_f64(w, t),
+        Format::Csv => csv_text::write_f64(w, t),
+        Format::Fvecs | Format::Ivecs | Format::Bvecs => unreachable!("refused by check_f64"),
+    }
+}
+
 /// Checks that `t` can be written as integers in `format` (ivecs: every value in `i32`).
 pub(crate) fn check_i64(t: &Table<i64>, format: Format, name: &str) -> Result<(), IoError> {
     crate::check_consistent(t, name)?;
@@ -307,6 +334,21 @@ pub fn write_f32_to(
     check_f32(t, format, name_for_errors)?;
     let mut w = BufWriter::with_capacity(WRITE_BUFFER_BYTES, w);
     encode_f32(&mut w, t, format)
+        .and_then(|()| w.flush())
+        .map_err(|e| IoError::io(name_for_errors, e))
+}
+
+/// Writes `t` as `f64` rows in `format` (npy or CSV) into `w`: the bytes
+/// [`write_f64`](crate::write_f64) puts in a file. `name_for_errors` starts every error.
+pub fn write_f64_to(
+    w: &mut impl Write,
+    format: Format,
+    t: &Table<f64>,
+    name_for_errors: &str,
+) -> Result<(), IoError> {
+    check_f64(t, format, name_for_errors)?;
+    let mut w = BufWriter::with_capacity(WRITE_BUFFER_BYTES, w);
+    encode_f64(&mut w, t, format)
         .and_then(|()| w.flush())
         .map_err(|e| IoError::io(name_for_errors, e))
 }

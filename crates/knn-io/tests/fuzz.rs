@@ -4,8 +4,9 @@
 mod common;
 
 use knn_io::{
-    hdf5, read_csv_f32_from_bytes, read_f32, read_f32_from_bytes, read_i64, read_i64_from_bytes,
-    CsvOptions, Delimiter, Format, Header, Table,
+    hdf5, read_csv_f32_from_bytes, read_f32, read_f32_from_bytes, read_f64_from_bytes, read_i64,
+    read_i64_from_bytes, read_values_from_bytes, CsvOptions, Delimiter, Format, Header, Table,
+    Values,
 };
 use proptest::prelude::*;
 
@@ -20,7 +21,7 @@ fn assert_consistent<T>(t: &Table<T>, format: Format) {
     );
 }
 
-/// Runs both readers on `bytes` in `format`; any `Ok` must be a consistent table.
+/// Runs every reader on `bytes` in `format`; any `Ok` must be a consistent table.
 fn read_all_ways(bytes: &[u8], format: Format) {
     if let Ok(t) = read_f32_from_bytes(bytes, format, "fuzz") {
         assert_consistent(&t, format);
@@ -28,9 +29,20 @@ fn read_all_ways(bytes: &[u8], format: Format) {
     if let Ok(t) = read_i64_from_bytes(bytes, format, "fuzz") {
         assert_consistent(&t, format);
     }
+    if let Ok(t) = read_f64_from_bytes(bytes, format, "fuzz") {
+        assert_consistent(&t, format);
+    }
+    let values = read_values_from_bytes(bytes, format, &CsvOptions::default(), "fuzz");
+    match &values {
+        Ok(Values::F32(t)) => assert_consistent(t, format),
+        Ok(Values::F64(t)) => assert_consistent(t, format),
+        Err(_) => {}
+    }
     for result in [
         read_f32_from_bytes(bytes, format, "fuzz").err(),
         read_i64_from_bytes(bytes, format, "fuzz").err(),
+        read_f64_from_bytes(bytes, format, "fuzz").err(),
+        values.err(),
     ]
     .into_iter()
     .flatten()
@@ -322,6 +334,11 @@ fn read_hdf5_all_ways(bytes: &[u8]) {
         }
         match hdf5::read_i64_from_bytes(bytes, dataset, "fuzz") {
             Ok(t) => assert!(t.is_consistent(), "{dataset:?}"),
+            Err(e) => assert!(e.to_string().starts_with("fuzz: "), "{e}"),
+        }
+        match hdf5::read_values_from_bytes(bytes, dataset, "fuzz") {
+            Ok(Values::F32(t)) => assert!(t.is_consistent(), "{dataset:?}"),
+            Ok(Values::F64(t)) => assert!(t.is_consistent(), "{dataset:?}"),
             Err(e) => assert!(e.to_string().starts_with("fuzz: "), "{e}"),
         }
     }

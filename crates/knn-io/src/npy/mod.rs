@@ -161,9 +161,33 @@ pub(crate) fn read<T: Element>(
     len: usize,
     name: &str,
 ) -> Result<Table<T>, IoError> {
+    let lay = layout(src, len, name)?;
+    read_data(lay, src, name)
+}
+
+/// [`read`] into the precision the file stores: `f64` for `f8` arrays, `f32` for every other
+/// dtype (see [`crate::Values`]).
+pub(crate) fn read_values(
+    src: &mut impl Read,
+    len: usize,
+    name: &str,
+) -> Result<crate::Values, IoError> {
+    let lay = layout(src, len, name)?;
+    Ok(if lay.dtype.scalar == Scalar::F64 {
+        crate::Values::F64(read_data(lay, src, name)?)
+    } else {
+        crate::Values::F32(read_data(lay, src, name)?)
+    })
+}
+
+/// The elements of an npy file whose preamble and header `lay` were read from `src`.
+fn read_data<T: Element>(
+    lay: Layout,
+    src: &mut impl Read,
+    name: &str,
+) -> Result<Table<T>, IoError> {
     let invalid = |msg: String| IoError::invalid(name, msg);
     let io = |e| IoError::io(name, e);
-    let lay = layout(src, len, name)?;
     let Layout {
         dtype,
         fortran_order,
@@ -276,6 +300,12 @@ fn write_dict(w: &mut impl Write, dict: &str) -> std::io::Result<()> {
 pub(crate) fn write_f32(w: &mut impl Write, t: &Table<f32>) -> std::io::Result<()> {
     write_header(w, DType::le(Scalar::F32), t.rows, t.cols)?;
     write_encoded(w, &t.data, f32::to_le_bytes)
+}
+
+/// Writes `t` as a 2-D little-endian `<f8` array.
+pub(crate) fn write_f64(w: &mut impl Write, t: &Table<f64>) -> std::io::Result<()> {
+    write_header(w, DType::le(Scalar::F64), t.rows, t.cols)?;
+    write_encoded(w, &t.data, f64::to_le_bytes)
 }
 
 /// Writes `t` as a 2-D little-endian `<i8` (int64) array.
