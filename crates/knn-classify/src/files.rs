@@ -9,7 +9,7 @@
 use crate::error::{ClassifyError, Result};
 use knn::Matrix;
 pub use knn_io::Labels;
-use knn_io::{Format, Table};
+use knn_io::{CsvOptions, Format, Header, Table};
 use std::cmp::Ordering;
 use std::path::{Path, PathBuf};
 
@@ -29,8 +29,20 @@ pub fn read_points(path: &Path, format: Option<Format>) -> Result<Matrix> {
 /// Reads the labels of `rows` points: a 1-D npy array (or one column or row), or a CSV file
 /// with one label per line (a first line more than `rows` is a header).
 pub fn read_labels(path: &Path, format: Option<Format>, rows: usize) -> Result<Labels> {
-    let mut labels = knn_io::read_labels(path, format)?;
-    if labels.len() == rows + 1 {
+    read_labels_with(path, format, &CsvOptions::default(), rows)
+}
+
+/// [`read_labels`] of a text file with the header and delimiter of `csv`: with
+/// [`Header::Present`] the first line is always a header, with [`Header::Absent`] never (not
+/// even text above `rows` labels), with [`Header::Auto`] as [`read_labels`] decides.
+pub fn read_labels_with(
+    path: &Path,
+    format: Option<Format>,
+    csv: &CsvOptions,
+    rows: usize,
+) -> Result<Labels> {
+    let mut labels = knn_io::read_labels_with(path, format, csv)?;
+    if csv.header == Header::Auto && labels.len() == rows + 1 {
         if let Labels::Text(cells) = &mut labels {
             // Text labels under a header line: the header cannot be told by its look.
             cells.remove(0);
@@ -141,7 +153,8 @@ pub fn proba_csv(classes: &Labels, proba: &[f64]) -> String {
 }
 
 /// Writes `rows × classes` probabilities, columns in the order of `classes`: CSV with a header
-/// of the classes, or npy float32 with the classes in [`classes_sidecar`] (returned).
+/// of the classes, or npy float64 (as scikit-learn's `predict_proba` gives them) with the
+/// classes in [`classes_sidecar`] (returned).
 pub fn write_proba(
     path: &Path,
     format: Option<Format>,
@@ -159,11 +172,11 @@ pub fn write_proba(
         }
         Format::Npy => {
             let t = Table {
-                data: proba.iter().map(|&p| p as f32).collect(),
+                data: proba.to_vec(),
                 rows: proba.len() / classes.len().max(1),
                 cols: classes.len(),
             };
-            knn_io::write_f32(path, Some(Format::Npy), &t)?;
+            knn_io::write_f64(path, Some(Format::Npy), &t)?;
             let sidecar = classes_sidecar(path);
             knn_io::write_labels(&sidecar, Some(Format::Npy), classes)?;
             Ok(Some(sidecar))

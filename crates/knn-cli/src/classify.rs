@@ -1,10 +1,10 @@
 //! `knn classify`: label new points by the classes of their k nearest labelled points
 //! (seed 003), from the seed's CSV or from separate files.
 
-use crate::args::{EngineArgs, MetricArgs};
-use crate::data::{load_matrix, parse_format};
+use crate::args::{EngineArgs, MetricArgs, TextArgs};
+use crate::data::{input_options, parse_format, Data, Points, BASE_DATASET, QUERY_DATASET};
 use crate::output::{check_output, is_std_stream, output_format, shown, write_bytes};
-use crate::run::{engine, in_words, input_format_hint, metric, refuse_one_d};
+use crate::run::{engine, in_words, input_format_hint, metric, read_points};
 use crate::timing::{self, timed};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -24,7 +24,10 @@ pub struct ClassifyArgs {
     /// the predicted classes alone, in file order.
     #[arg(long, required_unless_present = "train", conflicts_with_all = ["train", "labels", "queries"])]
     pub csv: Option<PathBuf>,
-    /// Labelled points (.npy, .csv, .fvecs, .bvecs, .ivecs); with --labels and --queries.
+    /// Labelled points (.npy, .csv, .fvecs, .bvecs, .ivecs, .hdf5: its dataset `train`, or
+    /// the one named as FILE.hdf5:NAME); with --labels and --queries. `-` reads standard input
+    /// (npy or CSV). Classification computes on float32 values: float64 points (float64 .npy,
+    /// text) are rounded to float32.
     #[arg(long, requires_all = ["labels", "queries"])]
     pub train: Option<PathBuf>,
     /// Labels of the --train points, one per point, as scikit-learn takes them: integers, text
@@ -33,7 +36,8 @@ pub struct ClassifyArgs {
     /// orders them.
     #[arg(long)]
     pub labels: Option<PathBuf>,
-    /// Points to classify, same dimension as --train.
+    /// Points to classify, same dimension as --train (.hdf5: its dataset `test`, or
+    /// FILE.hdf5:NAME). `-` reads standard input (npy or CSV).
     #[arg(long, short = 'q')]
     pub queries: Option<PathBuf>,
     /// Neighbours that vote (1 ..= labelled points).
@@ -50,6 +54,10 @@ pub struct ClassifyArgs {
     /// Input format of --train/--labels/--queries, overriding the extensions.
     #[arg(long)]
     pub input_format: Option<String>,
+    /// How --train, --labels and --queries text files are read (the seed CSV of --csv has a
+    /// layout of its own: these flags are refused with it).
+    #[command(flatten)]
+    pub text: TextArgs,
     #[command(flatten)]
     pub metric: MetricArgs,
     #[command(flatten)]
@@ -65,7 +73,7 @@ pub struct ClassifyArgs {
     pub output_format: Option<String>,
     /// Also write class probabilities, one row per query and one column per class, classes
     /// ordered as numpy.unique orders them: .csv with a header naming the classes, or .npy
-    /// (float32) with the classes in P.classes.npy next to it.
+    /// (float64, as scikit-learn's predict_proba) with the classes in P.classes.npy next to it.
     #[arg(long)]
     pub proba: Option<PathBuf>,
     /// Replace output files that already exist (never an input file).
@@ -79,25 +87,32 @@ pub struct ClassifyArgs {
     pub timing_json: Option<PathBuf>,
 }
 
-/// Labelled points, their classes, points to classify.
+/// Labelled points, their classes, points to classify (computed on in float32: float64 inputs
+/// are rounded).
 struct Inputs {
-    train: knn::Matrix,
+    train: Points,
     /// The class of each labelled point: an index into `classes`.
     codes: Vec<i64>,
     /// The classes, ordered as `numpy.unique` orders them.
     classes: Labels,
-    queries: knn::Matrix,
+    queries: Points,
     /// The seed CSV's bytes, to fill in.
     csv: Option<Vec<u8>>,
 }
 
-/// Reads a matrix of points for classification (a 1-D npy array is refused as scikit-learn
-/// refuses it).
-fn read_matrix(path: &Path, format: Option<Format>) -> Result<knn::Matrix> {
-    if let Ok(dims) = knn_io::array_dims(path, format) {
-        refuse_one_d(dims, &path.display().to_string())?;
+/// Reads the points of `path` for classification in float32, with the text flags (a 1-D npy
+/// array is refused as scikit-learn refuses it; `-` is standard input, once).
+fn read_matrix(
+    a: &ClassifyArgs,
+    path: &Path,
+    dataset: &str,
+    stdin_taken: &mut bool,
+) -> Result<Points> {
+    let options = input_options(&a.input_format, &a.text, Some(dataset))?;
+    match read_points(path, &options, true, stdin_taken)? {
+        Data::F32(points) => Ok(points),
+        Data::F64 { .. } => unreachable!("read in float32"),
     }
-    load_matrix(path, format).map_err(input_format_hint)
 }
 
 fn read_inputs(a: &ClassifyArgs) -> Result<Inputs> {
@@ -111,23 +126,28 @@ fn read_inputs(a: &ClassifyArgs) -> Result<Inputs> {
         let (train, labels) = f.labelled();
         let queries = f.unlabelled();
         return Ok(Inputs {
-            train: knn::Matrix::new(&name, train, f.dim)?,
+            train: Points::Owned(knn::Matrix::new(&name, train, f.dim)?),
             codes: labels,
             classes: Labels::Int((0..f.classes as i64).collect()),
             // newels may be 0: an empty matrix of the right dimension.
-            queries: knn::Matrix::new(&name, queries, f.dim)?,
+            queries: Points::Owned(knn::Matrix::new(&name, queries, f.dim)?),
             csv: Some(bytes),
         });
     }
     let (Some(t), Some(l), Some(q)) = (&a.train, &a.labels, &a.queries) else {
         bail!("give --csv FILE, or --train, --labels and --queries");
     };
+    if is_std_stream(t) && is_std_stream(q) {
+        bail!("only one input can be read from standard input (-); give the other as a file");
+    }
+    let mut stdin_taken = false;
+    let train = read_matrix(a, t, BASE_DATASET, &mut stdin_taken)?;
+    let csv = input_options(&a.input_format, &a.text, None)?.csv;
     let fmt = parse_format(&a.input_format)?;
-    let train = read_matrix(t, fmt)?;
-    let labels =
-        files::read_labels(l, fmt, train.rows()).map_err(|e| input_format_hint(e.into()))?;
+    let labels = files::read_labels_with(l, fmt, &csv, train.rows())
+        .map_err(|e| input_format_hint(e.into()))?;
     let encoded = files::encode(&labels);
-    let queries = read_matrix(q, fmt)?;
+    let queries = read_matrix(a, q, QUERY_DATASET, &mut stdin_taken)?;
     Ok(Inputs {
         train,
         codes: encoded.codes,
@@ -139,6 +159,14 @@ fn read_inputs(a: &ClassifyArgs) -> Result<Inputs> {
 
 /// `knn classify`.
 pub fn classify(a: &ClassifyArgs, quiet: bool) -> Result<ExitCode> {
+    let text_flags = a.text.header || a.text.no_header || a.text.delimiter.is_some();
+    if a.csv.is_some() && text_flags {
+        bail!(
+            "--header, --no-header and --delimiter are for the text files of --train, --labels \
+             and --queries; the seed CSV of --csv has its own layout (a header \
+             numels,newels,classes,dim, then comma-separated rows)"
+        );
+    }
     let weights: Weights = a.weights.parse()?;
     let mode: Mode = a.mode.parse()?;
     let params = Params {

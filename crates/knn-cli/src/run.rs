@@ -247,7 +247,7 @@ fn metric_tag<D: Distance>(a: &MetricArgs) -> String {
 /// Reads the points of `path` for search and graph in the precision of the file (see
 /// [`Data`]; `float32`: rounded to float32); `-` is standard input (read whole, at most once:
 /// `stdin_taken`). A 1-D npy array is refused with scikit-learn's hint.
-fn read_points(
+pub fn read_points(
     path: &Path,
     options: &ReadOptions,
     float32: bool,
@@ -738,13 +738,22 @@ pub fn verify(a: &VerifyArgs, quiet: bool) -> Result<ExitCode> {
         }
     }
     if let Some(b) = &a.base {
-        let base_options = input_options(&None, &a.text, Some(BASE_DATASET))?;
-        let base = load_data(b, &base_options, a.float32)?;
-        let query_options = input_options(&None, &a.text, Some(QUERY_DATASET))?;
+        // A 1-D array is refused as search refuses it (one point or one coordinate per point?).
+        let load = |path: &Path, dataset: &str| -> Result<Data> {
+            if let Ok(dims) = knn_io::array_dims(path, None) {
+                refuse_one_d(dims, &path.display().to_string())?;
+            }
+            load_data(
+                path,
+                &input_options(&None, &a.text, Some(dataset))?,
+                a.float32,
+            )
+        };
+        let base = load(b, BASE_DATASET)?;
         let queries = a
             .queries
-            .as_ref()
-            .map(|q| load_data(q, &query_options, a.float32))
+            .as_deref()
+            .map(|q| load(q, QUERY_DATASET))
             .transpose()?;
         let mut inputs: Vec<&Path> = vec![b];
         inputs.extend(a.queries.as_deref());

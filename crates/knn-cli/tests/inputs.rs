@@ -308,3 +308,50 @@ fn every_input_format_gives_byte_identical_ids() {
     }
     assert_eq!(inputs.len(), 12);
 }
+
+#[test]
+fn cosine_all_zero_rows_are_at_distance_one() {
+    // scikit-learn's cosine_distances: an all-zero row is at distance 1 from every row.
+    let dir = tempfile::tempdir().unwrap();
+    let b = common::file(dir.path(), "b.csv", "0,0\n1,1\n2,0\n");
+    let q = common::file(dir.path(), "q.csv", "0,0\n1,2\n");
+    let out = p(dir.path(), "nn.csv");
+    search(&b, &q, 3, &out, &["-m", "cosine"]);
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "0,1,2\n1,2,0\n");
+    let dist = knn_io::read_f64(Path::new(&p(dir.path(), "nn.dist.csv")), None).unwrap();
+    assert_eq!(dist.row(0), [1.0, 1.0, 1.0]);
+    assert_eq!(dist.row(1)[2], 1.0);
+    ok(&[
+        "verify", "-r", &out, "-b", &b, "-q", &q, "-m", "cosine", "--quiet",
+    ]);
+    let g = p(dir.path(), "g.csv");
+    ok(&graph_cpu(&b, "2", &["-m", "cosine", "-o", &g, "--quiet"]));
+    assert!(std::fs::read_to_string(p(dir.path(), "g.dist.csv"))
+        .unwrap()
+        .starts_with("1.0,1.0\n"));
+}
+
+#[test]
+fn verify_refuses_a_one_d_array_as_search_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let one_d = dir.path().join("one.npy");
+    // An npy file of shape (3,): preamble, header padded to 64 bytes, three float32 values.
+    let dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }";
+    let header_len = (10 + dict.len() + 1).div_ceil(64) * 64 - 10;
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header_len as u16).to_le_bytes());
+    bytes.extend_from_slice(format!("{dict:<w$}\n", w = header_len - 1).as_bytes());
+    for v in [1.0f32, 2.0, 3.0] {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(&one_d, bytes).unwrap();
+    let one_d = one_d.display().to_string();
+    let r = p(dir.path(), "r.csv");
+    std::fs::write(&r, "1\n0\n1\n").unwrap();
+    std::fs::write(p(dir.path(), "r.dist.csv"), "1\n1\n1\n").unwrap();
+    let e = fails(&["verify", "-r", &r, "-b", &one_d], 2);
+    assert!(
+        e.contains("one.npy: Expected 2D array, got 1D array instead"),
+        "{e}"
+    );
+}

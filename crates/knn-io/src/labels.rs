@@ -3,15 +3,16 @@
 //!
 //! Read from npy (a 1-D array, or one column or one row of a 2-D one; `<U` unicode and `|S`
 //! byte strings give text, numbers give integers or floats), CSV (one label per line, or all in
-//! one row; a first line that is not a number above lines that all are is a header), ivecs and
-//! bvecs (integers). Written as a 1-D npy array of the same kind (`<i8`, `<f8`, `<U`n), CSV one
+//! one row; a first line that is not a number above lines that all are is a header, unless
+//! [`CsvOptions::header`] says; cells separated by commas unless [`CsvOptions::delimiter`]
+//! names another), ivecs and bvecs (integers). Written as a 1-D npy array of the same kind (`<i8`, `<f8`, `<U`n), CSV one
 //! label per line (quoted where needed), or ivecs (integers within `i32`).
 
 use std::io::Write;
 use std::path::Path;
 
 use crate::output::{write_atomically, write_encoded};
-use crate::{npy, resolve, Format, IoError, Table};
+use crate::{npy, resolve, CsvOptions, Delimiter, Format, Header, IoError, Table};
 
 /// Labels as a file holds them.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,10 +92,20 @@ impl Labels {
 
 /// Reads labels from `path`, in `format` or the one its extension names.
 pub fn read_labels(path: &Path, format: Option<Format>) -> Result<Labels, IoError> {
+    read_labels_with(path, format, &CsvOptions::default())
+}
+
+/// [`read_labels`] of a text file with the header and delimiter of `csv` (`finite_only` does
+/// not apply: labels may be any text).
+pub fn read_labels_with(
+    path: &Path,
+    format: Option<Format>,
+    csv: &CsvOptions,
+) -> Result<Labels, IoError> {
     let format = resolve(path, format)?;
     let name = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| IoError::io(&name, e))?;
-    read_labels_from_bytes(&bytes, format, &name)
+    read_labels_from_bytes_with(&bytes, format, csv, &name)
 }
 
 /// [`read_labels`] on the bytes of a file held in memory; `name_for_errors` starts every error.
@@ -103,9 +114,19 @@ pub fn read_labels_from_bytes(
     format: Format,
     name_for_errors: &str,
 ) -> Result<Labels, IoError> {
+    read_labels_from_bytes_with(bytes, format, &CsvOptions::default(), name_for_errors)
+}
+
+/// [`read_labels_with`] on the bytes of a file held in memory.
+pub fn read_labels_from_bytes_with(
+    bytes: &[u8],
+    format: Format,
+    csv: &CsvOptions,
+    name_for_errors: &str,
+) -> Result<Labels, IoError> {
     let name = name_for_errors;
     match format {
-        Format::Csv => csv_labels(bytes, name),
+        Format::Csv => csv_labels(bytes, name, csv),
         Format::Npy => npy_labels(bytes, name),
         Format::Ivecs | Format::Bvecs => {
             let t = crate::read_i64_from_bytes(bytes, format, name)?;
@@ -137,13 +158,19 @@ fn one_per_point<T>(t: Table<T>, name: &str) -> Result<Vec<T>, IoError> {
     ))
 }
 
-/// The cells of one CSV line (comma-separated, double quotes around cells that need them).
-/// `Err(column)` (from 1) for a quote that is not closed.
-fn csv_line(line: &str) -> Result<Vec<String>, usize> {
+/// The cells of one CSV line (separated by `delimiter`, double quotes around cells that need
+/// them). `Err(column)` (from 1) for a quote that is not closed.
+fn csv_line(line: &str, delimiter: Delimiter) -> Result<Vec<String>, usize> {
+    let (line, is_sep): (&str, &dyn Fn(char) -> bool) = match delimiter {
+        Delimiter::Byte(b) => (line, &move |c| c == b as char),
+        Delimiter::Whitespace => (line.trim(), &|c| c == ' ' || c == '\t'),
+    };
+    // Spaces around cells are dropped; a tab is not when it separates cells.
+    let pad = |c: char| c == ' ' || c == '\t' && !matches!(delimiter, Delimiter::Byte(b'\t'));
     let mut cells = Vec::new();
     let mut chars = line.chars().peekable();
     loop {
-        while chars.peek().is_some_and(|c| *c == ' ' || *c == '\t') {
+        while chars.peek().is_some_and(|&c| pad(c)) {
             chars.next();
         }
         let mut cell = String::new();
@@ -161,9 +188,9 @@ fn csv_line(line: &str) -> Result<Vec<String>, usize> {
                 }
             }
         }
-        // The cell runs to the next comma; after a closing quote, anything before that comma
-        // is kept, as CSV readers do.
-        while let Some(c) = chars.next_if(|&c| c != ',') {
+        // The cell runs to the next delimiter; after a closing quote, anything before that
+        // delimiter is kept, as CSV readers do.
+        while let Some(c) = chars.next_if(|&c| !is_sep(c)) {
             cell.push(c);
         }
         cells.push(if quoted { cell.trim_end() } else { cell.trim() }.to_owned());
@@ -173,7 +200,8 @@ fn csv_line(line: &str) -> Result<Vec<String>, usize> {
     }
 }
 
-fn csv_labels(bytes: &[u8], name: &str) -> Result<Labels, IoError> {
+fn csv_labels(bytes: &[u8], name: &str, options: &CsvOptions) -> Result<Labels, IoError> {
+    let delimiter = options.delimiter.unwrap_or(Delimiter::Byte(b','));
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
     let mut lines: Vec<(usize, Vec<String>)> = Vec::new();
     for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
@@ -191,13 +219,16 @@ fn csv_labels(bytes: &[u8], name: &str) -> Result<Labels, IoError> {
         if text.trim().is_empty() {
             continue;
         }
-        let cells = csv_line(text).map_err(|c| {
+        let cells = csv_line(text, delimiter).map_err(|c| {
             IoError::invalid(
                 name,
                 format!("line {}, column {c}: a quote is not closed", i + 1),
             )
         })?;
         lines.push((i + 1, cells));
+    }
+    if options.header == Header::Present && !lines.is_empty() {
+        lines.remove(0);
     }
     let mut cells: Vec<String> = match &lines[..] {
         [] => Vec::new(),
@@ -216,7 +247,8 @@ fn csv_labels(bytes: &[u8], name: &str) -> Result<Labels, IoError> {
         }
     };
     let number = |c: &String| c.parse::<f64>().is_ok();
-    if cells.len() > 1 && !number(&cells[0]) && cells[1..].iter().all(number) {
+    let auto = options.header == Header::Auto;
+    if auto && cells.len() > 1 && !number(&cells[0]) && cells[1..].iter().all(number) {
         cells.remove(0); // a header above numbers
     }
     Ok(Labels::from_cells(cells))
@@ -532,6 +564,52 @@ mod tests {
         );
         let e = read_labels_from_bytes(b"\"open\n", Format::Csv, "t").unwrap_err();
         assert!(e.to_string().contains("line 1, column 1"), "{e}");
+    }
+
+    #[test]
+    fn csv_header_and_delimiter_options() {
+        let with = |bytes: &[u8], header: Header, delimiter: Option<Delimiter>| {
+            let csv = CsvOptions {
+                header,
+                delimiter,
+                ..CsvOptions::default()
+            };
+            read_labels_from_bytes_with(bytes, Format::Csv, &csv, "t").unwrap()
+        };
+        // A first line of a number is a header only when said.
+        assert_eq!(
+            with(b"0\n7\n3\n", Header::Present, None),
+            Labels::Int(vec![7, 3])
+        );
+        assert_eq!(
+            with(b"0\n7\n3\n", Header::Auto, None),
+            Labels::Int(vec![0, 7, 3])
+        );
+        // A first line of text above numbers is data when said (then all are text).
+        assert_eq!(
+            with(b"label\n7\n", Header::Absent, None),
+            Labels::Text(vec!["label".into(), "7".into()])
+        );
+        // One row in other delimiters; quotes keep a delimiter inside a label.
+        let semi = Some(Delimiter::Byte(b';'));
+        assert_eq!(
+            with(b"a;\"b;c\";a\n", Header::Auto, semi),
+            Labels::Text(vec!["a".into(), "b;c".into(), "a".into()])
+        );
+        assert_eq!(
+            with(b"1,5;2\n", Header::Absent, semi),
+            Labels::Text(vec!["1,5".into(), "2".into()])
+        );
+        let spaces = Some(Delimiter::Whitespace);
+        assert_eq!(
+            with(b"  1   2\t3 \n", Header::Auto, spaces),
+            Labels::Int(vec![1, 2, 3])
+        );
+        let tab = Some(Delimiter::Byte(b'\t'));
+        assert_eq!(
+            with(b"x y\tz\n", Header::Auto, tab),
+            Labels::Text(vec!["x y".into(), "z".into()])
+        );
     }
 
     #[test]

@@ -102,7 +102,10 @@ use std::path::Path;
 pub use csv_text::{CsvOptions, Delimiter, Header, ParseDelimiterError};
 pub use error::{IoError, ParseFormatError};
 pub use format::Format;
-pub use labels::{read_labels, read_labels_from_bytes, write_labels, write_labels_to, Labels};
+pub use labels::{
+    read_labels, read_labels_from_bytes, read_labels_from_bytes_with, read_labels_with,
+    write_labels, write_labels_to, Labels,
+};
 pub use output::{
     output_target, write_bytes, write_f32_to, write_f64_to, write_i64_to, OutputTarget,
 };
