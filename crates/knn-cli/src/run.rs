@@ -318,16 +318,50 @@ fn check_float64(metric: &Metric, plan: Option<&Plan>, inputs: &[(&Path, &Data)]
     Ok(())
 }
 
-/// The device of an index in words ("on the CPU", "on GPU 0"), with the method asked for
-/// when one was.
-fn index_in_words(index: &Index, method: &str) -> String {
-    let device = match index.device() {
-        Device::Cuda(n) => format!("on GPU {n}"),
-        _ => "on the CPU".to_owned(),
-    };
-    match method {
-        "auto" => device,
-        m => format!("{} {device}", method_in_words(m)),
+/// The index of a float64 run, built at the first computation that needs it: the time of a
+/// run includes building it (checking, preparing and placing the base on its device), as the
+/// time of a one-off search does.
+struct LazyIndex {
+    rows: std::sync::Mutex<Option<knn::Rows>>,
+    dim: usize,
+    metric: Metric,
+    opts: Options,
+    index: std::sync::OnceLock<Index>,
+}
+
+impl LazyIndex {
+    fn new(rows: knn::Rows, dim: usize, metric: &Metric, opts: Options) -> LazyIndex {
+        LazyIndex {
+            rows: std::sync::Mutex::new(Some(rows)),
+            dim,
+            metric: metric.clone(),
+            opts,
+            index: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The index, built now if it is not yet.
+    fn get(&self) -> knn::Result<&Index> {
+        if let Some(index) = self.index.get() {
+            return Ok(index);
+        }
+        let rows = self.rows.lock().map(|mut r| r.take()).ok().flatten();
+        let rows = rows.ok_or_else(|| KnnError::Option("the index could not be built".into()))?;
+        let index = Index::new(rows, self.dim, self.metric.clone(), &self.opts)?;
+        gpu_memory_note(&self.opts, index.device());
+        Ok(self.index.get_or_init(|| index))
+    }
+
+    /// Where it computed ("on the CPU", "on GPU 0"), with the method asked for when one was.
+    fn in_words(&self, method: &str) -> String {
+        let device = match self.index.get().map(Index::device) {
+            Some(Device::Cuda(n)) => format!("on GPU {n}"),
+            _ => "on the CPU".to_owned(),
+        };
+        match method {
+            "auto" => device,
+            m => format!("{} {device}", method_in_words(m)),
+        }
     }
 }
 
@@ -515,10 +549,7 @@ fn search_f64(
         Data::F32(points) => points.into_rows(),
         Data::F64 { values, .. } => knn::Rows::OwnedF64(values),
     };
-    let opts = options(&a.engine, Symmetry::Auto)?;
-    let index = Index::new(rows, dim, metric.clone(), &opts)
-        .map_err(|e| name_the_file(e.into(), &a.base, &a.queries))?;
-    gpu_memory_note(&opts, index.device());
+    let index = LazyIndex::new(rows, dim, &metric, options(&a.engine, Symmetry::Auto)?);
     let Some((nn, times)) = compute(
         "search",
         &a.out,
@@ -529,9 +560,11 @@ fn search_f64(
         quiet,
         |r, progress| {
             let offset = r.start;
-            index.search_f64(&q[r.start * dim..r.end * dim], a.k, &|d, _| {
-                progress.update(offset + d, nq)
-            })
+            index
+                .get()?
+                .search_f64(&q[r.start * dim..r.end * dim], a.k, &|d, _| {
+                    progress.update(offset + d, nq)
+                })
         },
     )
     .map_err(|e| name_the_file(e, &a.base, &a.queries))?
@@ -541,7 +574,7 @@ fn search_f64(
     let describe = format!(
         "{nq} queries × {nb} base points (d={dim}), k={}, {metric}, {}, float64 values",
         a.k,
-        index_in_words(&index, &a.engine.method)
+        index.in_words(&a.engine.method)
     );
     finish(
         "search", "queries", &nn, &times, &a.out, plan, quiet, describe,
@@ -617,10 +650,8 @@ fn graph_f64(
     let Data::F64 { values, .. } = points else {
         unreachable!("float64 points")
     };
-    let opts = options(&a.engine, symmetric)?;
-    let index = Index::new(values, dim, metric.clone(), &opts)
-        .map_err(|e| name_the_file(e.into(), &a.points, &a.points))?;
-    gpu_memory_note(&opts, index.device());
+    let rows = knn::Rows::OwnedF64(values);
+    let index = LazyIndex::new(rows, dim, &metric, options(&a.engine, symmetric)?);
     let Some((nn, times)) = compute(
         "graph",
         &a.out,
@@ -631,7 +662,9 @@ fn graph_f64(
         quiet,
         |r, progress| {
             let offset = r.start;
-            index.graph_rows_f64(r, a.k, &|d, _| progress.update(offset + d, n))
+            index
+                .get()?
+                .graph_rows_f64(r, a.k, &|d, _| progress.update(offset + d, n))
         },
     )
     .map_err(|e| name_the_file(e, &a.points, &a.points))?
@@ -641,7 +674,7 @@ fn graph_f64(
     let describe = format!(
         "{n} points (d={dim}), k={}, {metric}, {}, float64 values",
         a.k,
-        index_in_words(&index, &a.engine.method)
+        index.in_words(&a.engine.method)
     );
     finish(
         "graph", "points", &nn, &times, &a.out, plan, quiet, describe,
