@@ -6,7 +6,8 @@
 # read once), and results of compared runs are checked byte for byte with cmp.
 #
 #   bash bench/gpu/bars.sh grid      # 2^23 uniform / clustered points, k = 1 and 16, GPU grid
-#   bash bench/gpu/bars.sh multi     # kNN graph n = 1e6, d = 256, k = 100, L2: 1 GPU vs all
+#   bash bench/gpu/bars.sh multi     # graph n = 1e6, d = 256, k = 100 and search 1e7 x 1e5, d = 128,
+#                                    # k = 100, L2: 1 GPU vs all (issue 23)
 #   bash bench/gpu/bars.sh stream    # graph n = 4e6 (STREAM_N), d = 128, k = 10: no cap vs --gpu-memory 2GiB
 #   bash bench/gpu/bars.sh sym       # graphs n = 80 000: symmetric (collect form / fold) vs one-sided
 #
@@ -31,10 +32,28 @@ grid() {
 }
 
 multi() {
+    # Median ms of the library call (`--timing-json`), one run each: the runs take seconds.
+    ms() { python3 -c "import json; print(round(json.load(open('$1'))['median_ms'], 1))"; }
     gen p256.npy -n 1000000 -d 256 --seed 4
-    "$KNN" graph -p p256.npy -k 100 --devices 0 -o one.npy --force
-    "$KNN" graph -p p256.npy -k 100 --devices all -o all.npy --force
-    cmp one.npy all.npy && cmp one.dist.npy all.dist.npy && echo "multi: identical graphs"
+    for sym in auto off; do
+        for dev in 0 all; do
+            "$KNN" graph -p p256.npy -k 100 --devices "$dev" --symmetric "$sym" --quiet \
+                --timing-json "g-$sym-$dev.json" -o "g-$sym-$dev.npy" --force
+        done
+        cmp "g-$sym-0.npy" "g-$sym-all.npy" && cmp "g-$sym-0.dist.npy" "g-$sym-all.dist.npy"
+        echo "multi graph n=1e6 d=256 k=100 symmetric=$sym: 1 GPU $(ms "g-$sym-0.json") ms," \
+            "all GPUs $(ms "g-$sym-all.json") ms; identical graphs"
+    done
+    cmp g-auto-0.npy g-off-0.npy && echo "multi graph: symmetric auto and off identical"
+    gen b1e7.npy -n 10000000 -d 128 --seed 8
+    gen q1e5.npy -n 100000 -d 128 --seed 9
+    for dev in 0 all; do
+        "$KNN" search -b b1e7.npy -q q1e5.npy -k 100 --devices "$dev" --quiet \
+            --timing-json "s-$dev.json" -o "s-$dev.npy" --force
+    done
+    cmp s-0.npy s-all.npy && cmp s-0.dist.npy s-all.dist.npy
+    echo "multi search 1e7 x 1e5 d=128 k=100: 1 GPU $(ms s-0.json) ms, all GPUs $(ms s-all.json) ms;" \
+        "identical results"
 }
 
 stream() {

@@ -399,7 +399,7 @@ fn ctrl_c_stops_with_the_checkpoint_saved() {
         "5",
         &["--threads", "1", "-o", &out, "--checkpoint", &ck],
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_knn"))
+    let mut child = Command::new(common::knn_binary())
         .args(&args)
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -44,7 +44,7 @@ pub enum KnnError {
         what: String,
         row: usize,
         col: usize,
-        value: f32,
+        value: f64,
     },
     /// A distance exceeds the f32 range of the output.
     #[error("{metric} distances of query row {row} exceed the f32 range (3.4e38); scale the data down or use a metric with smaller values (l2 instead of sqeuclidean)")]

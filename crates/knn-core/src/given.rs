@@ -238,6 +238,24 @@ pub fn check_given(metric: &Metric, f64_rows: bool) -> Result<()> {
     }
 }
 
+/// Checks rows given in f64 against the metric's domain on their own values (Hellinger:
+/// ≥ 0), as [`Metric::check_domain`] checks f32 rows: a value such as −1e-50 rounds to −0 in
+/// f32 and would pass there.
+pub fn check_given_domain(metric: &Metric, what: &str, data: &[f64], dim: usize) -> Result<()> {
+    if *metric != Metric::Hellinger || dim == 0 {
+        return Ok(());
+    }
+    match data.par_iter().position_first(|&v| v < 0.0) {
+        Some(i) => Err(KnnError::Negative {
+            what: what.into(),
+            row: i / dim,
+            col: i % dim,
+            value: data[i],
+        }),
+        None => Ok(()),
+    }
+}
+
 /// The rows as given, for a pipeline run whose base or queries came in f64: the exact re-rank
 /// reads these, and lowers every floor by their rounding (see the module's formulas).
 #[derive(Clone, Copy, Debug)]

@@ -274,7 +274,7 @@ impl Metric {
                     what: what.into(),
                     row: i / m.dim(),
                     col: i % m.dim(),
-                    value: m.as_slice()[i],
+                    value: m.as_slice()[i].into(),
                 });
             }
         }

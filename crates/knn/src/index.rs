@@ -2,7 +2,9 @@
 //! times.
 
 use crate::{Device, Knn, Options};
-use knn_core::given::{check_given, round_to_f32, Given, GivenRows, RowRounding};
+use knn_core::given::{
+    check_given, check_given_domain, round_to_f32, Given, GivenRows, RowRounding,
+};
 use knn_core::{
     check_base, KnnError, MatrixRef, Metric, Neighbors, PreparedBase, ProgressFn, Result,
 };
@@ -168,6 +170,7 @@ impl Index {
             Given::F64(v) => {
                 check_given(metric, true)?;
                 let r = round_to_f32("base", v, dim)?;
+                check_given_domain(metric, "base", v, dim)?;
                 (Some(r), RowRounding::of_rows(metric, v, dim))
             }
         };
@@ -331,6 +334,7 @@ impl Index {
     /// [`Index::add`] of rows given in f64 (an index of f32 rows keeps f64 ones from then on).
     pub fn add_f64(&mut self, rows: &[f64]) -> Result<()> {
         let rounded = round_to_f32("added rows", rows, self.dim)?;
+        check_given_domain(&self.metric, "added rows", rows, self.dim)?;
         let m = MatrixRef::new_unchecked_values("added rows", &rounded, self.dim)?;
         self.metric.check_domain("added rows", m)?;
         self.append(Given::F64(rows))

@@ -217,6 +217,35 @@ fn f64_errors() {
     assert!(err.to_string().contains("3"), "{err}");
 }
 
+/// Hellinger's domain is checked on the f64 values: −1e-50 rounds to −0 in f32 and would
+/// pass a check of the rounding, then give NaN roots.
+#[test]
+fn hellinger_negative_f64_values_are_refused() {
+    let d = 3;
+    let mut base = uniform(10, d, 4);
+    base[5] = -1e-50;
+    let err = Index::new(base.clone(), d, Metric::Hellinger, &cpu())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("base") && err.contains("row 1") && err.contains("column 2"),
+        "{err}"
+    );
+    base[5] = 0.5;
+    let mut index = Index::new(base, d, Metric::Hellinger, &cpu()).unwrap();
+    let err = index.add_f64(&[0.1, -1e-300, 0.2]).unwrap_err().to_string();
+    assert!(
+        err.contains("added rows") && err.contains("column 1"),
+        "{err}"
+    );
+    assert_eq!(index.len(), 10, "a refused add leaves the index as it was");
+    let err = index
+        .search_f64(&[0.1, 0.2, -1e-45], 1, &|_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("queries") && err.contains("column 2"), "{err}");
+}
+
 /// Cosine with all-zero rows: distance 1 between a zero row and every row, itself included
 /// (scikit-learn's `cosine_distances`), on the CPU and the GPU, one-off and graph.
 #[test]

@@ -3,13 +3,27 @@
 #![allow(dead_code)]
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+
+/// The `knn` binary: where cargo built it, or, where the tests were copied to another machine
+/// without that tree (the GPU machine's `.gpu/tests/`), `knn` in the folder above theirs.
+pub fn knn_binary() -> PathBuf {
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_knn"));
+    if built.exists() {
+        return built;
+    }
+    let exe = std::env::current_exe().expect("the test's own path");
+    let beside = exe.parent().and_then(Path::parent).map(|d| d.join("knn"));
+    beside
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| panic!("no knn binary at {} or beside the tests", built.display()))
+}
 
 /// Runs `knn` with `args`, the environment variables `env` set and `stdin` on its standard
 /// input.
 pub fn knn_with(args: &[&str], env: &[(&str, &str)], stdin: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_knn"))
+    let mut child = Command::new(knn_binary())
         .args(args)
         .envs(env.iter().copied())
         .stdin(Stdio::piped())

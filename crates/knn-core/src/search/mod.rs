@@ -202,6 +202,11 @@ fn check_given_rows(
         metric,
         given.base.is_f64() || given.queries.is_some_and(|q| q.is_f64()),
     )?;
+    for (what, g) in [("base", Some(given.base)), ("queries", given.queries)] {
+        if let Some(Given::F64(v)) = g {
+            crate::given::check_given_domain(metric, what, v, given.dim)?;
+        }
+    }
     let shape = |g: Given<'_>, m: MatrixRef<'_>| g.len() == m.rows() * m.dim();
     let fits = given.dim == base.dim()
         && shape(given.base, base)
