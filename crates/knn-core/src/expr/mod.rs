@@ -29,6 +29,7 @@
 //! value ≤ 0, a divisor that can be 0) or leave the f32 range are refused before any work, with
 //! the column of the operation and the data that triggers it.
 
+mod bound;
 mod parse;
 mod plan;
 
