@@ -1,0 +1,754 @@
+//! Host side of the fused method: tiles of queries and base points under a memory budget,
+//! on-chip top-W for W ≤ 128 ([`SMALL_WIDTH_MAX`]), device key tiles + radix select beyond.
+
+mod finish;
+mod graph;
+mod resident;
+mod select;
+mod timing;
+
+pub(crate) use finish::{Finish, Finished};
+pub(crate) use graph::GraphLists;
+pub(crate) use resident::{BaseView, Prefetched, Resident};
+
+use crate::device::{dev_err, Gpu};
+use crate::tuning::CudaTuning;
+use cudarc::driver::{sys, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use finish::{exact_keys, finish_lists, FinishedChunk};
+use graph::{graph_finished, graph_lists, list_slots};
+use knn_core::{CandidateRequest, Kernel, KnnError, Result};
+use resident::{rows_within, upload_base, upload_rows};
+use select::{large, merge_runs, prime_thresholds, Large, Lists, FILTER_CAP};
+use timing::Phases;
+
+/// Queries per block tile of the fused kernels (`BQ` in `kernels/fused.cu`).
+pub const QUERY_TILE: usize = 128;
+/// Base points per block tile (`BB`).
+pub const BASE_TILE: usize = 128;
+/// Widest list kept on chip.
+pub const SMALL_WIDTH_MAX: usize = 128;
+/// Widest list the radix select sorts in shared memory.
+pub const SELECT_WIDTH_MAX: usize = 8192;
+
+/// Key tile bytes in shared memory: FP32 tiles (128 × 129 floats) and TF32 ones (128 × 136).
+const TILE_SMEM: usize = 128 * 129 * 4;
+const TILE_SMEM_TF32: usize = 128 * 136 * 4;
+/// The list kernels' row buffers of candidate columns (`CBUF` bytes per row) after the key
+/// tile: room is left in the TF32 tile (stored 128 × 132), the FP32 tile needs it added.
+const ROW_BUF_SMEM: usize = 128 * 16;
+
+/// `true` when the request runs on the tensor cores (TF32 inputs, see [`crate::floor`]): GEMM
+/// kernels on first tries. Retries (`precise`) and L1/L∞ use the FP32 kernels.
+pub(crate) fn uses_tf32(req: &CandidateRequest<'_>) -> bool {
+    !req.precise && req.kernel.is_gemm()
+}
+
+/// Splits of the base for `qblocks` query tiles on `slots` resident blocks: the fewest whose
+/// last wave is at least 95 % full (else the fullest), at most `tiles`.
+fn split_count(qblocks: usize, slots: usize, tiles: usize) -> usize {
+    let limit = (4 * slots).div_ceil(qblocks).clamp(1, tiles.max(1));
+    let eff = |n: usize| {
+        let blocks = qblocks * n;
+        blocks as f64 / (blocks.div_ceil(slots) * slots) as f64
+    };
+    let mut best = 1;
+    for n in 1..=limit {
+        if eff(n) >= 0.95 {
+            return n;
+        }
+        if eff(n) > eff(best) + 1e-9 {
+            best = n;
+        }
+    }
+    best
+}
+
+/// Entries each of `nsplit` splits keeps of a `w`-wide search when splits are truncated: the
+/// fewest with `nsplit · P(Binomial(w, 1/nsplit) ≥ ws) ≤ 1e-5`. Splits take strided rows, so a
+/// query's w nearest fall into them about uniformly, and a row loses its proof only when one
+/// split holds ws of them (then the pipeline retries it). Fewer entries per split mean far
+/// fewer insertions: each split inserts about ws·(1 + ln(len/ws)) keys.
+/// (`CudaTuning::truncate_splits` = false keeps w; callers decide.)
+pub(crate) fn split_width(w: usize, nsplit: usize) -> usize {
+    if nsplit <= 1 {
+        return w;
+    }
+    let p = 1.0 / nsplit as f64;
+    // ln C(w, i) + i ln p + (w - i) ln(1 - p), summed from the top.
+    let ln_fact = |n: usize| (1..=n).map(|x| (x as f64).ln()).sum::<f64>();
+    let term = |i: usize| {
+        (ln_fact(w) - ln_fact(i) - ln_fact(w - i)
+            + i as f64 * p.ln()
+            + (w - i) as f64 * (-p).ln_1p())
+        .exp()
+    };
+    let mut tail = 0.0;
+    for ws in (1..=w).rev() {
+        tail += term(ws);
+        if nsplit as f64 * tail > 1e-5 {
+            return (ws + 1).min(w);
+        }
+    }
+    1
+}
+
+/// The fused kernel of one call and how it splits the base.
+struct SplitPlan<'a> {
+    f: &'a CudaFunction,
+    name: String,
+    smem: usize,
+    nsplit: usize,
+    /// Entries each split keeps: `w`, or fewer for truncated splits (see the kernel).
+    ws: usize,
+}
+
+/// Picks the narrowest list kernel (32, 64 or 128 slots, at most the `slots` of width `w`)
+/// that holds the entries its splits keep: a narrower kernel takes less shared memory, so
+/// more blocks per SM, and its splits keep fewer entries. Splits fill the last wave of
+/// resident blocks (with 79 query tiles on 132 single-block SMs, 5 splits fill 3 waves),
+/// unless `tuning` fixes the splits; `tuning` also says whether splits are truncated.
+#[allow(clippy::too_many_arguments)]
+fn split_plan<'a>(
+    gpu: &'a Gpu,
+    tuning: &CudaTuning,
+    tf: bool,
+    tag: &str,
+    slots: usize,
+    w: usize,
+    qblocks: usize,
+    tiles: usize,
+    rows: usize,
+) -> Result<SplitPlan<'a>> {
+    for s in [1, 2, 4].into_iter().filter(|&s| s <= slots) {
+        let name = format!("fused_{}{tag}_w{}", if tf { "tf32_" } else { "" }, 32 * s);
+        let f = gpu.func(&name)?;
+        let tile = if tf {
+            TILE_SMEM_TF32
+        } else {
+            TILE_SMEM + ROW_BUF_SMEM
+        };
+        let smem = QUERY_TILE * 32 * s * 8 + tile;
+        if smem > gpu.max_smem_optin {
+            return Err(KnnError::Device(format!(
+                "{name} needs {smem} bytes of shared memory, the device allows {}",
+                gpu.max_smem_optin
+            )));
+        }
+        let per_sm = blocks_per_sm(f, smem)?;
+        let nsplit = tuning.splits.map_or_else(
+            || split_count(qblocks, gpu.sm_count * per_sm, tiles),
+            |v| v.clamp(1, tiles.max(1)),
+        );
+        // Truncation needs every split to hold ws rows and the union w of them.
+        let ws = if tuning.truncate_splits && rows > w && rows / nsplit.max(1) >= w {
+            split_width(w, nsplit)
+        } else {
+            w
+        };
+        if ws <= 32 * s || s == slots {
+            return Ok(SplitPlan {
+                f,
+                name,
+                smem,
+                nsplit,
+                ws: ws.min(w),
+            });
+        }
+    }
+    Err(KnnError::Device(format!("no list kernel for width {w}")))
+}
+
+/// Allows a list kernel `smem` bytes of dynamic shared memory and returns how many of its
+/// 256-thread blocks fit on one SM, counting at most 2 (the memory plan of `run` assumes it).
+fn blocks_per_sm(f: &CudaFunction, smem: usize) -> Result<usize> {
+    f.set_attribute(
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .map_err(dev_err("shared memory limit"))?;
+    Ok(
+        f.occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
+            .unwrap_or(1)
+            .clamp(1, 2) as usize,
+    )
+}
+
+const SENTINEL: u64 = u64::MAX;
+
+/// The name part of a built-in kernel's functions (`fused_{tag}_w32`, ...); expression modules
+/// have their own tags (see [`crate::device::Gpu::expr_kernels`]).
+pub(crate) fn kernel_tag(k: Kernel) -> &'static str {
+    match k {
+        Kernel::SqL2 => "sql2",
+        Kernel::NegDot => "negdot",
+        Kernel::L1 => "l1",
+        Kernel::Linf => "linf",
+    }
+}
+
+/// Decodes a composite (orderable key bits, id) into (key, id).
+pub(crate) fn decode(c: u64) -> (f32, u32) {
+    let ord = (c >> 32) as u32;
+    let bits = if ord & 0x8000_0000 != 0 {
+        ord ^ 0x8000_0000
+    } else {
+        !ord
+    };
+    (f32::from_bits(bits), c as u32)
+}
+
+/// Whether `exclude` excludes from each query its own row `at + i` of the base.
+fn excludes_itself(exclude: Option<&[u32]>, at: usize) -> bool {
+    exclude.is_some_and(|e| e.iter().enumerate().all(|(i, &x)| x as usize == at + i))
+}
+
+/// Copies of the base a call keeps: exact keys of a centred base, or Hellinger's, need the given
+/// rows beside the base's, and so does a base the device derives (`derived`: from given rows).
+fn copies(exact: Option<Exact<'_>>, centred: bool, derived: bool) -> usize {
+    match exact {
+        _ if derived => 2,
+        Some(Exact::Hellinger { .. }) => 2,
+        Some(Exact::Kernel) if centred => 2,
+        _ => 1,
+    }
+}
+
+/// Whether [`run`] keeps a base of `nb × d` resident under `budget` (it then gives exact keys
+/// and finishes rows): when its copies and norms take at most half the budget.
+pub(crate) fn base_fits(
+    nb: usize,
+    d: usize,
+    exact: Option<Exact<'_>>,
+    (centred, derived): (bool, bool),
+    budget: usize,
+) -> bool {
+    nb * ((d + 1) * 4 + (copies(exact, centred, derived) - 1) * d * 4) <= budget / 2
+}
+
+/// Which exact keys a call computes besides its candidates.
+#[derive(Clone, Copy)]
+pub(crate) enum Exact<'a> {
+    /// The kernel's key (`Kernel::exact`) of the request's rows as given (uncentred).
+    Kernel,
+    /// Hellinger's key (`Metric::exact_key`) of these given rows, `nb × d` and `nq × d`: the
+    /// request's rows are their square roots (maybe centred).
+    Hellinger { base: &'a [f32], queries: &'a [f32] },
+}
+
+/// What [`run`] returns: `nq × W` composites (rows sorted), the exact keys of the candidates
+/// when asked for and possible, and the kernels' device time when it could be measured.
+pub(crate) struct Output {
+    pub composites: Vec<u64>,
+    /// Per row, the smallest entry a truncated split left out (SENTINEL: none): every base
+    /// point missing from the row is at least min(its W-th composite, this).
+    pub cut: Vec<u64>,
+    pub exact: Option<Vec<f64>>,
+    /// Set when the rows were finished on the device (then `composites` and `exact` are
+    /// empty).
+    pub finished: Option<Finished>,
+    pub kernel_ms: Option<f32>,
+    /// Absolute input rounding of the keys per coordinate besides the relative one (see
+    /// `GraphLists::input_abs`), for the floors.
+    pub input_abs: f64,
+}
+
+/// Runs the fused method with the kernels named by `tag` (a built-in kernel's
+/// [`kernel_tag`], or an expression module's) under `tuning`; returns `nq × W` composites,
+/// rows sorted. Also returns the device time of the kernels (CUDA events), when it could be
+/// measured.
+pub(crate) fn run(
+    gpu: &Gpu,
+    req: &CandidateRequest<'_>,
+    budget: usize,
+    base: BaseView<'_>,
+    tag: &str,
+    tuning: &CudaTuning,
+    mut finish: Option<Finish<'_>>,
+) -> Result<Output> {
+    let (nq, nb, d, w) = (
+        req.queries.rows(),
+        req.base.rows(),
+        req.base.dim(),
+        req.width,
+    );
+    let small = w <= SMALL_WIDTH_MAX;
+    let slots = list_slots(w);
+    // Base: resident when it takes at most half the budget, else streamed in chunks.
+    let row_bytes = (d + 1) * 4;
+    let centre_dev = base.centre.map(|c| gpu.upload(c)).transpose()?;
+    let centre_ptr = centre_dev.as_ref().map_or(0, |c| gpu.ptr(c));
+    let cached = match (req.base_key, base.cache.as_ref()) {
+        (Some(key), Some(r)) => {
+            r.key == key
+                && r.centre.as_deref() == base.centre
+                && base.exact.is_none_or(|e| r.given(e).is_some())
+        }
+        _ => false,
+    };
+    if !cached {
+        // Free the old copy before a new base takes its place.
+        *base.cache = None;
+    }
+    let centred = base.centre.is_some();
+    let derived = req.base.centred_roots().is_some() && !centred;
+    let fits = base_fits(nb, d, base.exact, (centred, derived), budget);
+    let copies = copies(base.exact, centred, derived);
+    let bc = if cached || fits {
+        nb
+    } else {
+        ((budget / 2 / row_bytes) / BASE_TILE * BASE_TILE).max(BASE_TILE)
+    };
+    let base_bytes = bc * row_bytes;
+    let rest = budget.saturating_sub(base_bytes).max(1 << 20);
+    let nsplit_max = (8 * gpu.sm_count).max(1);
+    let tf = uses_tf32(req);
+    let cap = FILTER_CAP.max(2 * w);
+    let per_query = d * 4
+        + 8
+        + 2 * w * 8
+        + if small {
+            nsplit_max.min(nb.div_ceil(BASE_TILE)) * w * 8
+        } else {
+            cap * 8 + 4
+        };
+    let mut qc = rest / per_query;
+    if small {
+        // The split lists of one call number at most 4·slots + qblocks tiles of QUERY_TILE rows
+        // (see `split_count`; slots ≤ 2 per SM), far fewer than `nsplit_max` per query once
+        // the chunk is large: with that bound, a streamed base is sent once per call instead
+        // of once per small query chunk.
+        let fixed = (nsplit_max + 1) * QUERY_TILE * w * 8;
+        let lean = d * 4 + 8 + 3 * w * 8;
+        qc = qc.max(rest.saturating_sub(fixed) / lean);
+    }
+    let qc = qc.clamp(1, nq.max(1));
+    let qc = if qc >= QUERY_TILE {
+        qc / QUERY_TILE * QUERY_TILE
+    } else {
+        qc
+    };
+
+    let mut phases = Phases::new();
+    let mut own = None;
+    if bc == nb && !cached {
+        let r = if let Some(roots) = req.base.centred_roots().filter(|_| derived) {
+            // Hellinger's centred roots, derived here from the given rows (uploaded once, and
+            // kept for the exact keys) with the host's centre: the same bits as the host's.
+            let orig = upload_rows(gpu, base.prefetched, req.base_key, roots.given.as_slice())?;
+            let centre = gpu.upload(roots.centre)?;
+            let (b, norm_up) = (gpu.alloc::<f32>(nb * d)?, gpu.alloc::<f32>(nb)?);
+            let ptrs = (gpu.ptr(&b), gpu.ptr(&norm_up));
+            gpu.hellinger_roots(gpu.ptr(&orig), nb, d, gpu.ptr(&centre), ptrs)?;
+            let bn = gpu.alloc::<f32>(nb)?;
+            gpu.sq_norms(gpu.ptr(&b), nb, d, gpu.ptr(&bn))?;
+            Resident {
+                key: req.base_key.unwrap_or(0),
+                centre: None,
+                b,
+                bn,
+                orig: Some(orig),
+                hellinger: true,
+                norm_up: Some(gpu.download(&norm_up, nb)?),
+            }
+        } else {
+            let given = upload_rows(gpu, base.prefetched, req.base_key, req.base.as_slice())?;
+            let orig = match base.exact {
+                Some(Exact::Hellinger { base: rows, .. }) => {
+                    Some(upload_rows(gpu, base.prefetched, req.base_key, rows)?)
+                }
+                _ if copies == 2 => Some(
+                    gpu.stream
+                        .clone_dtod(&given)
+                        .map_err(dev_err("copying on the device"))?,
+                ),
+                _ => None,
+            };
+            let bn = gpu.alloc::<f32>(nb)?;
+            gpu.centre_sq_norms(gpu.ptr(&given), nb, d, centre_ptr, gpu.ptr(&bn))?;
+            Resident {
+                key: req.base_key.unwrap_or(0),
+                centre: base.centre.map(<[f32]>::to_vec),
+                b: given,
+                bn,
+                orig,
+                hellinger: matches!(base.exact, Some(Exact::Hellinger { .. })),
+                norm_up: None,
+            }
+        };
+        if req.base_key.is_some() {
+            *base.cache = Some(r);
+        } else {
+            own = Some(r);
+        }
+    }
+    let held = if bc == nb {
+        own.as_ref().or(base.cache.as_ref())
+    } else {
+        None
+    };
+    let resident = held.map(|r| (&r.b, &r.bn));
+    // A first try of a whole graph the engine was told of: every row's lists made at once,
+    // each unordered pair once, then each call's rows copied out of them.
+    let graph = match (base.graph, resident) {
+        (Some(slot), Some((b, bn)))
+            if small
+                && req
+                    .queries
+                    .row_offset_in(&req.base)
+                    .is_some_and(|at| excludes_itself(req.exclude, at)) =>
+        {
+            graph_lists(
+                gpu,
+                tuning,
+                req,
+                (tag, uses_tf32(req)),
+                (gpu.ptr(b), gpu.ptr(bn)),
+                slot,
+                rest,
+            )?
+        }
+        _ => None,
+    };
+    // Rows taken from the graph's lists carry its keys' absolute input rounding.
+    let input_abs = graph.map_or(0.0, |(g, _)| g.input_abs);
+    let given_base = base.exact.zip(held).and_then(|(e, r)| r.given(e));
+    // Rows finish here only with exact keys at hand.
+    let mut finish = finish.take().filter(|_| given_base.is_some());
+    let lists = if finish.is_some() { 0 } else { nq * w };
+    let mut exact = given_base.map(|_| vec![0.0f64; lists]);
+    // Every row is written by a download below: zeroed (lazily mapped) memory, not a fill.
+    let mut out = vec![0u64; lists];
+    let mut cut_all = vec![0u64; nq];
+    let mut finished = finish.as_ref().map(|_| Finished {
+        kth: vec![0.0; nq],
+        last: vec![0; nq],
+    });
+    let mut bad_flagged = false;
+    let bad = gpu
+        .stream
+        .alloc_zeros::<u32>(1)
+        .map_err(dev_err("allocating device memory"))?;
+    let mut kernel_ms = Some(graph.map_or(0.0, |g| g.1));
+    // Which exact keys the given rows give: Hellinger's, or the kernel's.
+    let exact_kind = match base.exact {
+        Some(Exact::Hellinger { .. }) => None,
+        _ => Some(req.kernel),
+    };
+    phases.lap(gpu, "base up");
+    // A graph's call for no rows (`Engine::begin_graph`): every row is finished now, queued on
+    // the device for the calls to come.
+    if let (0, Some((g, _)), Some(f), Some(gb)) = (nq, graph, finish.as_ref(), given_base) {
+        graph_finished(gpu, g, (f.k, f.mode), (exact_kind, gpu.ptr(gb), d), rest)?;
+    }
+    for qs in (0..nq).step_by(qc) {
+        let qe = (qs + qc).min(nq);
+        let n = qe - qs;
+        // Queries that are rows of the resident base (a graph's rounds) are read where the
+        // base lies: nothing to upload, centre or measure again.
+        let rows = req.queries.slice_rows(qs, qe);
+        let alias = resident.and_then(|_| rows.row_offset_in(&req.base));
+        // Buffers of this chunk's own, kept until its kernels are done.
+        let (mut q_own, mut _qn_own) = (None, None);
+        let mut given_own: Option<CudaSlice<f32>> = None;
+        let (q, qn) = match (alias, resident) {
+            (Some(at), Some((b, bn))) => (
+                gpu.ptr(b) + (at * d * 4) as u64,
+                gpu.ptr(bn) + (at * 4) as u64,
+            ),
+            _ => {
+                let (own, norms) = (gpu.upload(rows.as_slice())?, gpu.alloc::<f32>(n)?);
+                let ptrs = (gpu.ptr(&own), gpu.ptr(&norms));
+                (q_own, _qn_own) = (Some(own), Some(norms));
+                ptrs
+            }
+        };
+        // The given query rows, for exact keys (uncentred; Hellinger's: not square-rooted).
+        let q_given = match (base.exact, given_base) {
+            (Some(Exact::Hellinger { base: hb, queries }), Some(gb)) => {
+                let rows = &queries[qs * d..qe * d];
+                match rows_within(hb, rows, d) {
+                    Some(at) => gpu.ptr(gb) + (at * d * 4) as u64,
+                    None => gpu.ptr(given_own.insert(gpu.upload(rows)?)),
+                }
+            }
+            (_, Some(gb)) if centre_ptr != 0 => match alias {
+                Some(at) => gpu.ptr(gb) + (at * d * 4) as u64,
+                None => {
+                    // Copied before the queries are centred in place below.
+                    let own = q_own.as_ref().expect("uploaded above");
+                    let copy = gpu
+                        .stream
+                        .clone_dtod(own)
+                        .map_err(dev_err("copying on the device"))?;
+                    gpu.ptr(given_own.insert(copy))
+                }
+            },
+            _ => q,
+        };
+        if alias.is_none() {
+            gpu.centre_sq_norms(q, n, d, centre_ptr, qn)?;
+        }
+        phases.lap(gpu, "queries up");
+        // Rows of a graph whose lists are made: every row is finished at once, by the first
+        // call, and each call downloads its own.
+        if let (Some((g, _)), Some(at), Some(f), Some(done), Some(gb)) =
+            (graph, alias, finish.as_mut(), finished.as_mut(), given_base)
+        {
+            let given = (exact_kind, gpu.ptr(gb), d);
+            if let Some(all) = graph_finished(gpu, g, (f.k, f.mode), given, rest)? {
+                let k = f.k;
+                let rows = FinishedChunk {
+                    ids: &mut f.ids[qs * k..qe * k],
+                    dists: &mut f.dists[qs * k..qe * k],
+                    kth: &mut done.kth[qs..qe],
+                    last: &mut done.last[qs..qe],
+                };
+                all.download(gpu, at, rows, (&g.cut, &mut cut_all[qs..qe]))?;
+                phases.lap(gpu, "finished or keys down");
+                continue;
+            }
+        }
+        let excl = match req.exclude {
+            Some(e) => Some(gpu.upload(&e[qs..qe])?),
+            None => None,
+        };
+        let excl_ptr = excl.as_ref().map_or(0, |e| gpu.ptr(e));
+        let mut cut = gpu.alloc::<u64>(n)?;
+        gpu.fill_u64(gpu.ptr(&cut), n, SENTINEL)?;
+        let mut running: Option<Lists> = None;
+        let t0 = gpu
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .ok();
+        if let Some(e) = &t0 {
+            e.record(&gpu.stream).map_err(dev_err("event"))?;
+        }
+        let copied = if let (Some((g, _)), Some(at)) = (graph, alias) {
+            // The graph's lists of these rows (the same candidates and floors as the kernels'
+            // below would give: every other point was met once, by row or by column).
+            let mut rows = gpu.alloc::<u64>(n * w)?;
+            gpu.stream
+                .memcpy_dtod(&g.lists.slice(at * w..(at + n) * w), &mut rows)
+                .map_err(dev_err("copying on the device"))?;
+            running = Some(Lists { buf: rows });
+            gpu.stream
+                .memcpy_dtod(&g.cut.slice(at..at + n), &mut cut)
+                .map_err(dev_err("copying on the device"))?;
+            true
+        } else {
+            false
+        };
+        let chunks = if copied { 0 } else { nb };
+        for bs in (0..chunks).step_by(bc) {
+            let be = (bs + bc).min(nb);
+            let chunk;
+            let (b, bn) = match resident {
+                Some((b, bn)) => (b, bn),
+                None => {
+                    chunk = upload_base(gpu, req, bs, be, centre_ptr)?;
+                    (&chunk.0, &chunk.1)
+                }
+            };
+            let bl = be - bs;
+            if small {
+                let tiles = bl.div_ceil(BASE_TILE);
+                let qblocks = n.div_ceil(QUERY_TILE);
+                let plan = split_plan(gpu, tuning, tf, tag, slots, w, qblocks, tiles, bl)?;
+                let SplitPlan {
+                    f,
+                    name,
+                    smem,
+                    nsplit,
+                    ws,
+                } = plan;
+                // Several splits take strided rows (split y: rows y, y + nsplit, ...), so that
+                // a run of stored neighbours spreads over them (what truncation relies on).
+                let (split_len, strided) = if nsplit > 1 {
+                    (0, 1)
+                } else {
+                    (tiles.div_ceil(nsplit) * BASE_TILE, 0)
+                };
+                let nsplit = bl.div_ceil(split_len.max(1)).min(nsplit).max(1);
+                // Not filled: every (row, split) writes all its w slots.
+                let partial = gpu.alloc::<u64>(n * nsplit * w)?;
+                // Shared thresholds: truncated splits only read them, and unprimed (no earlier
+                // base chunk) they would all be SENTINEL, so then the kernel gets none.
+                let gthr = if ws < w && running.is_none() {
+                    None
+                } else {
+                    let g = gpu.alloc::<u64>(n)?;
+                    gpu.fill_u64(gpu.ptr(&g), n, SENTINEL)?;
+                    Some(g)
+                };
+                let pg = gthr.as_ref().map_or(0, |g| gpu.ptr(g));
+                let launch =
+                    |rows: usize, split: (usize, i32, usize, i32), out: u64, thr: u64, cut: u64| {
+                        let (split_len, strided, nsplit, ws) = split;
+                        let args = (
+                            (q, qn, n as i64),
+                            (gpu.ptr(b), gpu.ptr(bn), rows as i64, bs as u32),
+                            (d as i32, excl_ptr, w as i32, ws, split_len as i64, strided),
+                            (out, thr, cut),
+                        );
+                        let mut l = gpu.stream.launch_builder(f);
+                        l.arg(&args.0 .0)
+                            .arg(&args.0 .1)
+                            .arg(&args.0 .2)
+                            .arg(&args.1 .0)
+                            .arg(&args.1 .1)
+                            .arg(&args.1 .2)
+                            .arg(&args.1 .3)
+                            .arg(&args.2 .0)
+                            .arg(&args.2 .1)
+                            .arg(&args.2 .2)
+                            .arg(&args.2 .3)
+                            .arg(&args.2 .4)
+                            .arg(&args.2 .5)
+                            .arg(&args.3 .0)
+                            .arg(&args.3 .1)
+                            .arg(&args.3 .2);
+                        // SAFETY: buffers sized as the kernel documents: q n×d, qn n, b ≥ rows×d,
+                        // bn ≥ rows, exclude n (or null), out n×nsplit×w, thr and cut n (or null).
+                        unsafe {
+                            l.launch(LaunchConfig {
+                                grid_dim: (qblocks as u32, nsplit as u32, 1),
+                                block_dim: (256, 1, 1),
+                                shared_mem_bytes: smem as u32,
+                            })
+                        }
+                        .map_err(dev_err(&name))
+                        .map(|_| ())
+                    };
+                // Prime each query's shared threshold with a proven bound on its W-th
+                // composite: the W-th of the lists so far (earlier base chunks). (Priming
+                // with a prefix of the base lost: NOTES.md, 2026-11-23, "Tried and left off".)
+                if let Some(r) = &running {
+                    prime_thresholds(gpu, gpu.ptr(&r.buf), n, w, pg)?;
+                }
+                launch(
+                    bl,
+                    (split_len, strided, nsplit, ws as i32),
+                    gpu.ptr(&partial),
+                    pg,
+                    gpu.ptr(&cut),
+                )?;
+                // One split and no earlier chunk: the split's sorted list is the answer.
+                let next = if nsplit == 1 && running.is_none() {
+                    Lists { buf: partial }
+                } else {
+                    merge_runs(
+                        gpu,
+                        n,
+                        w,
+                        32 * slots,
+                        (gpu.ptr(&partial), nsplit),
+                        running.as_ref().map_or(0, |r| gpu.ptr(&r.buf)),
+                    )?
+                };
+                // A streamed chunk's host staging is reused by the next upload; resident
+                // buffers are freed in stream order, so the host need not wait here.
+                if resident.is_none() {
+                    gpu.sync()?;
+                }
+                running = Some(next);
+            } else {
+                let ctx = Large {
+                    tag,
+                    tf,
+                    n,
+                    d,
+                    w,
+                    cap,
+                    q,
+                    qn,
+                    excl: excl_ptr,
+                    b: gpu.ptr(b),
+                    bn: gpu.ptr(bn),
+                    id0: bs,
+                };
+                running = Some(large(gpu, &ctx, bl, running)?);
+            }
+        }
+        if let (Some(t0), Some(t1)) = (
+            &t0,
+            gpu.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .ok(),
+        ) {
+            t1.record(&gpu.stream).map_err(dev_err("event"))?;
+            t1.synchronize().map_err(dev_err("event"))?;
+            kernel_ms = kernel_ms.zip(t0.elapsed_ms(&t1).ok()).map(|(a, b)| a + b);
+        } else {
+            kernel_ms = None;
+        }
+        let r = running.expect("the base is not empty");
+        phases.lap(gpu, "kernels");
+        if let (Some(gb), Some(ex)) = (given_base, exact.as_mut()) {
+            let (gb, rb) = (gpu.ptr(gb), gpu.ptr(&r.buf));
+            let keys = exact_keys(gpu, exact_kind, (q_given, n), (gb, nb), rb, w, d)?;
+            phases.lap(gpu, "exact keys");
+            if let (Some(f), Some(done)) = (finish.as_mut(), finished.as_mut()) {
+                let k = f.k;
+                let lists = (&r.buf, &keys, w);
+                let rows = FinishedChunk {
+                    ids: &mut f.ids[qs * k..qe * k],
+                    dists: &mut f.dists[qs * k..qe * k],
+                    kth: &mut done.kth[qs..qe],
+                    last: &mut done.last[qs..qe],
+                };
+                finish_lists(gpu, lists, (k, f.mode), (nb, excl_ptr), gpu.ptr(&bad), rows)?;
+                bad_flagged = true;
+            } else {
+                gpu.download_into(&keys, &mut ex[qs * w..qe * w])?;
+            }
+        }
+        phases.lap(gpu, "finished or keys down");
+        if finished.is_none() {
+            gpu.download_into(&r.buf, &mut out[qs * w..qe * w])?;
+        }
+        gpu.download_into(&cut, &mut cut_all[qs..qe])?;
+        phases.lap(gpu, "downloads");
+    }
+    phases.print(nq);
+    // (Only `finish_lists` flags it: rows from a finished graph were checked by their own
+    // download, and waiting here would wait for the graph's later launches too.)
+    if bad_flagged && gpu.download(&bad, 1)?[0] != 0 {
+        return Err(KnnError::Device(
+            "a candidate list holds an unwritten slot or an excluded id".into(),
+        ));
+    }
+    Ok(Output {
+        composites: out,
+        cut: cut_all,
+        exact: exact.filter(|_| finished.is_none()),
+        finished,
+        kernel_ms,
+        input_abs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{split_count, split_width};
+    #[test]
+    fn truncated_splits_keep_a_binomial_margin() {
+        // 32 wide over 8 splits: 4 expected per split, 16 kept.
+        assert_eq!(split_width(32, 8), 16);
+        assert_eq!(split_width(128, 5), 49);
+        assert_eq!(split_width(128, 10), 32);
+        // One split keeps everything; many splits keep a few each.
+        assert_eq!(split_width(32, 1), 32);
+        assert_eq!(split_width(32, 264), 6);
+    }
+
+    #[test]
+    fn splits_fill_the_last_wave() {
+        // 79 query tiles on 132 single-block SMs: 5 splits → 395 of 396 slots.
+        assert_eq!(split_count(79, 132, 7813), 5);
+        // 32 query tiles on 264 slots: 8 splits → 256 of 264.
+        assert_eq!(split_count(32, 264, 128), 8);
+        // Never more splits than base tiles.
+        assert_eq!(split_count(1, 264, 3), 3);
+        assert_eq!(split_count(1000, 132, 1), 1);
+    }
+}
