@@ -107,6 +107,17 @@ pub struct TextArgs {
     pub delimiter: Option<String>,
 }
 
+/// Timed runs.
+#[derive(Args, Debug, Clone)]
+pub struct TimingArgs {
+    /// Run the computation N times and report the median (files are read once).
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
+    /// Write {"median_ms": .., "times_ms": [..]} of the computation to this file.
+    #[arg(long)]
+    pub timing_json: Option<PathBuf>,
+}
+
 /// Where results go.
 #[derive(Args, Debug, Clone)]
 pub struct OutputArgs {
@@ -128,12 +139,8 @@ pub struct OutputArgs {
     /// Replace output files that already exist (never an input file).
     #[arg(long)]
     pub force: bool,
-    /// Run the computation N times and report the median (files are read once).
-    #[arg(long, default_value_t = 1)]
-    pub repeat: usize,
-    /// Write {"median_ms": .., "times_ms": [..]} of the computation to this file.
-    #[arg(long)]
-    pub timing_json: Option<PathBuf>,
+    #[command(flatten)]
+    pub timing: TimingArgs,
     /// Save finished rows to this file as the work goes; rerunning the same command resumes
     /// from it (same result as an uninterrupted run). Ctrl-C stops cleanly with it saved. It is
     /// removed once the results are written.
@@ -142,6 +149,18 @@ pub struct OutputArgs {
     /// Test hook: with --checkpoint, stop as Ctrl-C would after N saved chunks.
     #[arg(long, hide = true, value_name = "N")]
     pub checkpoint_stop_after: Option<usize>,
+}
+
+/// How float64 inputs are computed on (search and graph).
+#[derive(Args, Debug, Clone, Copy)]
+pub struct PrecisionArgs {
+    /// Compute on the float32 rounding of float64 inputs (float64 .npy or HDF5 data, CSV and
+    /// other text, whose decimal numbers are read as float64). Without it such inputs are
+    /// kept exact: the answer is exact for the float64 values and distances are written in
+    /// float64. The mahalanobis metric and --metric-expr take float32 values and need it for
+    /// float64 inputs.
+    #[arg(long)]
+    pub float32: bool,
 }
 
 #[derive(Args, Debug)]
@@ -163,13 +182,8 @@ pub struct SearchArgs {
     pub input_format: Option<String>,
     #[command(flatten)]
     pub text: TextArgs,
-    /// Compute on the float32 rounding of float64 inputs (float64 .npy or HDF5 data, CSV and
-    /// other text, whose decimal numbers are read as float64). Without it such inputs are
-    /// kept exact: the answer is exact for the float64 values and distances are written in
-    /// float64. The mahalanobis metric and --metric-expr take float32 values and need it for
-    /// float64 inputs.
-    #[arg(long)]
-    pub float32: bool,
+    #[command(flatten)]
+    pub precision: PrecisionArgs,
     #[command(flatten)]
     pub metric: MetricArgs,
     #[command(flatten)]
@@ -192,13 +206,8 @@ pub struct GraphArgs {
     pub input_format: Option<String>,
     #[command(flatten)]
     pub text: TextArgs,
-    /// Compute on the float32 rounding of float64 inputs (float64 .npy or HDF5 data, CSV and
-    /// other text, whose decimal numbers are read as float64). Without it such inputs are
-    /// kept exact: the answer is exact for the float64 values and distances are written in
-    /// float64. The mahalanobis metric and --metric-expr take float32 values and need it for
-    /// float64 inputs.
-    #[arg(long)]
-    pub float32: bool,
+    #[command(flatten)]
+    pub precision: PrecisionArgs,
     /// Compute each unordered pair once and fold it into both points' lists: auto (wherever
     /// it was measured faster: on the CPU 64 points or more, its lists under 1 GiB, and not
     /// l2-type metrics at d <= 64 on CPUs with the int8 kernel; on one GPU 10 000 points or

@@ -79,12 +79,8 @@ pub struct ClassifyArgs {
     /// Replace output files that already exist (never an input file).
     #[arg(long)]
     pub force: bool,
-    /// Run the classification N times and report the median (files are read once).
-    #[arg(long, default_value_t = 1)]
-    pub repeat: usize,
-    /// Write {"median_ms": .., "times_ms": [..]} of the classification to this file.
-    #[arg(long)]
-    pub timing_json: Option<PathBuf>,
+    #[command(flatten)]
+    pub timing: crate::args::TimingArgs,
 }
 
 /// Labelled points, their classes, points to classify (computed on in float32: float64 inputs
@@ -220,8 +216,8 @@ pub fn classify(a: &ClassifyArgs, quiet: bool) -> Result<ExitCode> {
     let class_codes: Vec<i64> = (0..input.classes.len() as i64).collect();
     clf.fit_with_classes(train, &input.codes, &class_codes)?;
     let queries: MatrixRef<'_> = input.queries.view();
-    let (p, times) = timed(a.repeat, || clf.classify(queries, a.proba.is_some()))?;
-    let (med, runs) = timing::summary(&times, a.timing_json.as_deref())?;
+    let (p, times) = timed(a.timing.repeat, || clf.classify(queries, a.proba.is_some()))?;
+    let (med, runs) = timing::summary(&times, a.timing.timing_json.as_deref())?;
     let predicted = files::decode(&input.classes, &p.labels);
     let mut written = Vec::new();
     if let (Some(out), Some(format)) = (&a.output, output_format) {

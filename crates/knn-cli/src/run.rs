@@ -171,7 +171,7 @@ fn finish<D: Distance>(
     quiet: bool,
     describe: String,
 ) -> Result<ExitCode> {
-    let (med, runs) = timing::summary(times, out.timing_json.as_deref())?;
+    let (med, runs) = timing::summary(times, out.timing.timing_json.as_deref())?;
     let written = plan.map(|p| p.write(nn)).transpose()?;
     if let (Some(c), Some(_)) = (&out.checkpoint, &written) {
         checkpoint::remove(c);
@@ -202,11 +202,11 @@ fn compute<D: Distance>(
 ) -> Result<Option<(Neighbors<D>, Vec<f64>)>> {
     let progress = Progress::new(what, rows, quiet);
     let Some(path) = &out.checkpoint else {
-        let r = timed(out.repeat, || rows_of(0..rows, &progress))?;
+        let r = timed(out.timing.repeat, || rows_of(0..rows, &progress))?;
         progress.finish();
         return Ok(Some(r));
     };
-    if out.repeat > 1 {
+    if out.timing.repeat > 1 {
         bail!("--checkpoint runs the computation once: leave out --repeat");
     }
     if inputs.iter().any(|p| is_std_stream(p)) {
@@ -475,8 +475,18 @@ pub fn search(a: &SearchArgs, quiet: bool) -> Result<ExitCode> {
         bail!("only one input can be read from standard input (-); give the other as a file");
     }
     let mut stdin_taken = false;
-    let base = read_points(&a.base, &base_options, a.float32, &mut stdin_taken)?;
-    let queries = read_points(&a.queries, &query_options, a.float32, &mut stdin_taken)?;
+    let base = read_points(
+        &a.base,
+        &base_options,
+        a.precision.float32,
+        &mut stdin_taken,
+    )?;
+    let queries = read_points(
+        &a.queries,
+        &query_options,
+        a.precision.float32,
+        &mut stdin_taken,
+    )?;
     let metric = metric_for(&a.metric, &[&a.base, &a.queries])?;
     if base.is_f64() || queries.is_f64() {
         check_float64(
@@ -586,7 +596,7 @@ pub fn graph(a: &GraphArgs, quiet: bool) -> Result<ExitCode> {
     inputs.extend(a.metric.covariance.as_deref());
     let plan = plan(&a.out, &inputs)?;
     let options = input_options(&a.input_format, &a.text, Some(BASE_DATASET))?;
-    let points = read_points(&a.points, &options, a.float32, &mut false)?;
+    let points = read_points(&a.points, &options, a.precision.float32, &mut false)?;
     let metric = metric_for(&a.metric, &[&a.points])?;
     let symmetric: Symmetry = a.symmetric.parse().context("--symmetric")?;
     if points.is_f64() {
