@@ -148,6 +148,17 @@ impl Kernel {
 }
 
 impl Metric {
+    /// The built-in metrics that take no parameters (all but Mahalanobis and expressions).
+    pub const PLAIN: [Metric; 7] = [
+        Metric::SqL2,
+        Metric::L2,
+        Metric::InnerProduct,
+        Metric::Cosine,
+        Metric::L1,
+        Metric::Linf,
+        Metric::Hellinger,
+    ];
+
     /// The kernel that engines compute for this metric. [`Metric::Expr`] has none: it answers
     /// [`Kernel::L1`], the class of per-coordinate direct kernels, for candidate widths only
     /// (the pipeline hands engines the expression itself, see [`Metric::is_expr`]).

@@ -71,15 +71,7 @@ pub fn all_metrics(d: usize) -> Vec<Metric> {
 
 /// The built-in metrics that take no parameters (all but Mahalanobis).
 pub fn plain_metrics() -> Vec<Metric> {
-    vec![
-        Metric::SqL2,
-        Metric::L2,
-        Metric::InnerProduct,
-        Metric::Cosine,
-        Metric::L1,
-        Metric::Linf,
-        Metric::Hellinger,
-    ]
+    Metric::PLAIN.to_vec()
 }
 
 /// One case: data, k, metric, self-join or not.
