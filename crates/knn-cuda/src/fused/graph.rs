@@ -24,7 +24,8 @@ pub(crate) struct GraphLists {
     width: usize,
     kernel: String,
     pub(super) lists: CudaSlice<u64>,
-    /// Per row, the smallest entry a truncated list left out (as [`Output::cut`]).
+    /// Per row, the smallest entry a truncated list left out (as
+    /// [`Output::cut`](super::Output::cut)).
     pub(super) cut: CudaSlice<u64>,
     /// Every row finished at once (exact keys and final rows), made by the first call that
     /// finishes rows; later calls only download theirs.

@@ -61,8 +61,9 @@ impl KernelTimer {
     }
 }
 
-/// Wall-clock phases of one [`run`], summed over its query chunks and printed to stderr when
-/// `KNN_PROFILE` is set. Each phase ends with a device sync, so profiling slows a call a little.
+/// Wall-clock phases of one [`run`](super::run), summed over its query chunks and printed to
+/// stderr when `KNN_PROFILE` is set. Each phase ends with a device sync, so profiling slows a
+/// call a little.
 pub(super) struct Phases {
     since: Option<std::time::Instant>,
     parts: Vec<(&'static str, f64)>,
