@@ -34,6 +34,7 @@ mod engine;
 mod expr;
 mod gemm;
 mod int8;
+mod isa;
 mod symmetric;
 
 pub use engine::{CpuEngine, SYMMETRIC_LIST_BYTES, SYMMETRIC_MIN_POINTS};

@@ -35,6 +35,7 @@ use simd::x86;
 use simd::{Scalar, Simd};
 
 use crate::engine::F32_UNIT;
+use crate::isa::Isa;
 use knn_core::{CandidateRequest, Kernel, TopK};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -221,33 +222,10 @@ pub(crate) fn fold_unit(
     tops: &mut [TopK],
 ) {
     let unit = Unit { req, plan, qr, br };
-    fold_with(best_isa(), &unit, tops);
+    fold_with(Isa::best(), &unit, tops);
 }
 
-/// Instruction sets the kernels are compiled for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Isa {
-    Avx512,
-    Avx2,
-    Scalar,
-}
-
-/// The best instruction set of this CPU.
-fn best_isa() -> Isa {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return Isa::Avx512;
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            return Isa::Avx2;
-        }
-    }
-    Isa::Scalar
-}
-
-/// Runs the unit with `isa`, which must not be better than [`best_isa`].
+/// Runs the unit with `isa`, which must not be better than [`Isa::best`].
 fn fold_with(isa: Isa, unit: &Unit<'_, '_>, tops: &mut [TopK]) {
     match isa {
         // SAFETY: `isa` is at most the best this CPU has: the features are present.
@@ -499,13 +477,6 @@ mod tests {
             .collect()
     }
 
-    /// The instruction sets this CPU can run, best first.
-    fn isas() -> Vec<Isa> {
-        let all = [Isa::Avx512, Isa::Avx2, Isa::Scalar];
-        let best = all.iter().position(|&i| i == best_isa()).unwrap();
-        all[best..].to_vec()
-    }
-
     /// Every key the kernels compute (width = all points) is within the plan's bound of the
     /// exact key, for each operation, at dimensions around the vector widths and tile sizes.
     #[test]
@@ -540,7 +511,7 @@ mod tests {
                             exact_from: None,
                         };
                         let plan = DirectPlan::new(&req);
-                        for isa in isas() {
+                        for isa in Isa::available() {
                             let mut tops = vec![TopK::new(nb); nq];
                             let unit = Unit {
                                 req: &req,

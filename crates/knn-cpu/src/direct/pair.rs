@@ -5,8 +5,9 @@
 #[cfg(target_arch = "x86_64")]
 use super::simd::x86;
 use super::simd::{Scalar, Simd};
-use super::{accumulate, best_isa, sums_f64, DirectOp, DirectPlan, Isa};
+use super::{accumulate, sums_f64, DirectOp, DirectPlan};
 use super::{OP_ABS_DIFF, OP_MAX_ABS_DIFF, OP_MIN, OP_MIN_NON_NEGATIVE};
+use crate::isa::Isa;
 use knn_core::MatrixRef;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -24,7 +25,7 @@ pub(crate) fn fold_pair(
     rj: Range<usize>,
     sides: &mut crate::symmetric::Sides<'_>,
 ) -> u64 {
-    debug_assert_eq!(packed.width, group_width(best_isa()));
+    debug_assert_eq!(packed.width, group_width(Isa::best()));
     debug_assert_eq!(ri.start % packed.width, 0);
     let pair = Pair {
         points,
@@ -33,7 +34,7 @@ pub(crate) fn fold_pair(
         ri,
         rj,
     };
-    match best_isa() {
+    match Isa::best() {
         // SAFETY: `best_isa` found the features.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { x86::fold_pair_avx512(&pair, sides) },
@@ -76,7 +77,7 @@ impl PackedGroups {
     /// Packs `points`.
     pub(crate) fn new(points: MatrixRef<'_>) -> Self {
         let (n, d) = (points.rows(), points.dim());
-        let width = group_width(best_isa());
+        let width = group_width(Isa::best());
         let groups = n.div_ceil(width);
         let mut data = vec![0.0f32; groups * d * width];
         let mut sums = vec![0.0f32; groups * width];

@@ -20,6 +20,7 @@
 //! [`floor`](knn_core::ExprPlan::floor) gives each row's floor.
 
 use crate::engine::{UnitResult, QUERY_TILE};
+use crate::isa::Isa;
 use knn_core::expr::{Func, Src};
 use knn_core::{CandidateRequest, Candidates, ExprPlan, TopK};
 use rayon::prelude::*;
@@ -682,29 +683,6 @@ unsafe fn fold_avx2(
     fold_groups(c, groups, base, br, tops)
 }
 
-/// How the program runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Isa {
-    Avx512,
-    Avx2,
-    /// One pair at a time ([`knn_core::EngineProgram::key_f32`]): CPUs without AVX2.
-    Plain,
-}
-
-fn best_isa() -> Isa {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return Isa::Avx512;
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            return Isa::Avx2;
-        }
-    }
-    Isa::Plain
-}
-
 /// The unit `qr × br` with `isa` (which the CPU must have): packs the groups, then runs the
 /// program.
 fn fold_unit(
@@ -716,7 +694,7 @@ fn fold_unit(
     tops: &mut [TopK],
     isa: Isa,
 ) {
-    if isa == Isa::Plain {
+    if isa == Isa::Scalar {
         let prog = plan.program();
         for (t, q) in tops.iter_mut().zip(qr) {
             let skip = req.exclude.map(|e| e[q] as usize);
@@ -765,7 +743,7 @@ fn fold_unit(
 
 /// Candidates of an expression request (see [`knn_core::Engine::candidates_expr`]).
 pub(crate) fn candidates(req: &CandidateRequest<'_>, plan: &ExprPlan) -> Candidates {
-    candidates_with(req, plan, best_isa())
+    candidates_with(req, plan, Isa::best())
 }
 
 fn candidates_with(req: &CandidateRequest<'_>, plan: &ExprPlan, isa: Isa) -> Candidates {
