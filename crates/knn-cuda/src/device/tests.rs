@@ -1,0 +1,136 @@
+//! Tests of `device`.
+
+use super::*;
+
+#[test]
+fn finds_every_kernel_name() {
+    assert_eq!(
+        kernel_names(EXPR),
+        [
+            "fused_expr_w32",
+            "fused_expr_w64",
+            "fused_expr_w128",
+            "tile_expr",
+            "filter_expr"
+        ]
+    );
+    let names: Vec<String> = SOURCES.iter().flat_map(|s| kernel_names(s)).collect();
+    for n in [
+        "sq_norms",
+        "fill_u64",
+        "fused_sql2_w32",
+        "fused_linf_w128",
+        "fused_tf32_negdot_w64",
+        "filter_linf",
+        "tile_l1",
+        "select_topk",
+        "dist_texture_linf",
+        "add_norms",
+        "modified_insertion_sort",
+        "grid_count_3",
+        "grid_scan_blocks",
+        "grid_query_sql2_k8",
+        "grid_query_linf_k32",
+        "grid_cand_l1",
+        "grid_crowd_geom_3",
+        "grid_sub_scatter",
+    ] {
+        assert!(names.iter().any(|x| x == n), "{n} not found in {names:?}");
+    }
+    assert!(!names.iter().any(|x| x == "NAME"));
+    let sym = kernel_names(SYM);
+    assert_eq!(sym.len(), SYM_KERNELS, "{sym:?}");
+    for n in [
+        "sym_collect_f16_sql2_thr",
+        "round_f16",
+        "sym_tf32_negdot_w128",
+    ] {
+        assert!(sym.iter().any(|x| x == n), "{n} not found in {sym:?}");
+    }
+    // TF32 rounding lost to f16 in the collect form (NOTES.md, stop 17).
+    assert!(!sym
+        .iter()
+        .any(|x| x.contains("collect_tf32") || x == "round_tf32"));
+}
+
+/// Kernels of the symmetric module (`kernels/sym.cu`).
+const SYM_KERNELS: usize = 20;
+
+/// Compiles every kernel for sm_90 with NVRTC when the library can be loaded (no GPU
+/// needed: `LD_LIBRARY_PATH` pointing at a `libnvrtc.so` is enough); skips otherwise.
+/// The PTX stays in the disk cache's layout under `nvrtc-ptx/` beside the test binary
+/// (`target/release/deps/nvrtc-ptx/knn/`), e.g. for `ptxas -arch=sm_90 -v` (registers and
+/// spills without a GPU) or to copy to a device's cache (`$XDG_CACHE_HOME/knn/`) ahead of
+/// a run. Modules already there (same source, architecture and NVRTC) are not compiled
+/// again: NVRTC compiled that very source before.
+#[test]
+fn kernels_compile_with_nvrtc() {
+    if nvrtc_version().is_err() {
+        eprintln!("SKIPPED: NVRTC not loadable here");
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = exe
+        .parent()
+        .map_or_else(std::env::temp_dir, std::path::Path::to_path_buf)
+        .join("nvrtc-ptx");
+    std::env::set_var("XDG_CACHE_HOME", &dir);
+    let ptx = compiled_ptx(9, 0).expect("kernels compile");
+    let text = ptx.to_src();
+    for n in SOURCES.iter().flat_map(|s| kernel_names(s)) {
+        assert!(
+            text.contains(&format!(".entry {n}(")),
+            "{n} missing from the PTX"
+        );
+    }
+    assert!(
+        !text.contains("_expr"),
+        "expression kernels belong to their own modules"
+    );
+    // Expression modules: one channel, features, several channels with every function,
+    // and a dimension that ends inside a stage.
+    for (expr, d) in [
+        ("acc + abs(x - y)", 128),
+        ("acc + abs(x - y)", 100),
+        ("acc + (sqrt(x) - sqrt(y))^2 ; sqrt(0.5 * acc)", 7),
+        (
+            "max(acc, min(x, y) / (1 + abs(x - y))) + exp(-x) * log(y + 1) - sqrt(x) * y^3",
+            5,
+        ),
+    ] {
+        let m = knn_core::Metric::Expr(std::sync::Arc::new(
+            knn_core::MetricExpr::parse(expr).unwrap(),
+        ));
+        let data: Vec<f32> = (0..3 * d).map(|i| (i % 7) as f32 * 0.25).collect();
+        let b = knn_core::MatrixRef::new("b", &data, d).unwrap();
+        let prep = knn_core::prepare::prepare(&m, b, None).unwrap();
+        let plan = prep.expr.as_ref().unwrap();
+        let prelude = crate::expr::prelude(plan.program(), d * plan.program().stride);
+        let ptx =
+            compiled_expr_ptx(&prelude, 9, 0).unwrap_or_else(|e| panic!("{expr}: {e}\n{prelude}"));
+        let text = ptx.to_src();
+        for n in kernel_names(EXPR) {
+            assert!(
+                text.contains(&format!(".entry {n}(")),
+                "{expr}: {n} missing"
+            );
+        }
+        assert!(
+            !text.contains(".entry fused_l1_w32("),
+            "{expr}: built-ins compiled"
+        );
+    }
+    let text = compiled_sym_ptx(9, 0)
+        .expect("symmetric kernels compile")
+        .to_src();
+    let names = kernel_names(SYM);
+    assert_eq!(names.len(), SYM_KERNELS, "{names:?}");
+    for n in names {
+        assert!(text.contains(&format!(".entry {n}(")), "{n} missing");
+    }
+    assert!(
+        !text.contains(".entry fused_l1_w32("),
+        "symmetric module: built-ins compiled"
+    );
+    eprintln!("PTX kept in {}", dir.join("knn").display());
+}
