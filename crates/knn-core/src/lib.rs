@@ -25,6 +25,7 @@ pub mod pages;
 pub mod prepare;
 mod search;
 pub mod synth;
+mod threads;
 mod topk;
 mod validate;
 
@@ -43,5 +44,6 @@ pub use search::{
     graph, graph_given, graph_prepared, graph_rows, graph_with_progress, in_given_precision,
     search, search_given, search_prepared, search_with_progress, ProgressFn,
 };
+pub use threads::Threads;
 pub use topk::TopK;
 pub use validate::check_base;

@@ -4,10 +4,9 @@
 use crate::symmetric::SymmetricStats;
 use knn_core::{
     CandidateRequest, Candidates, Engine, ExprPlan, Kernel, KnnError, MatrixRef, Result, Symmetry,
-    TopK,
+    Threads, TopK,
 };
 use rayon::prelude::*;
-use std::sync::Arc;
 
 /// Queries per work unit: the GEMM block is `QUERY_TILE × BASE_TILE` f32 (512 KiB, in L2).
 pub(crate) const QUERY_TILE: usize = 256;
@@ -20,7 +19,7 @@ pub(crate) const F32_UNIT: f64 = 1.0 / (1u64 << 24) as f64;
 #[derive(Clone, Debug, Default)]
 pub struct CpuEngine {
     /// Its own pool when a thread count was given; else rayon's global pool (one per core).
-    pool: Option<Arc<rayon::ThreadPool>>,
+    pool: Threads,
     /// Never use the bf16 or int8 fast paths (for comparison and tests).
     f32_only: bool,
     /// Never use the int8 fast path (for comparison and tests).
@@ -32,15 +31,7 @@ pub struct CpuEngine {
 impl CpuEngine {
     /// An engine on `threads` threads (`None`: all cores).
     pub fn new(threads: Option<usize>) -> Result<Self> {
-        let pool = match threads {
-            None => None,
-            Some(t) => Some(Arc::new(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(t.max(1))
-                    .build()
-                    .map_err(|e| KnnError::Option(format!("cannot start {t} threads: {e}")))?,
-            )),
-        };
+        let pool = Threads::new(threads)?;
         Ok(Self {
             pool,
             f32_only: false,
@@ -97,10 +88,7 @@ impl CpuEngine {
                 precise,
             )
         };
-        Ok(match &self.pool {
-            Some(p) => p.install(run),
-            None => run(),
-        })
+        Ok(self.pool.install(run))
     }
 
     /// The same engine restricted to f32 products (no bf16 fast path).
@@ -130,9 +118,7 @@ impl CpuEngine {
 
     /// Worker threads used.
     pub fn threads(&self) -> usize {
-        self.pool
-            .as_ref()
-            .map_or_else(rayon::current_num_threads, |p| p.current_num_threads())
+        self.pool.count()
     }
 }
 
@@ -175,18 +161,12 @@ impl Engine for CpuEngine {
     }
 
     fn candidates_expr(&self, req: &CandidateRequest<'_>, plan: &ExprPlan) -> Result<Candidates> {
-        Ok(match &self.pool {
-            Some(p) => p.install(|| crate::expr::candidates(req, plan)),
-            None => crate::expr::candidates(req, plan),
-        })
+        Ok(self.pool.install(|| crate::expr::candidates(req, plan)))
     }
 
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
         let bf16 = self.bf16_for(req.kernel) && !req.precise;
-        Ok(match &self.pool {
-            Some(p) => p.install(|| candidates(req, bf16, !self.no_int8)),
-            None => candidates(req, bf16, !self.no_int8),
-        })
+        Ok(self.pool.install(|| candidates(req, bf16, !self.no_int8)))
     }
 
     /// The bf16 (and int8) products of squared L2 first tries.

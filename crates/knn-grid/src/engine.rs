@@ -4,7 +4,7 @@ use crate::best::Best;
 use crate::build::{counting_sort, GridIndex, MAX_AXES};
 use crate::search::{f32_below, search_level, KeyKind, Linf, SqL2, L1};
 use knn_core::{
-    CandidateRequest, CandidateRows, Candidates, Engine, Kernel, KnnError, Result, RowSink,
+    CandidateRequest, CandidateRows, Candidates, Engine, Kernel, KnnError, Result, RowSink, Threads,
 };
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
@@ -28,7 +28,7 @@ const QUERY_CHUNK: usize = 256;
 #[derive(Debug, Default)]
 pub struct GridEngine {
     /// Its own pool when a thread count was given; else rayon's global pool.
-    pool: Option<Arc<rayon::ThreadPool>>,
+    pool: Threads,
     cache: Mutex<Option<Arc<Cached>>>,
 }
 
@@ -50,15 +50,7 @@ impl std::fmt::Debug for Cached {
 impl GridEngine {
     /// An engine on `threads` threads (`None`: rayon's global pool, one thread per core).
     pub fn new(threads: Option<usize>) -> Result<Self> {
-        let pool = match threads {
-            None => None,
-            Some(t) => Some(Arc::new(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(t.max(1))
-                    .build()
-                    .map_err(|e| KnnError::Option(format!("cannot start {t} threads: {e}")))?,
-            )),
-        };
+        let pool = Threads::new(threads)?;
         Ok(Self {
             pool,
             cache: Mutex::new(None),
@@ -67,16 +59,11 @@ impl GridEngine {
 
     /// Worker threads used.
     pub fn threads(&self) -> usize {
-        self.pool
-            .as_ref()
-            .map_or_else(rayon::current_num_threads, |p| p.current_num_threads())
+        self.pool.count()
     }
 
     fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        match &self.pool {
-            Some(p) => p.install(f),
-            None => f(),
-        }
+        self.pool.install(f)
     }
 
     /// The index of `base`: the cached one when it is the same data, else a new build.
