@@ -110,7 +110,8 @@ pub struct TextArgs {
 /// Timed runs.
 #[derive(Args, Debug, Clone)]
 pub struct TimingArgs {
-    /// Run the computation N times and report the median (files are read once).
+    /// Run the computation N times and report the median (files are read once; search and
+    /// graph build their index in the first run and search it again in the later ones).
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
     /// Write {"median_ms": .., "times_ms": [..]} of the computation to this file.

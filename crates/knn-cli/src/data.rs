@@ -95,6 +95,14 @@ impl Data {
             Data::F64 { values, .. } => knn::given::Given::F64(values),
         }
     }
+    /// The rows for a [`knn::Index`], in their precision (float32 ones moved or shared in
+    /// place).
+    pub fn into_rows(self) -> knn::Rows {
+        match self {
+            Data::F32(points) => points.into_rows(),
+            Data::F64 { values, .. } => knn::Rows::OwnedF64(values),
+        }
+    }
     /// The values in f64 (float32 ones widened exactly).
     pub fn to_f64(&self) -> std::borrow::Cow<'_, [f64]> {
         match self {

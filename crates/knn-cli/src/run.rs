@@ -318,9 +318,10 @@ fn check_float64(metric: &Metric, plan: Option<&Plan>, inputs: &[(&Path, &Data)]
     Ok(())
 }
 
-/// The index of a float64 run, built at the first computation that needs it: the time of a
-/// run includes building it (checking, preparing and placing the base on its device), as the
-/// time of a one-off search does.
+/// The index of a search or graph run (`knn search`/`graph` build one, in the precision of
+/// the inputs), built at the first computation that needs it: the first run's time includes
+/// building it (checking, preparing and placing the base on its device), as a one-off search
+/// does; later runs (`--repeat`, checkpoint chunks) search the same index.
 struct LazyIndex {
     rows: std::sync::Mutex<Option<knn::Rows>>,
     dim: usize,
@@ -352,15 +353,12 @@ impl LazyIndex {
         Ok(self.index.get_or_init(|| index))
     }
 
-    /// Where it computed ("on the CPU", "on GPU 0"), with the method asked for when one was.
-    fn in_words(&self, method: &str) -> String {
-        let device = match self.index.get().map(Index::device) {
-            Some(Device::Cuda(n)) => format!("on GPU {n}"),
-            _ => "on the CPU".to_owned(),
-        };
-        match method {
-            "auto" => device,
-            m => format!("{} {device}", method_in_words(m)),
+    /// How and where it computed, in the user's words ("brute force on the CPU", "exact grid
+    /// on GPU 0").
+    fn in_words(&self) -> String {
+        match self.index.get().map(Index::engine_name) {
+            Some(Ok(name)) => in_words(&name),
+            _ => "not computed".to_owned(),
         }
     }
 }
@@ -475,77 +473,18 @@ pub fn search(a: &SearchArgs, quiet: bool) -> Result<ExitCode> {
         bail!("only one input can be read from standard input (-); give the other as a file");
     }
     let mut stdin_taken = false;
-    let base = read_points(
-        &a.base,
-        &base_options,
-        a.precision.float32,
-        &mut stdin_taken,
-    )?;
-    let queries = read_points(
-        &a.queries,
-        &query_options,
-        a.precision.float32,
-        &mut stdin_taken,
-    )?;
+    let float32 = a.precision.float32;
+    let base = read_points(&a.base, &base_options, float32, &mut stdin_taken)?;
+    let queries = read_points(&a.queries, &query_options, float32, &mut stdin_taken)?;
     let metric = metric_for(&a.metric, &[&a.base, &a.queries])?;
-    if base.is_f64() || queries.is_f64() {
+    let f64_run = base.is_f64() || queries.is_f64();
+    if f64_run {
         check_float64(
             &metric,
             plan.as_ref(),
             &[(&a.base, &base), (&a.queries, &queries)],
         )?;
-        return search_f64(a, base, queries, metric, plan, &inputs, quiet);
     }
-    let (Data::F32(base), Data::F32(queries)) = (base, queries) else {
-        unreachable!("float32 inputs")
-    };
-    let knn = engine(&a.engine)?;
-    let Some((nn, times)) = compute(
-        "search",
-        &a.out,
-        queries.rows(),
-        a.k,
-        || checkpoint::fingerprint("search", a.k, &metric_tag::<f32>(&a.metric), &inputs),
-        &inputs,
-        quiet,
-        |r, progress| {
-            let offset = r.start;
-            let q = queries.view().slice_rows(r.start, r.end);
-            knn.search_with_progress(base.view(), q, a.k, &metric, &|d, _| {
-                progress.update(offset + d, queries.rows())
-            })
-        },
-    )
-    .map_err(|e| name_the_file(e, &a.base, &a.queries))?
-    else {
-        return Ok(ExitCode::from(130));
-    };
-    let describe = format!(
-        "{} queries × {} base points (d={}), k={}, {}, {}",
-        queries.rows(),
-        base.rows(),
-        base.dim(),
-        a.k,
-        metric,
-        in_words(&knn.engine_for(base.rows(), base.dim(), &metric)?.name())
-    );
-    finish(
-        "search", "queries", &nn, &times, &a.out, plan, quiet, describe,
-    )
-}
-
-/// `knn search` where the base or the queries are float64: exact for the float64 values
-/// (the library's `Index` of the base, `search_f64` of the queries, float32 ones widened),
-/// distances in float64.
-fn search_f64(
-    a: &SearchArgs,
-    base: Data,
-    queries: Data,
-    metric: Metric,
-    plan: Option<Plan>,
-    inputs: &[&Path],
-    quiet: bool,
-) -> Result<ExitCode> {
     let (nb, nq, dim) = (base.rows(), queries.rows(), base.dim());
     if queries.dim() != dim {
         return Err(KnnError::DimMismatch {
@@ -554,41 +493,62 @@ fn search_f64(
         }
         .into());
     }
-    let q = queries.to_f64();
-    let rows = match base {
-        Data::F32(points) => points.into_rows(),
-        Data::F64 { values, .. } => knn::Rows::OwnedF64(values),
-    };
-    let index = LazyIndex::new(rows, dim, &metric, options(&a.engine, Symmetry::Auto)?);
-    let Some((nn, times)) = compute(
-        "search",
-        &a.out,
-        nq,
-        a.k,
-        || checkpoint::fingerprint("search", a.k, &metric_tag::<f64>(&a.metric), inputs),
-        inputs,
-        quiet,
-        |r, progress| {
-            let offset = r.start;
-            index
-                .get()?
-                .search_f64(&q[r.start * dim..r.end * dim], a.k, &|d, _| {
-                    progress.update(offset + d, nq)
-                })
-        },
-    )
-    .map_err(|e| name_the_file(e, &a.base, &a.queries))?
-    else {
-        return Ok(ExitCode::from(130));
-    };
-    let describe = format!(
-        "{nq} queries × {nb} base points (d={dim}), k={}, {metric}, {}, float64 values",
-        a.k,
-        index.in_words(&a.engine.method)
+    let index = LazyIndex::new(
+        base.into_rows(),
+        dim,
+        &metric,
+        options(&a.engine, Symmetry::Auto)?,
     );
-    finish(
-        "search", "queries", &nn, &times, &a.out, plan, quiet, describe,
-    )
+    let run = Run {
+        what: "search",
+        unit: "queries",
+        out: &a.out,
+        rows: nq,
+        k: a.k,
+        metric_args: &a.metric,
+        inputs: &inputs,
+        quiet,
+    };
+    let describe = |precision: &str| {
+        format!(
+            "{nq} queries × {nb} base points (d={dim}), k={}, {metric}, {}{precision}",
+            a.k,
+            index.in_words()
+        )
+    };
+    let named = |e| name_the_file(e, &a.base, &a.queries);
+    if f64_run {
+        let q = queries.to_f64();
+        run.go(
+            plan,
+            named,
+            |r, progress| {
+                let offset = r.start;
+                index
+                    .get()?
+                    .search_f64(&q[r.start * dim..r.end * dim], a.k, &|d, _| {
+                        progress.update(offset + d, nq)
+                    })
+            },
+            || describe(", float64 values"),
+        )
+    } else {
+        let Data::F32(queries) = queries else {
+            unreachable!("float32 queries")
+        };
+        run.go(
+            plan,
+            named,
+            |r, progress| {
+                let offset = r.start;
+                let q = queries.view().slice_rows(r.start, r.end);
+                index
+                    .get()?
+                    .search_with_progress(q, a.k, &|d, _| progress.update(offset + d, nq))
+            },
+            || describe(""),
+        )
+    }
 }
 
 pub fn graph(a: &GraphArgs, quiet: bool) -> Result<ExitCode> {
@@ -599,96 +559,111 @@ pub fn graph(a: &GraphArgs, quiet: bool) -> Result<ExitCode> {
     let points = read_points(&a.points, &options, a.precision.float32, &mut false)?;
     let metric = metric_for(&a.metric, &[&a.points])?;
     let symmetric: Symmetry = a.symmetric.parse().context("--symmetric")?;
-    if points.is_f64() {
+    let f64_run = points.is_f64();
+    if f64_run {
         check_float64(&metric, plan.as_ref(), &[(&a.points, &points)])?;
-        return graph_f64(a, points, metric, symmetric, plan, &inputs, quiet);
     }
-    let Data::F32(points) = points else {
-        unreachable!("float32 points")
-    };
-    let knn = engine_with_symmetry(&a.engine, symmetric)?;
-    let n = points.rows();
-    let Some((nn, times)) = compute(
-        "graph",
-        &a.out,
-        n,
-        a.k,
-        || checkpoint::fingerprint("graph", a.k, &metric_tag::<f32>(&a.metric), &inputs),
-        &inputs,
+    let (n, dim) = (points.rows(), points.dim());
+    let opts = self::options(&a.engine, symmetric)?;
+    let index = LazyIndex::new(points.into_rows(), dim, &metric, opts);
+    let run = Run {
+        what: "graph",
+        unit: "points",
+        out: &a.out,
+        rows: n,
+        k: a.k,
+        metric_args: &a.metric,
+        inputs: &inputs,
         quiet,
-        |r, progress| {
-            let offset = r.start;
-            if r == (0..n) {
-                knn.graph_with_progress(points.view(), a.k, &metric, &|d, _| progress.update(d, n))
-            } else {
-                knn.graph_rows(points.view(), r, a.k, &metric, &|d, _| {
-                    progress.update(offset + d, n)
-                })
-            }
-        },
-    )
-    .map_err(|e| name_the_file(e, &a.points, &a.points))?
-    else {
-        return Ok(ExitCode::from(130));
     };
-    let describe = format!(
-        "{} points (d={}), k={}, {}, {}",
-        points.rows(),
-        points.dim(),
-        a.k,
-        metric,
-        in_words(&knn.engine_for(points.rows(), points.dim(), &metric)?.name())
-    );
-    finish(
-        "graph", "points", &nn, &times, &a.out, plan, quiet, describe,
-    )
+    let describe = |precision: &str| {
+        format!(
+            "{n} points (d={dim}), k={}, {metric}, {}{precision}",
+            a.k,
+            index.in_words()
+        )
+    };
+    let named = |e| name_the_file(e, &a.points, &a.points);
+    if f64_run {
+        run.go(
+            plan,
+            named,
+            |r, progress| {
+                let offset = r.start;
+                index
+                    .get()?
+                    .graph_rows_f64(r, a.k, &|d, _| progress.update(offset + d, n))
+            },
+            || describe(", float64 values"),
+        )
+    } else {
+        run.go(
+            plan,
+            named,
+            |r, progress| {
+                let offset = r.start;
+                index
+                    .get()?
+                    .graph_rows(r, a.k, &|d, _| progress.update(offset + d, n))
+            },
+            || describe(""),
+        )
+    }
 }
 
-/// `knn graph` of float64 points: exact for the float64 values (the library's `Index` and
-/// `graph_rows_f64`), distances in float64.
-#[allow(clippy::too_many_arguments)]
-fn graph_f64(
-    a: &GraphArgs,
-    points: Data,
-    metric: Metric,
-    symmetric: Symmetry,
-    plan: Option<Plan>,
-    inputs: &[&Path],
+/// What a search or graph run computes and where its results go, for [`Run::go`].
+struct Run<'a> {
+    what: &'a str,
+    unit: &'a str,
+    out: &'a OutputArgs,
+    rows: usize,
+    k: usize,
+    metric_args: &'a MetricArgs,
+    inputs: &'a [&'a Path],
     quiet: bool,
-) -> Result<ExitCode> {
-    let (n, dim) = (points.rows(), points.dim());
-    let Data::F64 { values, .. } = points else {
-        unreachable!("float64 points")
-    };
-    let rows = knn::Rows::OwnedF64(values);
-    let index = LazyIndex::new(rows, dim, &metric, options(&a.engine, symmetric)?);
-    let Some((nn, times)) = compute(
-        "graph",
-        &a.out,
-        n,
-        a.k,
-        || checkpoint::fingerprint("graph", a.k, &metric_tag::<f64>(&a.metric), inputs),
-        inputs,
-        quiet,
-        |r, progress| {
-            let offset = r.start;
-            index
-                .get()?
-                .graph_rows_f64(r, a.k, &|d, _| progress.update(offset + d, n))
-        },
-    )
-    .map_err(|e| name_the_file(e, &a.points, &a.points))?
-    else {
-        return Ok(ExitCode::from(130));
-    };
-    let describe = format!(
-        "{n} points (d={dim}), k={}, {metric}, {}, float64 values",
-        a.k,
-        index.in_words(&a.engine.method)
-    );
-    finish(
-        "graph", "points", &nn, &times, &a.out, plan, quiet, describe,
-    )
+}
+
+impl Run<'_> {
+    /// Computes the rows (`rows_of`, see [`compute`]), names the input file in its errors
+    /// (`named`), writes the results and the summary (`describe`). Exit code 130: stopped by
+    /// Ctrl-C with the checkpoint saved.
+    fn go<D: Distance>(
+        &self,
+        plan: Option<Plan>,
+        named: impl Fn(anyhow::Error) -> anyhow::Error,
+        rows_of: impl Fn(std::ops::Range<usize>, &Progress) -> knn::Result<Neighbors<D>>,
+        describe: impl FnOnce() -> String,
+    ) -> Result<ExitCode> {
+        let fingerprint = || {
+            let tag = metric_tag::<D>(self.metric_args);
+            checkpoint::fingerprint(self.what, self.k, &tag, self.inputs)
+        };
+        let computed = compute(
+            self.what,
+            self.out,
+            self.rows,
+            self.k,
+            fingerprint,
+            self.inputs,
+            self.quiet,
+            rows_of,
+        )
+        .map_err(named)?;
+        let Some((nn, times)) = computed else {
+            return Ok(ExitCode::from(130));
+        };
+        let (what, unit) = (self.what, self.unit);
+        finish(
+            what,
+            unit,
+            &nn,
+            &times,
+            self.out,
+            plan,
+            self.quiet,
+            describe(),
+        )
+    }
 }
 
 /// A result file: its ids, and its distances (float32 or float64, as written) in f64.

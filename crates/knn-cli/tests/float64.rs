@@ -321,7 +321,7 @@ fn float32_and_float64_inputs_together_and_hdf5() {
     let out = p(dir.path(), "ang.npy");
     let msg = ok(&search_cpu(&ang, &ang, "5", &["-o", &out]));
     assert!(
-        msg.contains("k=5, cosine, on the CPU, float64 values"),
+        msg.contains("k=5, cosine, brute force on the CPU, float64 values"),
         "{msg}"
     );
     assert_eq!(descr(&p(dir.path(), "ang.dist.npy")), "<f8");

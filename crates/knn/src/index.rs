@@ -374,6 +374,13 @@ impl Index {
         self.knn.device()
     }
 
+    /// The engine that computes this index's searches, by name: `cpu`, `grid`, `cuda:0`,
+    /// `cuda:0/grid`, several GPUs joined by `+`.
+    pub fn engine_name(&self) -> Result<String> {
+        let engine = self.knn.engine_for(self.len(), self.dim, &self.metric)?;
+        Ok(engine.name())
+    }
+
     /// The rows of the base, as kept.
     pub fn rows(&self) -> &Rows {
         &self.rows
