@@ -232,14 +232,14 @@ def test_ctrl_c_raises_keyboard_interrupt_and_the_index_stays_usable(rng, call):
 
 def test_large_searches_in_pieces_number_rows_in_the_whole_query_set(rng):
     base = rng.random((20000, 64)).astype(np.float32)
-    queries = rng.random((9000, 64)).astype(np.float32)  # more than one piece
+    queries = rng.random((30000, 64)).astype(np.float32)  # more than one piece
     index = knn.Index(base, device="cpu")
     dist, ids = index.search(queries, 2)
-    assert ids.shape == (9000, 2)
+    assert ids.shape == (30000, 2)
     assert_exact(dist[-20:], ids[-20:], *oracle(base, queries[-20:], 2))
     h = knn.Index(base, "hellinger", device="cpu")
-    queries[8500, 7] = -1.0
-    with pytest.raises(ValueError, match="queries: row 8500, column 7 is -1"):
+    queries[28500, 7] = -1.0  # in the second piece
+    with pytest.raises(ValueError, match="queries: row 28500, column 7 is -1"):
         h.search(queries, 2)
 
 
