@@ -73,5 +73,41 @@ pub enum KnnError {
     },
 }
 
+impl KnnError {
+    /// This error with its query row numbers mapped by `row`: an error of some of the queries
+    /// (a piece, or chosen rows) told in the numbers of the whole query set.
+    pub fn renumber_query_rows(self, row: impl Fn(usize) -> usize) -> KnnError {
+        match self {
+            KnnError::NonFinite {
+                what,
+                row: r,
+                col,
+                value,
+            } if what == "queries" => KnnError::NonFinite {
+                what,
+                row: row(r),
+                col,
+                value,
+            },
+            KnnError::Negative {
+                what,
+                row: r,
+                col,
+                value,
+            } if what == "queries" => KnnError::Negative {
+                what,
+                row: row(r),
+                col,
+                value,
+            },
+            KnnError::Overflow { metric, row: r } => KnnError::Overflow {
+                metric,
+                row: row(r),
+            },
+            e => e,
+        }
+    }
+}
+
 /// Result alias of the library.
 pub type Result<T, E = KnnError> = std::result::Result<T, E>;

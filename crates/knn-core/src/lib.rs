@@ -46,4 +46,4 @@ pub use search::{
 };
 pub use threads::Threads;
 pub use topk::TopK;
-pub use validate::check_base;
+pub use validate::{check_base, validate};

@@ -619,6 +619,25 @@ impl PreparedBase {
         })
     }
 
+    /// Whether queries whose values are all at most `top` in magnitude are searched as given:
+    /// nothing whitened, normalised, square-rooted, centred or scaled, so that the exact
+    /// re-rank and the engines see the query rows themselves (keys at scale 1). An engine may
+    /// then read such queries where they lie, a GPU's memory. (`top` only grows the base's
+    /// largest magnitude, which is at least 2⁻⁴⁰ here, so a bound on it is as good as the value.)
+    pub fn searches_queries_as_given(&self, top: f32) -> bool {
+        let plain = self
+            .transform
+            .as_ref()
+            .is_some_and(|t| t.whiten.is_none() && matches!(t.engine, EngineMap::Same));
+        plain
+            && self.exact.is_none()
+            && self.engine.is_none()
+            && self.scale.is_none()
+            && self.top > 0.0
+            && top.is_finite()
+            && scale_for(self.top.max(top)).is_none()
+    }
+
     /// The rows engines compute on: the prepared copy, or `base` itself (the rows this was
     /// made from) where the engine space is the given one.
     pub fn engine_base<'a>(&'a self, base: MatrixRef<'a>) -> MatrixRef<'a> {

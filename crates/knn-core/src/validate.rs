@@ -5,8 +5,10 @@ use crate::error::{KnnError, Result};
 use crate::matrix::MatrixRef;
 use crate::metric::Metric;
 
-/// Checks the shapes and sizes shared by search and graph (the values: [`check_domains`]).
-pub(crate) fn validate(
+/// Checks the shapes and sizes shared by search (`queries` given) and graph (`None`): a base
+/// that is not empty, k between 1 and the points available, the same dimension; returns the
+/// points available to each query. The values are checked apart (see [`check_base`]).
+pub fn validate(
     metric: &Metric,
     base: MatrixRef<'_>,
     queries: Option<MatrixRef<'_>>,

@@ -135,7 +135,8 @@ pub fn floors(
 ) -> Vec<f32> {
     let w = req.width;
     let d = req.base.dim();
-    let nq = req.queries.rows();
+    // One row per cut (the request's own queries may lie in device memory instead).
+    let nq = cut.len();
     if w >= req.available() {
         return vec![f32::INFINITY; nq];
     }

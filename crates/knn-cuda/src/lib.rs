@@ -48,6 +48,6 @@ mod staging;
 mod tuning;
 
 pub use device::{devices, DeviceInfo};
-pub use engine::{CudaEngine, Method};
+pub use engine::{CudaEngine, DeviceQueries, DeviceResults, DeviceSearch, Method, Plain};
 pub use grid::{CudaGridEngine, GRID_WIDTH_MAX};
 pub use tuning::{CollectPlan, CudaTuning};

@@ -18,33 +18,5 @@ pub fn to_py(e: KnnError) -> PyErr {
 /// An error of the piece of queries that starts at row `start`, with rows numbered in the
 /// whole query set.
 pub fn shift_rows(e: KnnError, start: usize) -> KnnError {
-    match e {
-        KnnError::NonFinite {
-            what,
-            row,
-            col,
-            value,
-        } if what == "queries" => KnnError::NonFinite {
-            what,
-            row: row + start,
-            col,
-            value,
-        },
-        KnnError::Negative {
-            what,
-            row,
-            col,
-            value,
-        } if what == "queries" => KnnError::Negative {
-            what,
-            row: row + start,
-            col,
-            value,
-        },
-        KnnError::Overflow { metric, row } => KnnError::Overflow {
-            metric,
-            row: row + start,
-        },
-        e => e,
-    }
+    e.renumber_query_rows(|r| r + start)
 }

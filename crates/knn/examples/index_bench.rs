@@ -5,7 +5,9 @@
 //! Usage: `index_bench NB NQ D K [REPEAT] [--metric l2] [--device auto|cpu|cuda] [--threads T]
 //! [--concurrent C]` (uniform [0, 1) data from fixed seeds). Prints one `index:` line to be
 //! read by `bench/gpu/index_vs_torch.py`; with `--concurrent C`, also the throughput of C
-//! threads searching the one index at once (REPEAT searches each) against one thread.
+//! threads searching the one index at once (REPEAT searches each) against one thread. On a
+//! GPU it also prints a `device:` line: `Index::search_device` timed from queries in GPU
+//! memory to results in GPU memory, its answer compared with the host search's.
 
 use knn::synth::{generate, Distribution};
 use knn::{Device, Index, Knn, MatrixRef, Metric, Options};
@@ -97,6 +99,9 @@ fn main() {
     if first != want {
         std::process::exit(1);
     }
+    if let Device::Cuda(ordinal) = index.device() {
+        device_search(&index, ordinal, &queries, k, repeat, &first);
+    }
     if concurrent > 0 {
         // Searches per second: one thread, then `concurrent` threads on the same index, each
         // checking its answers against the lone caller's.
@@ -120,5 +125,60 @@ fn main() {
              thread {one:.1} searches/s ({:.2}x); every answer the lone caller's",
             many / one
         );
+    }
+}
+
+/// Times `Index::search_device` (queries and results in GPU memory, the queries uploaded once
+/// before) and checks its answer against the host search's `want`.
+fn device_search(
+    index: &Index,
+    ordinal: usize,
+    queries: &[f32],
+    k: usize,
+    repeat: usize,
+    want: &knn::Neighbors,
+) {
+    use cudarc::driver::{CudaContext, DevicePtr};
+    use knn::{DeviceQueries, DeviceResults};
+    let ctx = CudaContext::new(ordinal).expect("CUDA context");
+    let stream = ctx.default_stream();
+    let nq = queries.len() / index.dim();
+    let q = stream.clone_htod(queries).expect("upload");
+    let ids = stream.alloc_zeros::<u32>(nq * k).expect("alloc");
+    let dists = stream.alloc_zeros::<f32>(nq * k).expect("alloc");
+    let (qp, _q) = q.device_ptr(&stream);
+    let (ip, _i) = ids.device_ptr(&stream);
+    let (dp, _d) = dists.device_ptr(&stream);
+    let rows = DeviceQueries {
+        ptr: qp,
+        rows: nq,
+        device: ordinal,
+        stream: stream.cu_stream() as u64,
+    };
+    let out = DeviceResults {
+        ids: ip,
+        distances: dp,
+    };
+    // SAFETY: the buffers hold nq × d queries and nq × k results on this device.
+    let run = || unsafe { index.search_device(rows, k, out) }.expect("device search");
+    for _ in 0..3 {
+        run();
+    }
+    let times: Vec<f64> = (0..repeat)
+        .map(|_| {
+            let t = Instant::now();
+            run();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    let same = stream.clone_dtoh(&ids).expect("download") == want.ids
+        && stream.clone_dtoh(&dists).expect("download") == want.distances;
+    println!(
+        "device: search_device median {:.3} ms (queries and results in GPU memory); answers {}",
+        median(times),
+        if same { "same" } else { "DIFFERENT" }
+    );
+    if !same {
+        std::process::exit(1);
     }
 }

@@ -62,7 +62,7 @@ use std::sync::OnceLock;
 mod index;
 mod multi;
 
-pub use index::{Index, Rows};
+pub use index::{DeviceQueries, DeviceResults, Index, Rows};
 
 /// Where to compute.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -188,7 +188,7 @@ pub struct Options {
 /// A configured engine: the device is chosen once, then used for every call; with
 /// [`Method::Auto`] each call picks brute force or the grid from its data.
 pub struct Knn {
-    brute: Box<dyn Engine + Send>,
+    brute: Brute,
     device: Device,
     method: Method,
     threads: Option<usize>,
@@ -204,7 +204,7 @@ impl Knn {
             opts.method,
             Method::Global | Method::Texture | Method::Cublas
         );
-        let (brute, device): (Box<dyn Engine + Send>, Device) = match opts.device {
+        let (brute, device) = match opts.device {
             Device::Cpu if gpu_only => {
                 return Err(KnnError::Option(format!(
                     "method {} runs on a GPU only (use --device cuda or auto)",
@@ -216,16 +216,23 @@ impl Knn {
                     "several GPUs were asked for with the CPU device".into(),
                 ))
             }
-            Device::Cpu => (Box::new(cpu_engine(opts)?), Device::Cpu),
-            _ if opts.gpus.len() > 1 => (gpu::multi(&opts.gpus, opts)?, Device::Cuda(opts.gpus[0])),
-            _ if opts.gpus.len() == 1 => {
-                (gpu::engine(opts.gpus[0], opts)?, Device::Cuda(opts.gpus[0]))
-            }
-            Device::Cuda(n) => (gpu::engine(n, opts)?, Device::Cuda(n)),
+            Device::Cpu => (Brute::Cpu(cpu_engine(opts)?), Device::Cpu),
+            _ if opts.gpus.len() > 1 => (
+                Brute::Multi(gpu::multi(&opts.gpus, opts)?),
+                Device::Cuda(opts.gpus[0]),
+            ),
+            _ if opts.gpus.len() == 1 => (
+                Brute::Cuda(Box::new(gpu::engine(opts.gpus[0], opts)?)),
+                Device::Cuda(opts.gpus[0]),
+            ),
+            Device::Cuda(n) => (
+                Brute::Cuda(Box::new(gpu::engine(n, opts)?)),
+                Device::Cuda(n),
+            ),
             Device::Auto => match gpu::engine(0, opts) {
-                Ok(engine) => (engine, Device::Cuda(0)),
+                Ok(engine) => (Brute::Cuda(Box::new(engine)), Device::Cuda(0)),
                 Err(e) if gpu_only => return Err(e),
-                Err(_) => (Box::new(cpu_engine(opts)?), Device::Cpu),
+                Err(_) => (Brute::Cpu(cpu_engine(opts)?), Device::Cpu),
             },
         };
         Ok(Knn {
@@ -245,7 +252,15 @@ impl Knn {
     /// The engine's name (`cpu`, `cuda:0/fused`, ...) for brute force; see
     /// [`Knn::engine_for`] for the engine a given call uses.
     pub fn engine_name(&self) -> String {
-        self.brute.name()
+        self.brute.engine().name()
+    }
+
+    /// The brute-force engine when it is one GPU's (searches of queries in its memory).
+    pub(crate) fn cuda(&self) -> Option<&knn_cuda::CudaEngine> {
+        match &self.brute {
+            Brute::Cuda(e) => Some(e.as_ref()),
+            _ => None,
+        }
     }
 
     fn grid_engine(&self) -> Result<&dyn Engine> {
@@ -271,13 +286,13 @@ impl Knn {
             Method::Auto if grid_fits && dim <= GRID_MAX_DIM && points >= GRID_MIN_POINTS => {
                 Ok(self.grid_engine()?)
             }
-            _ => Ok(self.brute.as_ref()),
+            _ => Ok(self.brute.engine()),
         }
     }
 
     /// The brute-force engine, for the lower-level pipeline calls of `knn_core`.
     pub fn engine(&self) -> &dyn Engine {
-        self.brute.as_ref()
+        self.brute.engine()
     }
 
     /// The k nearest base points of every query (see [`knn_core::search()`]).
@@ -337,6 +352,24 @@ impl Knn {
 }
 
 /// The CPU engine of `opts`.
+/// The brute-force engine of a [`Knn`], by kind.
+enum Brute {
+    Cpu(CpuEngine),
+    Cuda(Box<knn_cuda::CudaEngine>),
+    /// Several GPUs.
+    Multi(multi::MultiEngine),
+}
+
+impl Brute {
+    fn engine(&self) -> &dyn Engine {
+        match self {
+            Brute::Cpu(e) => e,
+            Brute::Cuda(e) => e.as_ref(),
+            Brute::Multi(e) => e,
+        }
+    }
+}
+
 fn cpu_engine(opts: &Options) -> Result<CpuEngine> {
     Ok(CpuEngine::new(opts.threads)?.with_symmetry(opts.symmetric))
 }
@@ -372,7 +405,7 @@ mod gpu {
     use super::*;
     use knn_cuda::{CudaEngine, Method as CudaMethod};
 
-    pub(super) fn engine(ordinal: usize, opts: &Options) -> Result<Box<dyn Engine + Send>> {
+    pub(super) fn engine(ordinal: usize, opts: &Options) -> Result<CudaEngine> {
         let method = match opts.method {
             Method::Global => CudaMethod::Global,
             Method::Texture => CudaMethod::Texture,
@@ -386,7 +419,7 @@ mod gpu {
         if let Some(bytes) = opts.gpu_memory {
             engine = engine.with_memory_budget(bytes);
         }
-        Ok(Box::new(engine))
+        Ok(engine)
     }
 
     pub(super) fn grid(ordinal: usize, threads: Option<usize>) -> Result<Box<dyn Engine + Send>> {
@@ -397,16 +430,16 @@ mod gpu {
         ))
     }
 
-    pub(super) fn multi(ordinals: &[usize], opts: &Options) -> Result<Box<dyn Engine + Send>> {
+    pub(super) fn multi(ordinals: &[usize], opts: &Options) -> Result<crate::multi::MultiEngine> {
         let mut seen = std::collections::HashSet::new();
         if let Some(d) = ordinals.iter().find(|&&d| !seen.insert(d)) {
             return Err(KnnError::Option(format!("GPU {d} is listed twice")));
         }
         let engines = ordinals
             .iter()
-            .map(|&n| engine(n, opts))
+            .map(|&n| engine(n, opts).map(|e| Box::new(e) as Box<dyn Engine + Send>))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Box::new(crate::multi::MultiEngine::new(engines)))
+        Ok(crate::multi::MultiEngine::new(engines))
     }
 
     pub(super) fn devices() -> Vec<(usize, String)> {

@@ -388,6 +388,79 @@ impl Gpu {
         Ok(self.staging.get().expect("set above"))
     }
 
+    /// A new device buffer holding the `len` values at device address `src` (memory of this
+    /// context, e.g. a caller's tensor), copied in stream order.
+    pub fn copy_from_device<T: cudarc::driver::DeviceRepr>(
+        &self,
+        src: u64,
+        len: usize,
+    ) -> Result<CudaSlice<T>> {
+        let dst = self.alloc::<T>(len)?;
+        if len > 0 {
+            // SAFETY: `dst` holds `len` values; the caller vouches for `src` (see
+            // `CudaEngine::search_device`).
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    self.ptr(&dst),
+                    src,
+                    len * std::mem::size_of::<T>(),
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(dev_err("copying on the device"))?;
+        }
+        Ok(dst)
+    }
+
+    /// Copies `dst.len()` values from device address `src` into `dst`, after the work queued
+    /// before on this stream; returns when the copy is done.
+    ///
+    /// # Safety
+    /// `src` must hold `dst.len()` values of `T` in memory of this context.
+    pub unsafe fn read_at<T: cudarc::driver::DeviceRepr + Copy>(
+        &self,
+        src: u64,
+        dst: &mut [T],
+    ) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: as the caller vouches; the stream is synchronised before `dst` is returned.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+            .map_err(dev_err("copying from the device"))?;
+        self.sync()
+    }
+
+    /// Copies `src` to device address `dst`, after the work queued before on this stream;
+    /// returns when the copy is done.
+    ///
+    /// # Safety
+    /// `dst` must have room for `src.len()` values of `T` in memory of this context.
+    pub unsafe fn write_at<T: cudarc::driver::DeviceRepr + Copy>(
+        &self,
+        src: &[T],
+        dst: u64,
+    ) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: as the caller vouches; `src` outlives the copy (synchronised below).
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
+            .map_err(dev_err("copying to the device"))?;
+        self.sync()
+    }
+
+    /// Waits (on the host) for the work queued on `stream`, a `CUstream` of this context (0:
+    /// its legacy default stream).
+    ///
+    /// # Safety
+    /// `stream` must be 0 or a live stream of this context.
+    pub unsafe fn wait_for_stream(&self, stream: u64) -> Result<()> {
+        // SAFETY: as the caller vouches.
+        unsafe { cudarc::driver::result::stream::synchronize(stream as sys::CUstream) }
+            .map_err(dev_err("waiting for the caller's stream"))
+    }
+
     /// A new device buffer holding `data` (large ones through the staging memory).
     pub fn upload<T: cudarc::driver::DeviceRepr + Copy>(&self, data: &[T]) -> Result<CudaSlice<T>> {
         if data.is_empty() {

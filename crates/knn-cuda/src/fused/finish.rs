@@ -7,12 +7,25 @@ use knn_core::{Kernel, Result};
 
 /// Rows to finish on the device (see `knn_core::Engine::finish_rows`): the `k` best of each
 /// row's candidates by exact key, as distances of `mode` (see `finish_lists` in
-/// `common.cuh`), written into `ids` and `dists` (`nq × k`).
+/// `common.cuh`), written into `ids` and `dists` (`nq × k`), or with `device`, read from and
+/// written to device memory (`ids` and `dists` then empty).
 pub(crate) struct Finish<'a> {
     pub k: usize,
     pub mode: i32,
     pub ids: &'a mut [u32],
     pub dists: &'a mut [f32],
+    pub device: Option<DeviceIo>,
+}
+
+/// A call whose queries and results lie in device memory (the request's host queries are then
+/// empty and unused): `rows × d` f32 queries at `queries`, rows finished into `rows × k` u32
+/// ids at `ids` and f32 distances at `dists`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DeviceIo {
+    pub queries: u64,
+    pub rows: usize,
+    pub ids: u64,
+    pub dists: u64,
 }
 
 impl Finish<'_> {
@@ -23,6 +36,7 @@ impl Finish<'_> {
             mode: self.mode,
             ids: self.ids,
             dists: self.dists,
+            device: self.device,
         }
     }
 }
@@ -43,7 +57,8 @@ pub(super) struct FinishedChunk<'a> {
 }
 
 /// Launches `finish_lists` on the chunk's candidate lists (`lists`: composites, exact keys,
-/// width) and downloads its rows into `out`.
+/// width) and downloads its rows into `out`, or with `on_device` (device addresses of the
+/// chunk's ids and distances) writes them there and downloads only `kth` and `last`.
 pub(super) fn finish_lists(
     gpu: &Gpu,
     lists: (&CudaSlice<u64>, &CudaSlice<f64>, usize),
@@ -51,23 +66,27 @@ pub(super) fn finish_lists(
     (nb, excl): (usize, u64),
     bad: u64,
     out: FinishedChunk<'_>,
+    on_device: Option<(u64, u64)>,
 ) -> Result<()> {
     let (comps, exact, w) = lists;
     let n = out.kth.len();
-    let ids = gpu.alloc::<u32>(n * k)?;
-    let dists = gpu.alloc::<f32>(n * k)?;
+    let (own, (ids, dists)) = match on_device {
+        Some(to) => (None, to),
+        None => {
+            let (i, d) = (gpu.alloc::<u32>(n * k)?, gpu.alloc::<f32>(n * k)?);
+            let at = (gpu.ptr(&i), gpu.ptr(&d));
+            (Some((i, d)), at)
+        }
+    };
     let kth = gpu.alloc::<f64>(n)?;
     let last = gpu.alloc::<u64>(n)?;
-    let rows = (
-        gpu.ptr(&ids),
-        gpu.ptr(&dists),
-        gpu.ptr(&kth),
-        gpu.ptr(&last),
-    );
+    let rows = (ids, dists, gpu.ptr(&kth), gpu.ptr(&last));
     let lists = (gpu.ptr(comps), gpu.ptr(exact), w);
     launch_finish(gpu, lists, (k, mode), (nb, excl), bad, rows, n)?;
-    gpu.download_into(&ids, out.ids)?;
-    gpu.download_into(&dists, out.dists)?;
+    if let Some((ids, dists)) = &own {
+        gpu.download_into(ids, out.ids)?;
+        gpu.download_into(dists, out.dists)?;
+    }
     gpu.download_into(&kth, out.kth)?;
     gpu.download_into(&last, out.last)?;
     Ok(())

@@ -7,7 +7,7 @@ mod resident;
 mod select;
 mod timing;
 
-pub(crate) use finish::{Finish, Finished};
+pub(crate) use finish::{DeviceIo, Finish, Finished};
 pub(crate) use graph::GraphLists;
 pub(crate) use resident::{BaseView, Prefetched, Resident};
 
@@ -250,6 +250,10 @@ pub(crate) struct Output {
     /// Absolute input rounding of the keys per coordinate besides the relative one (see
     /// `GraphLists::input_abs`), for the floors.
     pub input_abs: f64,
+    /// For queries in device memory ([`DeviceIo`]): each one's squared norm as the kernels
+    /// use it (of the centred row, f32, error at most γ_d of the exact value); NaN or ∞ when
+    /// the row holds a value that is not finite.
+    pub query_sq_norms: Option<Vec<f32>>,
 }
 
 /// Runs the fused method with the kernels named by `tag` (a built-in kernel's
@@ -265,8 +269,9 @@ pub(crate) fn run(
     tuning: &CudaTuning,
     mut finish: Option<Finish<'_>>,
 ) -> Result<Output> {
+    let device_io = finish.as_ref().and_then(|f| f.device);
     let (nq, nb, d, w) = (
-        req.queries.rows(),
+        device_io.map_or(req.queries.rows(), |io| io.rows),
         req.base.rows(),
         req.base.dim(),
         req.width,
@@ -423,6 +428,7 @@ pub(crate) fn run(
         kth: vec![0.0; nq],
         last: vec![0; nq],
     });
+    let mut query_sq_norms = device_io.map(|_| vec![0.0f32; nq]);
     let mut bad_flagged = false;
     let bad = gpu
         .stream
@@ -445,10 +451,12 @@ pub(crate) fn run(
         let n = qe - qs;
         // Queries that are rows of the resident base (a graph's rounds) are read where the
         // base lies: nothing to upload, centre or measure again.
-        let rows = req.queries.slice_rows(qs, qe);
-        let alias = resident.and_then(|_| rows.row_offset_in(&req.base));
+        let alias = match device_io {
+            Some(_) => None,
+            None => resident.and_then(|_| req.queries.slice_rows(qs, qe).row_offset_in(&req.base)),
+        };
         // Buffers of this chunk's own, kept until its kernels are done.
-        let (mut q_own, mut _qn_own) = (None, None);
+        let (mut q_own, mut qn_own) = (None, None);
         let mut given_own: Option<CudaSlice<f32>> = None;
         let (q, qn) = match (alias, resident) {
             (Some(at), Some((b, bn))) => (
@@ -456,9 +464,16 @@ pub(crate) fn run(
                 gpu.ptr(bn) + (at * 4) as u64,
             ),
             _ => {
-                let (own, norms) = (gpu.upload(rows.as_slice())?, gpu.alloc::<f32>(n)?);
+                let own = match device_io {
+                    // A copy of the caller's rows: they are centred in place below.
+                    Some(io) => {
+                        gpu.copy_from_device::<f32>(io.queries + (qs * d * 4) as u64, n * d)?
+                    }
+                    None => gpu.upload(req.queries.slice_rows(qs, qe).as_slice())?,
+                };
+                let norms = gpu.alloc::<f32>(n)?;
                 let ptrs = (gpu.ptr(&own), gpu.ptr(&norms));
-                (q_own, _qn_own) = (Some(own), Some(norms));
+                (q_own, qn_own) = (Some(own), Some(norms));
                 ptrs
             }
         };
@@ -488,6 +503,7 @@ pub(crate) fn run(
         if alias.is_none() {
             gpu.centre_sq_norms(q, n, d, centre_ptr, qn)?;
         }
+
         phases.lap(gpu, "queries up");
         // Rows of a graph whose lists are made: every row is finished at once, by the first
         // call, and each call downloads its own.
@@ -690,13 +706,36 @@ pub(crate) fn run(
             if let (Some(f), Some(done)) = (finish.as_mut(), finished.as_mut()) {
                 let k = f.k;
                 let lists = (&r.buf, &keys, w);
+                // Rows finished into device memory have no host slices.
+                let host = f.device.is_none();
                 let rows = FinishedChunk {
-                    ids: &mut f.ids[qs * k..qe * k],
-                    dists: &mut f.dists[qs * k..qe * k],
+                    ids: if host {
+                        &mut f.ids[qs * k..qe * k]
+                    } else {
+                        &mut []
+                    },
+                    dists: if host {
+                        &mut f.dists[qs * k..qe * k]
+                    } else {
+                        &mut []
+                    },
                     kth: &mut done.kth[qs..qe],
                     last: &mut done.last[qs..qe],
                 };
-                finish_lists(gpu, lists, (k, f.mode), (nb, excl_ptr), gpu.ptr(&bad), rows)?;
+                let on_device = f.device.map(|io| {
+                    let at = (qs * k * 4) as u64;
+                    (io.ids + at, io.dists + at)
+                });
+                let flags = (nb, excl_ptr);
+                finish_lists(
+                    gpu,
+                    lists,
+                    (k, f.mode),
+                    flags,
+                    gpu.ptr(&bad),
+                    rows,
+                    on_device,
+                )?;
                 bad_flagged = true;
             } else {
                 gpu.download_into(&keys, &mut ex[qs * w..qe * w])?;
@@ -707,6 +746,9 @@ pub(crate) fn run(
             gpu.download_into(&r.buf, &mut out[qs * w..qe * w])?;
         }
         gpu.download_into(&cut, &mut cut_all[qs..qe])?;
+        if let (Some(all), Some(norms)) = (query_sq_norms.as_mut(), qn_own.as_ref()) {
+            gpu.download_into(norms, &mut all[qs..qe])?;
+        }
         phases.lap(gpu, "downloads");
     }
     phases.print(nq);
@@ -724,6 +766,7 @@ pub(crate) fn run(
         finished,
         kernel_ms,
         input_abs,
+        query_sq_norms,
     })
 }
 

@@ -1,6 +1,10 @@
 //! [`Index`]: a base validated, prepared and placed on its device once, then searched many
 //! times.
 
+mod device;
+
+pub use device::{DeviceQueries, DeviceResults};
+
 use crate::{Device, Knn, Options};
 use knn_core::given::{
     check_given, check_given_domain, round_to_f32, Given, GivenRows, RowRounding,

@@ -1,5 +1,9 @@
 //! [`CudaEngine`]: the public face of the crate; no CUDA types cross it.
 
+mod device_io;
+
+pub use device_io::{DeviceQueries, DeviceResults, DeviceSearch, Plain};
+
 use crate::device::{driver_device_count, is_oom, Gpu};
 use crate::floor::{centred_max_norm, floors, mean, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
 use crate::fused::{self, GraphLists, Resident, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX};
@@ -113,6 +117,8 @@ struct Rows {
     finished: Option<fused::Finished>,
     /// Absolute input rounding of the keys per coordinate (see `fused::Output::input_abs`).
     input_abs: f64,
+    /// See `fused::Output::query_sq_norms`.
+    query_sq_norms: Option<Vec<f32>>,
 }
 
 /// The exact keys the fused method gives for `req` when `wanted`: the kernel's, or Hellinger's
@@ -496,6 +502,7 @@ impl CudaEngine {
                             cut,
                             finished: out.finished,
                             input_abs: out.input_abs,
+                            query_sq_norms: out.query_sq_norms,
                         }
                     })
                 }
@@ -506,6 +513,7 @@ impl CudaEngine {
                     cut: vec![f32::INFINITY; req.queries.rows()],
                     finished: None,
                     input_abs: 0.0,
+                    query_sq_norms: None,
                 }),
             };
             match r {
@@ -533,6 +541,96 @@ impl CudaEngine {
             }
         }
     }
+}
+
+/// Rows finished by [`CudaEngine::finish_on_device`].
+struct FinishedOnDevice {
+    /// One per row: `true` when the row is final.
+    proven: Vec<bool>,
+    /// For queries in device memory: the squared norms the kernels used (see
+    /// `fused::Output::query_sq_norms`).
+    query_sq_norms: Option<Vec<f32>>,
+    /// The centre the kernels subtracted from every row, if any.
+    centre: Option<Vec<f32>>,
+}
+
+impl CudaEngine {
+    /// `req`'s rows finished on the device for `k` neighbours under `metric` (see
+    /// `Engine::finish_rows`), into `host` (ids, distances), or with `device` into device
+    /// memory (queries read from there too); `None` when this engine does not finish them
+    /// (method, metric, width, or a base that is not resident).
+    fn finish_on_device(
+        &self,
+        req: &CandidateRequest<'_>,
+        metric: &Metric,
+        k: usize,
+        key_scale: f64,
+        host: (&mut [u32], &mut [f32]),
+        device: Option<fused::DeviceIo>,
+    ) -> Result<Option<FinishedOnDevice>> {
+        let Some(mode) = self.finish_mode(req, metric, k) else {
+            return Ok(None);
+        };
+        let mut info = self.base_info(req);
+        let (finished, cut, input_abs, sq_norms) = {
+            let mut gpu = self.locked()?;
+            if !self.finishes_resident(&gpu, req, &info)? {
+                // Streamed bases give no exact keys: the pipeline re-ranks on the host.
+                return Ok(None);
+            }
+            let finish = fused::Finish {
+                k,
+                mode,
+                ids: host.0,
+                dists: host.1,
+                device,
+            };
+            let rows = self.rows(&mut gpu, req, &info, true, None, Some(finish))?;
+            match rows.finished {
+                Some(f) => (f, rows.cut, rows.input_abs, rows.query_sq_norms),
+                // Not resident after all (memory ran short): the rows are asked again.
+                None => return Ok(None),
+            }
+        };
+        let (u, u_in) = if fused::uses_tf32(req) {
+            (TF32_ACC_UNIT, TF32_INPUT_UNIT)
+        } else {
+            (F32_UNIT, 0.0)
+        };
+        let last: Vec<f32> = finished.last.iter().map(|&c| fused::decode(c).0).collect();
+        let qn = match &sq_norms {
+            Some(s) => Some(norm_bounds(s, req.base.dim())),
+            None => self.device_norms(req, &mut info),
+        };
+        let floor = floors(
+            req,
+            (&last, 1),
+            &cut,
+            (info.bn_max, qn.as_deref()),
+            info.centre.as_deref(),
+            (u, u_in, input_abs),
+        );
+        let complete = req.width >= req.available();
+        let proven = (0..cut.len())
+            .map(|i| complete || finished.kth[i] * key_scale < floor[i] as f64)
+            .collect();
+        Ok(Some(FinishedOnDevice {
+            proven,
+            query_sq_norms: sq_norms,
+            centre: info.centre,
+        }))
+    }
+}
+
+/// Upper bounds on the norms whose squares a device kernel summed in f32 (`sq_norms` in
+/// `common.cuh`: error at most γ_{d+2} of the exact sum, γ_n = nu/(1 − nu), u = 2⁻²⁴), with
+/// the host's margin of `floor::norm` (1 + 10⁻⁶). NaN stays NaN.
+fn norm_bounds(sq: &[f32], d: usize) -> Vec<f32> {
+    let nu = (d + 2) as f64 * 2f64.powi(-24);
+    let gamma = nu / (1.0 - nu);
+    sq.iter()
+        .map(|&s| ((s as f64 / (1.0 - gamma)).sqrt() * (1.0 + 1e-6)) as f32)
+        .collect()
 }
 
 impl Engine for CudaEngine {
@@ -657,6 +755,7 @@ impl Engine for CudaEngine {
                 mode,
                 ids: &mut [],
                 dists: &mut [],
+                device: None,
             };
             self.rows(&mut gpu, req, &info, true, None, Some(finish))?;
         }
@@ -683,9 +782,6 @@ impl Engine for CudaEngine {
         out: FinishedRows<'_>,
     ) -> Result<bool> {
         let nq = req.queries.rows();
-        let Some(mode) = self.finish_mode(req, metric, k) else {
-            return Ok(false);
-        };
         if nq == 0
             || out.ids.len() != nq * k
             || out.distances.len() != nq * k
@@ -693,46 +789,14 @@ impl Engine for CudaEngine {
         {
             return Ok(false);
         }
-        let mut info = self.base_info(req);
-        let (finished, cut, input_abs) = {
-            let mut gpu = self.locked()?;
-            if !self.finishes_resident(&gpu, req, &info)? {
-                // Streamed bases give no exact keys: the pipeline re-ranks on the host.
-                return Ok(false);
+        let host = (&mut *out.ids, &mut *out.distances);
+        match self.finish_on_device(req, metric, k, out.key_scale, host, None)? {
+            Some(done) => {
+                out.proven.copy_from_slice(&done.proven);
+                Ok(true)
             }
-            let finish = fused::Finish {
-                k,
-                mode,
-                ids: &mut *out.ids,
-                dists: &mut *out.distances,
-            };
-            let rows = self.rows(&mut gpu, req, &info, true, None, Some(finish))?;
-            match rows.finished {
-                Some(f) => (f, rows.cut, rows.input_abs),
-                // Not resident after all (memory ran short): the rows are asked again.
-                None => return Ok(false),
-            }
-        };
-        let (u, u_in) = if fused::uses_tf32(req) {
-            (TF32_ACC_UNIT, TF32_INPUT_UNIT)
-        } else {
-            (F32_UNIT, 0.0)
-        };
-        let last: Vec<f32> = finished.last.iter().map(|&c| fused::decode(c).0).collect();
-        let qn = self.device_norms(req, &mut info);
-        let floor = floors(
-            req,
-            (&last, 1),
-            &cut,
-            (info.bn_max, qn.as_deref()),
-            info.centre.as_deref(),
-            (u, u_in, input_abs),
-        );
-        let complete = req.width >= req.available();
-        for (i, p) in out.proven.iter_mut().enumerate() {
-            *p = complete || finished.kth[i] * out.key_scale < floor[i] as f64;
+            None => Ok(false),
         }
-        Ok(true)
     }
 
     /// Expression metrics run the fused method (whatever this engine's method) with the

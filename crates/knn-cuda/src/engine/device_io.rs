@@ -1,0 +1,149 @@
+//! Searches of queries that already lie in this GPU's memory (a PyTorch or CuPy tensor's),
+//! with the results written to its memory: neither the queries nor the results cross the
+//! bus. The caller (`knn::Index`) redoes on the host the few rows the device does not prove.
+
+use super::{norm_bounds, CudaEngine, Method};
+use crate::fused::DeviceIo;
+use crate::staging::{bytes_of, bytes_of_mut};
+use knn_core::{CandidateRequest, Metric, Result};
+
+/// Queries in this GPU's memory: `rows × d` f32 values, row-major and contiguous, at device
+/// address `ptr` (memory of the device's primary context, where PyTorch and CuPy allocate).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceQueries {
+    /// Device address of the first value.
+    pub ptr: u64,
+    /// Number of queries.
+    pub rows: usize,
+}
+
+/// Where results go in this GPU's memory: `rows × k` u32 ids at `ids` and as many f32
+/// distances at `distances`, row-major.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceResults {
+    /// Device address of the ids.
+    pub ids: u64,
+    /// Device address of the distances.
+    pub distances: u64,
+}
+
+/// What [`CudaEngine::search_device`] leaves to the caller.
+#[derive(Clone, Debug)]
+pub struct DeviceSearch {
+    /// One per query: `true` when its row of the results is final; the caller computes the
+    /// others again.
+    pub proven: Vec<bool>,
+    /// An upper bound on the magnitude of every query value, NaN when a value is NaN or
+    /// infinite (the rows written are then meaningless): the caller checks that the queries
+    /// are valid and leave the base's preparation as it is.
+    pub query_top: f32,
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for u32 {}
+}
+
+/// Plain numbers copied between host and device memory: f32 values and distances, u32 ids.
+pub trait Plain: sealed::Sealed + Copy {}
+impl Plain for f32 {}
+impl Plain for u32 {}
+
+impl CudaEngine {
+    /// The device's ordinal (`cuda:N`).
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The rows of `queries` (in this device's memory; `req.queries` empty) finished on the
+    /// device for `k` neighbours under `metric` into `out`, as [`knn_core::Engine::finish_rows`]
+    /// finishes host rows: row i of the results holds the k best of its candidates by exact
+    /// key in (distance, id) order, final where [`DeviceSearch::proven`] says so. `req` is a
+    /// first try of the request's base (`precise` false, `exact_from` none) on data searched as
+    /// given (`exact_data`). `None`: this engine does not finish such a request on the device
+    /// (method, metric, width, or a base that is not resident); nothing was written.
+    ///
+    /// # Safety
+    /// `queries.ptr` must hold `queries.rows × d` f32 values, and `out` room for
+    /// `queries.rows × k` ids and distances, in this device's primary context, with no work
+    /// pending on them (see [`CudaEngine::wait_for_stream`]) and no other use until this
+    /// returns.
+    pub unsafe fn search_device(
+        &self,
+        req: &CandidateRequest<'_>,
+        metric: &Metric,
+        k: usize,
+        key_scale: f64,
+        queries: DeviceQueries,
+        out: DeviceResults,
+    ) -> Result<Option<DeviceSearch>> {
+        if self.method != Method::Fused || queries.rows == 0 || req.queries.rows() != 0 {
+            return Ok(None);
+        }
+        let io = DeviceIo {
+            queries: queries.ptr,
+            rows: queries.rows,
+            ids: out.ids,
+            dists: out.distances,
+        };
+        let Some(done) =
+            self.finish_on_device(req, metric, k, key_scale, (&mut [], &mut []), Some(io))?
+        else {
+            return Ok(None);
+        };
+        // |q_j| ≤ |q_j − c_j| + |c_j| ≤ ‖q − c‖ + max |c| (the centred row rounded once:
+        // the norm bound's margin covers it).
+        let sq = done.query_sq_norms.unwrap_or_default();
+        let c_top = done
+            .centre
+            .as_deref()
+            .map_or(0.0, |c| c.iter().fold(0.0f32, |a, &v| a.max(v.abs())));
+        let query_top = norm_bounds(&sq, req.base.dim())
+            .iter()
+            .fold(0.0f32, |a, &n| {
+                // NaN once a row's norm is not finite (`max` would drop the NaN).
+                if a.is_nan() || !n.is_finite() {
+                    f32::NAN
+                } else {
+                    a.max(n)
+                }
+            });
+        Ok(Some(DeviceSearch {
+            proven: done.proven,
+            query_top: query_top + c_top,
+        }))
+    }
+
+    /// Waits (on the host) for the work queued on `stream`, a `CUstream` of this device's
+    /// primary context (0: its legacy default stream), such as the stream a tensor's values
+    /// were written on.
+    ///
+    /// # Safety
+    /// `stream` must be 0 or a live stream of this device's primary context.
+    pub unsafe fn wait_for_stream(&self, stream: u64) -> Result<()> {
+        let gpu = self.locked()?;
+        // SAFETY: as the caller vouches.
+        unsafe { gpu.wait_for_stream(stream) }
+    }
+
+    /// Copies `dst.len()` values from device address `src` into `dst`.
+    ///
+    /// # Safety
+    /// `src` must hold `dst.len()` values in this device's primary context.
+    pub unsafe fn read_device<T: Plain>(&self, src: u64, dst: &mut [T]) -> Result<()> {
+        let gpu = self.locked()?;
+        // SAFETY: as the caller vouches; f32 and u32 take any bytes.
+        unsafe { gpu.read_at(src, bytes_of_mut(dst)) }
+    }
+
+    /// Copies `src` to device address `dst`.
+    ///
+    /// # Safety
+    /// `dst` must have room for `src.len()` values in this device's primary context.
+    pub unsafe fn write_device<T: Plain>(&self, src: &[T], dst: u64) -> Result<()> {
+        let gpu = self.locked()?;
+        // SAFETY: as the caller vouches.
+        unsafe { gpu.write_at(bytes_of(src), dst) }
+    }
+}

@@ -1,0 +1,185 @@
+//! [`Index::search_device`]: queries that already lie in a GPU's memory (a PyTorch or CuPy
+//! tensor's), results written to its memory.
+
+use super::Index;
+use knn_core::{validate, CandidateRequest, Engine, KnnError, MatrixRef, Result};
+pub use knn_cuda::DeviceResults;
+use knn_cuda::{CudaEngine, DeviceSearch};
+
+/// Queries in a GPU's memory, for [`Index::search_device`].
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceQueries {
+    /// Device address of the first of `rows × dim` f32 values, row-major and contiguous, in
+    /// the device's primary context (where PyTorch and CuPy allocate).
+    pub ptr: u64,
+    /// Number of queries.
+    pub rows: usize,
+    /// The GPU whose memory holds them (`cuda:N`).
+    pub device: usize,
+    /// The CUDA stream their values were written on (a `CUstream`; 0: the legacy default
+    /// stream): the search waits for the work queued on it first.
+    pub stream: u64,
+}
+
+impl Index {
+    /// [`Index::search`] of queries in GPU memory, the results written to GPU memory: row i of
+    /// `out` gets query i's k nearest base points, `k` u32 ids and `k` f32 distances, ordered
+    /// by (distance, id), exactly what [`Index::search`] gives for the same values. Returns
+    /// once the results are written (on the host's clock: every copy and kernel is done).
+    ///
+    /// On the index's own GPU with float32 rows and a metric that searches queries as given
+    /// (squared L2, L2, inner product, L1, L∞ on data that needs no scaling), the queries are
+    /// read and the results written where they lie: only a few numbers per query cross the
+    /// bus, and the rows whose floor does not prove them (rare) are computed again on the
+    /// host's path. Other cases (cosine, Hellinger, Mahalanobis, expressions, float64 rows,
+    /// the grid's low dimensions) copy the queries to the host, search them there and copy
+    /// the results back: the same answer, with the copies' time.
+    ///
+    /// Errors as [`Index::search`] (a NaN in the queries, k too large, ...), and when the index
+    /// does not compute on that one GPU (a CPU index, several GPUs, another GPU): copy the
+    /// queries to the host and call [`Index::search`].
+    ///
+    /// # Safety
+    /// `queries.ptr` must hold `queries.rows × dim` f32 values and `out` room for
+    /// `queries.rows × k` ids and as many distances, all in `queries.device`'s memory, valid
+    /// and not written by anything else until this returns; `queries.stream` must be 0 or a
+    /// live stream of that device's primary context.
+    pub unsafe fn search_device(
+        &self,
+        queries: DeviceQueries,
+        k: usize,
+        out: DeviceResults,
+    ) -> Result<()> {
+        let cuda = self
+            .knn
+            .cuda()
+            .filter(|c| c.ordinal() == queries.device)
+            .ok_or_else(|| {
+                KnnError::Option(format!(
+                    "the queries lie in the memory of cuda:{}, but the index computes on {}: \
+                     copy them to the host and search them there",
+                    queries.device,
+                    self.engine_name()
+                        .unwrap_or_else(|_| self.device().to_string())
+                ))
+            })?;
+        self.check_search(self.dim, k)?;
+        if queries.rows == 0 {
+            return Ok(());
+        }
+        // SAFETY (here and below): as the caller vouches.
+        unsafe { cuda.wait_for_stream(queries.stream)? };
+        match unsafe { self.finish_on_device(cuda, queries, k, out) } {
+            Ok(Some(done)) if self.prepared.searches_queries_as_given(done.query_top) => {
+                let redo: Vec<usize> = (0..queries.rows).filter(|&i| !done.proven[i]).collect();
+                unsafe { self.search_rows_on_host(cuda, queries, &redo, k, out) }
+            }
+            // Not for this case, or queries the host must check (values not finite) or
+            // prepare (scaled): the host's path, which also gives its errors.
+            Ok(_) => {
+                let all: Vec<usize> = (0..queries.rows).collect();
+                unsafe { self.search_rows_on_host(cuda, queries, &all, k, out) }
+            }
+            // The device's error, unless the host finds the queries at fault.
+            Err(e) => {
+                let mut host = vec![0.0f32; queries.rows * self.dim];
+                unsafe { cuda.read_device(queries.ptr, &mut host)? };
+                MatrixRef::new("queries", &host, self.dim)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// The errors [`Index::search`] gives for queries of dimension `dim` and this `k` before
+    /// it reads a value (a dimension that is not the index's, k = 0 or k > [`Index::len`]),
+    /// for callers that hand over values later or elsewhere (GPU memory).
+    pub fn check_search(&self, dim: usize, k: usize) -> Result<()> {
+        let none = MatrixRef::new_unchecked_values("queries", &[], dim)?;
+        validate(&self.metric, self.base(), Some(none), k).map(|_| ())
+    }
+
+    /// The first try of a search of `queries` finished on the device, when the index and its
+    /// engine allow it (see [`Index::search_device`]).
+    unsafe fn finish_on_device(
+        &self,
+        cuda: &CudaEngine,
+        queries: DeviceQueries,
+        k: usize,
+        out: DeviceResults,
+    ) -> Result<Option<DeviceSearch>> {
+        let base = self.base();
+        let brute = std::ptr::addr_eq(
+            self.knn.engine_for(base.rows(), self.dim, &self.metric)?,
+            self.knn.engine(),
+        );
+        // Float32 rows searched as given (a bound of 0 asks only about the base's side).
+        if !brute || self.rounded.is_some() || !self.prepared.searches_queries_as_given(0.0) {
+            return Ok(None);
+        }
+        let (kernel, available) = (self.metric.kernel(), base.rows());
+        let width = cuda
+            .candidate_width(k, available, kernel)
+            .clamp(k, available);
+        let req = CandidateRequest {
+            base,
+            queries: MatrixRef::new_unchecked_values("queries", &[], self.dim)?,
+            kernel,
+            width,
+            exclude: None,
+            precise: false,
+            base_key: Some(self.prepared.key),
+            exact_data: true,
+            exact_from: None,
+        };
+        let rows = knn_cuda::DeviceQueries {
+            ptr: queries.ptr,
+            rows: queries.rows,
+        };
+        // SAFETY: as the caller of `search_device` vouches; the stream's work is done.
+        unsafe { cuda.search_device(&req, &self.metric, k, 1.0, rows, out) }
+    }
+
+    /// Rows `rows` of the queries searched on the host's path (copied to the host in one
+    /// piece, or row by row when few), their results copied into their rows of `out`.
+    unsafe fn search_rows_on_host(
+        &self,
+        cuda: &CudaEngine,
+        queries: DeviceQueries,
+        rows: &[usize],
+        k: usize,
+        out: DeviceResults,
+    ) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let d = self.dim;
+        let mut host = vec![0.0f32; rows.len() * d];
+        // SAFETY (here and below): each row lies in the caller's buffers.
+        if rows.len() == queries.rows {
+            unsafe { cuda.read_device(queries.ptr, &mut host)? };
+        } else {
+            for (i, &r) in rows.iter().enumerate() {
+                let at = queries.ptr + (r * d * 4) as u64;
+                unsafe { cuda.read_device(at, &mut host[i * d..(i + 1) * d])? };
+            }
+        }
+        let found = MatrixRef::new("queries", &host, d)
+            .and_then(|q| self.search(q, k))
+            .map_err(|e| e.renumber_query_rows(|i| rows[i]))?;
+        if rows.len() == queries.rows {
+            unsafe {
+                cuda.write_device(&found.ids, out.ids)?;
+                cuda.write_device(&found.distances, out.distances)?;
+            }
+        } else {
+            for (i, &r) in rows.iter().enumerate() {
+                let at = (r * k * 4) as u64;
+                unsafe {
+                    cuda.write_device(found.ids_of(i), out.ids + at)?;
+                    cuda.write_device(found.distances_of(i), out.distances + at)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

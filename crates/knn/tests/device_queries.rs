@@ -1,0 +1,187 @@
+//! `Index::search_device`: queries in GPU memory, results written to GPU memory, equal bit for
+//! bit to `Index::search` of the same values, for every metric (the device's own path and the
+//! host's), adversarial data, sizes on tile edges, a stream of the caller's; bad input refused
+//! with the host's messages. Skipped without a GPU (`KNN_REQUIRE_GPU=1` makes that a failure).
+
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr};
+use knn::synth::{generate, Distribution};
+use knn::{
+    Device, DeviceQueries, DeviceResults, Index, Knn, MatrixRef, Metric, Neighbors, Options,
+};
+use knn_testkit::{all_metrics, gpu_available_or_skip};
+use std::sync::Arc;
+
+fn gpu() -> Option<Options> {
+    let opts = Options {
+        device: Device::Cuda(0),
+        ..Options::default()
+    };
+    let usable = Knn::new(&opts).is_ok();
+    gpu_available_or_skip(usable, "device queries").then_some(opts)
+}
+
+fn uniform(n: usize, d: usize, seed: u64) -> Vec<f32> {
+    generate(Distribution::Uniform { lo: 0.0, hi: 1.0 }, n, d, seed)
+}
+
+/// `index.search_device` of `queries` (uploaded on `stream`), the results read back.
+fn search_on_device(
+    index: &Index,
+    stream: &Arc<CudaStream>,
+    queries: &[f32],
+    k: usize,
+) -> knn::Result<Neighbors> {
+    let n = queries.len() / index.dim();
+    let q = stream.clone_htod(queries).unwrap();
+    let ids = stream.alloc_zeros::<u32>((n * k).max(1)).unwrap();
+    let dists = stream.alloc_zeros::<f32>((n * k).max(1)).unwrap();
+    {
+        let (qp, _q) = q.device_ptr(stream);
+        let (ip, _i) = ids.device_ptr(stream);
+        let (dp, _d) = dists.device_ptr(stream);
+        let rows = DeviceQueries {
+            ptr: qp,
+            rows: n,
+            device: 0,
+            stream: stream.cu_stream() as u64,
+        };
+        let out = DeviceResults {
+            ids: ip,
+            distances: dp,
+        };
+        // SAFETY: the buffers hold n × d queries and n × k results on device 0, and `stream`
+        // is a live stream of its primary context.
+        unsafe { index.search_device(rows, k, out)? };
+    }
+    let mut ids = stream.clone_dtoh(&ids).unwrap();
+    let mut distances = stream.clone_dtoh(&dists).unwrap();
+    ids.truncate(n * k);
+    distances.truncate(n * k);
+    Ok(Neighbors { k, ids, distances })
+}
+
+/// Data sets: (name, base, queries), adversarial ones among them.
+fn data_sets(d: usize) -> Vec<(&'static str, Vec<f32>, Vec<f32>)> {
+    let mut far = uniform(700, d, 3);
+    far.iter_mut().for_each(|v| *v += 4.0e6);
+    let mut far_q = uniform(90, d, 4);
+    far_q.iter_mut().for_each(|v| *v += 4.0e6);
+    let tiny: Vec<f32> = uniform(600, d, 5).iter().map(|v| v * 1e-30).collect();
+    let protos = uniform(5, d, 7);
+    let dup: Vec<f32> = (0..400)
+        .flat_map(|i| protos[(i * 7 % 5) * d..(i * 7 % 5 + 1) * d].to_vec())
+        .collect();
+    // A grid of small integers: many exactly equal distances.
+    let grid: Vec<f32> = (0..512 * d).map(|i| ((i * 7) % 5) as f32).collect();
+    vec![
+        ("uniform", uniform(1100, d, 1), uniform(130, d, 2)),
+        ("far from the origin", far, far_q),
+        // Queries a trillion times larger than the base: another scaling (the host's path).
+        (
+            "huge queries",
+            uniform(500, d, 8),
+            uniform(40, d, 9).iter().map(|v| v * 1e13).collect(),
+        ),
+        ("tiny values", tiny.clone(), tiny[..60 * d].to_vec()),
+        ("duplicates", dup.clone(), dup[..50 * d].to_vec()),
+        ("integer grid", grid.clone(), grid[..129 * d].to_vec()),
+    ]
+}
+
+#[test]
+fn device_queries_equal_host_queries() {
+    let Some(opts) = gpu() else { return };
+    let ctx = CudaContext::new(0).unwrap();
+    let stream = ctx.default_stream();
+    let d = 6;
+    let mut failures = Vec::new();
+    // Expression metrics take the host's path as cosine does (and each compiles a module).
+    for metric in all_metrics(d).into_iter().filter(|m| !m.is_expr()) {
+        for (name, base, queries) in data_sets(d) {
+            let Ok(index) = Index::new(base, d, metric.clone(), &opts) else {
+                continue; // refused alike on the host (tests/index.rs)
+            };
+            let q = MatrixRef::new("queries", &queries, d).unwrap();
+            for k in [1, 10, 33] {
+                let want = index.search(q, k).map_err(|e| e.to_string());
+                let got = search_on_device(&index, &stream, &queries, k).map_err(|e| e.to_string());
+                if got != want {
+                    let what = match (&got, &want) {
+                        (Err(e), _) | (_, Err(e)) => e.clone(),
+                        _ => "different neighbours".into(),
+                    };
+                    failures.push(format!("{metric} {name} k={k}: {what}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The device's own path at realistic sizes, query counts on the tiles' edges, on a stream
+/// of the caller's (the queries' copy still running when the search is called).
+#[test]
+fn device_queries_on_tile_edges_and_a_stream_of_the_callers() {
+    let Some(opts) = gpu() else { return };
+    let ctx = CudaContext::new(0).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let d = 128;
+    let base = uniform(20_000, d, 11);
+    let queries = uniform(4100, d, 12);
+    for metric in [Metric::L2, Metric::SqL2, Metric::InnerProduct, Metric::L1] {
+        let index = Index::new(base.clone(), d, metric.clone(), &opts).unwrap();
+        for (n, k) in [
+            (1, 10),
+            (127, 16),
+            (128, 1),
+            (129, 100),
+            (4100, 16),
+            (300, 1024),
+        ] {
+            let q = &queries[..n * d];
+            let want = index
+                .search(MatrixRef::new("queries", q, d).unwrap(), k)
+                .unwrap();
+            let got = search_on_device(&index, &stream, q, k).unwrap();
+            assert!(got == want, "{metric} n={n} k={k}");
+        }
+    }
+}
+
+#[test]
+fn device_queries_errors_name_what_and_where() {
+    let Some(opts) = gpu() else { return };
+    let ctx = CudaContext::new(0).unwrap();
+    let stream = ctx.default_stream();
+    let d = 8;
+    let index = Index::new(uniform(300, d, 13), d, Metric::L2, &opts).unwrap();
+    let mut q = uniform(40, d, 14);
+    q[17 * d + 3] = f32::NAN;
+    let e = search_on_device(&index, &stream, &q, 5)
+        .unwrap_err()
+        .to_string();
+    let host = MatrixRef::new("queries", &q, d).err().unwrap().to_string();
+    assert_eq!(e, host);
+    assert!(e.contains("row 17") && e.contains("column 3"), "{e}");
+    q[17 * d + 3] = f32::INFINITY;
+    assert!(search_on_device(&index, &stream, &q, 5).is_err());
+    let q = uniform(40, d, 14);
+    let e = search_on_device(&index, &stream, &q, 301)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("k=301"), "{e}");
+    let e = search_on_device(&index, &stream, &q, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains('k'), "{e}");
+    // An index on the CPU does not read GPU memory: a clear error, with the fix.
+    let cpu = Options {
+        device: Device::Cpu,
+        ..Options::default()
+    };
+    let index = Index::new(uniform(300, d, 13), d, Metric::L2, &cpu).unwrap();
+    let e = search_on_device(&index, &stream, &q, 5)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("copy them to the host"), "{e}");
+}
