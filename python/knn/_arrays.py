@@ -28,13 +28,16 @@ def as_matrix(x, what: str, *, keep_float64: bool = True) -> np.ndarray:
 
     Accepts NumPy arrays of any real dtype and memory order, nested lists (Python floats are
     float64, so a list of floats stays float64), and objects NumPy converts (PyTorch CPU
-    tensors, array-likes, host arrays through DLPack). Refuses 1-D input with scikit-learn's
-    hint. ``keep_float64=False``: always float32 (for parameters such as a covariance).
+    tensors, array-likes, host arrays through DLPack); PyTorch and CuPy arrays in GPU memory
+    are copied to the host. Refuses 1-D input with scikit-learn's hint. ``keep_float64=False``:
+    always float32 (for parameters such as a covariance).
     """
+    if cuda_library(x) is not None:
+        x = to_host(x)
     if _is_torch_tensor(x):
         if x.device.type != "cpu":
             raise ValueError(
-                f"{what}: a {x.device.type} tensor; this version takes CPU arrays only "
+                f"{what}: a {x.device.type} tensor; only CPU and CUDA tensors are taken "
                 "(use tensor.cpu())"
             )
         x = x.detach().numpy()
@@ -78,13 +81,117 @@ def _from_dlpack(x, what: str):
     device_type = int(x.__dlpack_device__()[0])
     if device_type not in (1, 3):  # kDLCPU, kDLCUDAHost
         raise ValueError(
-            f"{what}: an array in device memory (DLPack device type {device_type}); this version "
-            "takes host arrays only: copy it to the host first (tensor.cpu(), cupy.asnumpy(a))"
+            f"{what}: an array in device memory (DLPack device type {device_type}) of a library "
+            "other than PyTorch and CuPy: copy it to the host first (np.asarray(a)), or pass a "
+            "PyTorch tensor or CuPy array (torch.from_dlpack(a))"
         )
     try:
         return np.from_dlpack(x)
     except (TypeError, ValueError, RuntimeError, BufferError):
         return x  # left to np.asarray
+
+
+def cuda_library(x) -> str | None:
+    """``"torch"`` for a PyTorch tensor in GPU memory, ``"cupy"`` for a CuPy array, else None."""
+    if _is_torch_tensor(x):
+        return "torch" if x.device.type == "cuda" else None
+    t = type(x)
+    if t.__module__.startswith("cupy") and t.__name__ == "ndarray":
+        return "cupy"
+    return None
+
+
+def to_host(x):
+    """A PyTorch or CuPy array in GPU memory copied to a NumPy array (after the work queued
+    on its library's current stream)."""
+    if cuda_library(x) == "torch":
+        return x.detach().cpu().numpy()
+    return x.get()
+
+
+class CudaRows:
+    """Rows in GPU memory as the native code reads them: a 2-D C-contiguous float32 tensor of
+    PyTorch or CuPy (converted on its device when it is not one), its address, device and the
+    library's current stream there, and results made of the same library on the same device.
+
+    ``float64`` is true for float64 input, which is not converted (the exact float64 search
+    runs on the host: see :meth:`knn.Index.search`)."""
+
+    def __init__(self, x, what: str):
+        self.lib = cuda_library(x)
+        if x.ndim == 1:
+            raise ValueError(
+                f"{what}: expected 2D array, got 1D array instead:\narray={x}.\n{_RESHAPE_HINT}"
+            )
+        if x.ndim != 2:
+            raise ValueError(f"{what}: expected a 2-D array (rows x dimension), got {x.ndim}-D")
+        if self.lib == "torch":
+            import torch
+
+            t = x.detach()
+            if t.dtype.is_complex or t.dtype == torch.bool:
+                raise ValueError(
+                    f"{what}: dtype {t.dtype} is not a real number type "
+                    "(use integers, float32 or float64)"
+                )
+            self.float64 = t.dtype == torch.float64
+            if not self.float64:
+                t = t.to(torch.float32).contiguous()
+            self.array, self.device = t, t.device.index
+            self.ptr = t.data_ptr()
+            self.stream = torch.cuda.current_stream(t.device).cuda_stream
+        else:
+            import cupy
+
+            with x.device:
+                if x.dtype.kind not in "biuf":
+                    raise ValueError(
+                        f"{what}: dtype {x.dtype} is not a real number type "
+                        "(use integers, float32 or float64)"
+                    )
+                self.float64 = x.dtype == cupy.float64
+                a = x if self.float64 else cupy.ascontiguousarray(x, dtype=cupy.float32)
+                self.stream = cupy.cuda.get_current_stream().ptr
+            self.array, self.device = a, a.device.id
+            self.ptr = a.data.ptr
+        self.rows, self.dim = (int(n) for n in self.array.shape)
+
+    def host(self) -> np.ndarray:
+        """The rows copied to the host (float64 ones stay float64)."""
+        return to_host(self.array)
+
+    def empty(self, shape, dtype: str):
+        """An uninitialised array of ``dtype`` ("int32", "float32") on the rows' device."""
+        if self.lib == "torch":
+            import torch
+
+            return torch.empty(shape, dtype=getattr(torch, dtype), device=self.array.device)
+        import cupy
+
+        with self.array.device:
+            return cupy.empty(shape, dtype=dtype)
+
+    def wrap(self, a: np.ndarray):
+        """A host array copied to the rows' device, in their library."""
+        if self.lib == "torch":
+            import torch
+
+            return torch.from_numpy(a).to(self.array.device)
+        import cupy
+
+        with self.array.device:
+            return cupy.asarray(a)
+
+    def ids64(self, ids32):
+        """int32 ids made on the device (as unsigned 32-bit numbers) widened to int64 there."""
+        if self.lib == "torch":
+            import torch
+
+            return ids32.to(torch.int64) & 0xFFFFFFFF
+        import cupy
+
+        with self.array.device:
+            return ids32.astype(cupy.int64) & 0xFFFFFFFF
 
 
 def _is_torch_tensor(x) -> bool:

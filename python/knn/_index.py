@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _knn
-from ._arrays import as_k, as_matrix, parse_bytes
+from ._arrays import CudaRows, as_k, as_matrix, cuda_library, parse_bytes
 
 _SYMMETRIC = {True: "on", False: "off", "auto": "auto", "on": "on", "off": "off"}
 
@@ -140,7 +140,9 @@ class Index:
         Parameters
         ----------
         queries : array_like, shape (m, d)
-            Query points, converted like the base (float64 stays float64, exact).
+            Query points, converted like the base (float64 stays float64, exact). A PyTorch
+            CUDA tensor or a CuPy array gives results of its own library on its device (see
+            Notes).
         k : int
             Neighbours per query, 1 <= k <= len(index).
 
@@ -153,13 +155,44 @@ class Index:
         ids : ndarray of int64, shape (m, k)
             Row i: the neighbours' row numbers in the base (ids of added rows continue).
 
+        Notes
+        -----
+        Queries in GPU memory (a PyTorch CUDA tensor, a CuPy array) give a tensor (an array)
+        of the same library on the same device for each result, after the work queued on the
+        library's current stream there. When the index computes on that GPU with float32
+        rows and the metric is ``"l2"``, ``"sqeuclidean"``, ``"ip"``, ``"l1"`` or
+        ``"linf"``, the queries are read and the results written in GPU memory (other dtypes
+        are converted to float32 there first); otherwise, and for float64 queries (whose
+        exact search reads them on the host), they are copied to the host and the results
+        back. The answer is the same either way.
+
         Raises
         ------
         ValueError
             Bad input (NaN or infinite values naming row and column, a dimension mismatch,
             k = 0 or k > len(index), negative values for Hellinger).
         """
-        return self._native.search(as_matrix(queries, "queries"), as_k(k))
+        k = as_k(k)
+        if cuda_library(queries) is not None:
+            return self._search_cuda(CudaRows(queries, "queries"), k)
+        return self._native.search(as_matrix(queries, "queries"), k)
+
+    def _search_cuda(self, rows: CudaRows, k: int):
+        """:meth:`search` of rows in GPU memory (see its Notes)."""
+        # The library's own checks of the shape and k, with its messages, before any memory
+        # is read or made.
+        self._native.check_search(rows.dim, k)
+        on_gpu = self._native.device == f"cuda:{rows.device}" and not rows.float64
+        if not on_gpu:
+            distances, ids = self._native.search(as_matrix(rows.host(), "queries"), k)
+            return rows.wrap(distances), rows.wrap(ids)
+        ids = rows.empty((rows.rows, k), "int32")
+        distances = rows.empty((rows.rows, k), "float32")
+        if rows.rows > 0:
+            ip = ids.data_ptr() if rows.lib == "torch" else ids.data.ptr
+            dp = distances.data_ptr() if rows.lib == "torch" else distances.data.ptr
+            self._native.search_device(rows.ptr, rows.rows, rows.device, rows.stream, k, ip, dp)
+        return distances, rows.ids64(ids)
 
     def graph(self, k: int, symmetric="auto"):
         """The kNN graph of the base: each point's k nearest *other* points.

@@ -13,8 +13,8 @@ use base::{Base, Found};
 use errors::to_py;
 use knn::given::{round_to_f32, Given};
 use knn::{
-    Covariance, Device, Index, KnnError, Matrix, MatrixRef, Metric, MetricExpr, Neighbors, Options,
-    Rows, Symmetry,
+    Covariance, Device, DeviceQueries, DeviceResults, Index, KnnError, Matrix, MatrixRef, Metric,
+    MetricExpr, Neighbors, Options, Rows, Symmetry,
 };
 use numpy::{
     Element, IntoPyArray, PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods,
@@ -125,6 +125,59 @@ impl NativeIndex {
                 to_numpy(py, nn)
             }
         })
+    }
+
+    /// The errors a search of queries of dimension `dim` for `k` neighbours gives before it
+    /// reads a value (dimension, k), raised as they would be.
+    fn check_search(&self, dim: usize, k: usize) -> PyResult<()> {
+        self.base.snapshot().check_search(dim, k).map_err(to_py)
+    }
+
+    /// Queries in GPU memory searched there (`knn::Index::search_device`): `rows × dim`
+    /// float32 values at device address `queries` on GPU `device`, written on CUDA stream
+    /// `stream` (0: the legacy default stream); the results go to `rows × k` int32 ids at
+    /// `ids` and float32 distances at `distances`. In pieces between Ctrl-C checks, with the
+    /// GIL released. The Python side (`knn._arrays.CudaRows`) vouches for the addresses: live
+    /// C-contiguous tensors of those shapes and types on that device.
+    #[allow(clippy::too_many_arguments)]
+    fn search_device(
+        &self,
+        py: Python<'_>,
+        queries: u64,
+        rows: usize,
+        device: usize,
+        stream: u64,
+        k: usize,
+        ids: u64,
+        distances: u64,
+    ) -> PyResult<()> {
+        let index = self.base.snapshot();
+        let dim = index.dim();
+        let per_row = index.len().saturating_mul(dim.max(1)).max(1);
+        let piece = (GPU_PIECE_WORK / per_row).max(MIN_PIECE_ROWS);
+        let mut start = 0;
+        loop {
+            let end = (start + piece).min(rows);
+            let part = DeviceQueries {
+                ptr: queries + (start * dim * 4) as u64,
+                rows: end - start,
+                device,
+                stream,
+            };
+            let at = (start * k * 4) as u64;
+            let out = DeviceResults {
+                ids: ids + at,
+                distances: distances + at,
+            };
+            // SAFETY: the addresses are of live tensors of these shapes on `device` (above).
+            py.detach(|| unsafe { index.search_device(part, k, out) })
+                .map_err(|e| to_py(errors::shift_rows(e, start)))?;
+            if end >= rows {
+                return Ok(());
+            }
+            py.check_signals()?;
+            start = end;
+        }
     }
 
     /// The kNN graph of the base (each point's k nearest other points): (distances, ids).
