@@ -115,6 +115,13 @@ pub struct FinishedRows<'a> {
     pub key_scale: f64,
 }
 
+impl FinishedRows<'_> {
+    /// Whether the buffers hold `rows` rows of `k` neighbours (ids, distances) and their flags.
+    pub fn holds(&self, rows: usize, k: usize) -> bool {
+        self.ids.len() == rows * k && self.distances.len() == rows * k && self.proven.len() == rows
+    }
+}
+
 /// Candidate rows as an engine hands them to the visitor of [`Engine::candidate_rows`]: the
 /// rows of [`Candidates`] of the request rows `rows` (indices into `req.queries`, in the
 /// engine's order), and optionally their exact keys (see [`Engine::candidates_with_exact`]).

@@ -4,25 +4,12 @@
 //! with the host's messages. Skipped without a GPU (`KNN_REQUIRE_GPU=1` makes that a failure).
 
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr};
-use knn::synth::{generate, Distribution};
-use knn::{
-    Device, DeviceQueries, DeviceResults, Index, Knn, MatrixRef, Metric, Neighbors, Options,
-};
-use knn_testkit::{all_metrics, gpu_available_or_skip};
+mod common;
+
+use common::{gpu, uniform};
+use knn::{Device, DeviceQueries, DeviceResults, Index, MatrixRef, Metric, Neighbors, Options};
+use knn_testkit::all_metrics;
 use std::sync::Arc;
-
-fn gpu() -> Option<Options> {
-    let opts = Options {
-        device: Device::Cuda(0),
-        ..Options::default()
-    };
-    let usable = Knn::new(&opts).is_ok();
-    gpu_available_or_skip(usable, "device queries").then_some(opts)
-}
-
-fn uniform(n: usize, d: usize, seed: u64) -> Vec<f32> {
-    generate(Distribution::Uniform { lo: 0.0, hi: 1.0 }, n, d, seed)
-}
 
 /// `index.search_device` of `queries` (uploaded on `stream`), the results read back.
 fn search_on_device(
@@ -60,37 +47,22 @@ fn search_on_device(
     Ok(Neighbors { k, ids, distances })
 }
 
-/// Data sets: (name, base, queries), adversarial ones among them.
+/// The shared data sets, and two of this file's own: queries a trillion times larger than the
+/// base (another scaling: the host's path), and a grid of small integers (many equal distances).
 fn data_sets(d: usize) -> Vec<(&'static str, Vec<f32>, Vec<f32>)> {
-    let mut far = uniform(700, d, 3);
-    far.iter_mut().for_each(|v| *v += 4.0e6);
-    let mut far_q = uniform(90, d, 4);
-    far_q.iter_mut().for_each(|v| *v += 4.0e6);
-    let tiny: Vec<f32> = uniform(600, d, 5).iter().map(|v| v * 1e-30).collect();
-    let protos = uniform(5, d, 7);
-    let dup: Vec<f32> = (0..400)
-        .flat_map(|i| protos[(i * 7 % 5) * d..(i * 7 % 5 + 1) * d].to_vec())
-        .collect();
-    // A grid of small integers: many exactly equal distances.
     let grid: Vec<f32> = (0..512 * d).map(|i| ((i * 7) % 5) as f32).collect();
-    vec![
-        ("uniform", uniform(1100, d, 1), uniform(130, d, 2)),
-        ("far from the origin", far, far_q),
-        // Queries a trillion times larger than the base: another scaling (the host's path).
-        (
-            "huge queries",
-            uniform(500, d, 8),
-            uniform(40, d, 9).iter().map(|v| v * 1e13).collect(),
-        ),
-        ("tiny values", tiny.clone(), tiny[..60 * d].to_vec()),
-        ("duplicates", dup.clone(), dup[..50 * d].to_vec()),
-        ("integer grid", grid.clone(), grid[..129 * d].to_vec()),
-    ]
+    let huge: Vec<f32> = uniform(40, d, 9).iter().map(|v| v * 1e13).collect();
+    let mut sets = common::data_sets(d);
+    sets.push(("huge queries", uniform(500, d, 8), huge));
+    sets.push(("integer grid", grid.clone(), grid[..129 * d].to_vec()));
+    sets
 }
 
 #[test]
 fn device_queries_equal_host_queries() {
-    let Some(opts) = gpu() else { return };
+    let Some(opts) = gpu("device queries") else {
+        return;
+    };
     let ctx = CudaContext::new(0).unwrap();
     let stream = ctx.default_stream();
     let d = 6;
@@ -122,7 +94,9 @@ fn device_queries_equal_host_queries() {
 /// of the caller's (the queries' copy still running when the search is called).
 #[test]
 fn device_queries_on_tile_edges_and_a_stream_of_the_callers() {
-    let Some(opts) = gpu() else { return };
+    let Some(opts) = gpu("device queries") else {
+        return;
+    };
     let ctx = CudaContext::new(0).unwrap();
     let stream = ctx.new_stream().unwrap();
     let d = 128;
@@ -150,7 +124,9 @@ fn device_queries_on_tile_edges_and_a_stream_of_the_callers() {
 
 #[test]
 fn device_queries_errors_name_what_and_where() {
-    let Some(opts) = gpu() else { return };
+    let Some(opts) = gpu("device queries") else {
+        return;
+    };
     let ctx = CudaContext::new(0).unwrap();
     let stream = ctx.default_stream();
     let d = 8;

@@ -5,25 +5,12 @@
 //! and, where one is usable, the GPU. Also: cosine with all-zero rows (distance 1 to every
 //! row, scikit-learn's convention).
 
+mod common;
+
+use common::{cpu, gpu};
 use knn::synth::{generate, Distribution};
-use knn::{Device, Index, Knn, MatrixRef, Metric, Options};
-use knn_testkit::{all_metrics, gpu_available_or_skip};
-
-fn cpu() -> Options {
-    Options {
-        device: Device::Cpu,
-        ..Options::default()
-    }
-}
-
-fn gpu() -> Option<Options> {
-    let opts = Options {
-        device: Device::Cuda(0),
-        ..Options::default()
-    };
-    let usable = Knn::new(&opts).is_ok();
-    gpu_available_or_skip(usable, "f64 rows (GPU)").then_some(opts)
-}
+use knn::{Index, MatrixRef, Metric, Options};
+use knn_testkit::all_metrics;
 
 /// The k nearest of every query by brute force on the f64 values: (distance, id) pairs.
 fn oracle(
@@ -143,7 +130,7 @@ fn f64_rows_are_exact_cpu() {
 
 #[test]
 fn f64_rows_are_exact_gpu() {
-    if let Some(opts) = gpu() {
+    if let Some(opts) = gpu("f64 rows (GPU)") {
         f64_rows_are_exact(&opts);
     }
 }
@@ -155,7 +142,7 @@ fn points_closer_than_an_f32_step() {
     let base = vec![1.0, 1.0 + 1e-9, 1.0 + 2e-9, 1.0 - 3e-9];
     let query = [1.0 + 2.1e-9];
     let mut runs = vec![cpu()];
-    runs.extend(gpu());
+    runs.extend(gpu("f64 rows (GPU)"));
     for opts in runs {
         let index = Index::new(base.clone(), 1, Metric::L2, &opts).unwrap();
         let nn = index.search_f64(&query, 4, &|_, _| {}).unwrap();
@@ -257,7 +244,7 @@ fn cosine_all_zero_rows() {
     let mut queries = vec![0.0f32; d];
     queries.extend_from_slice(&base[3 * d..4 * d]);
     let mut runs = vec![cpu()];
-    runs.extend(gpu());
+    runs.extend(gpu("f64 rows (GPU)"));
     for opts in runs {
         let index = Index::new(base.clone(), d, Metric::Cosine, &opts).unwrap();
         let nn = index

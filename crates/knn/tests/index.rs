@@ -4,51 +4,12 @@
 //! The CPU cases run everywhere; the GPU ones where a GPU is usable (`KNN_REQUIRE_GPU=1`
 //! makes a missing one a failure).
 
-use knn::synth::{generate, Distribution};
-use knn::{Device, Index, Knn, Matrix, MatrixRef, Metric, Options, Rows};
-use knn_testkit::{all_metrics, check_with_oracle, gpu_available_or_skip};
+mod common;
+
+use common::{cpu, data_sets, gpu, uniform};
+use knn::{Index, Knn, Matrix, MatrixRef, Metric, Options, Rows};
+use knn_testkit::{all_metrics, check_with_oracle};
 use std::sync::Arc;
-
-fn cpu() -> Options {
-    Options {
-        device: Device::Cpu,
-        ..Options::default()
-    }
-}
-
-fn gpu() -> Option<Options> {
-    let opts = Options {
-        device: Device::Cuda(0),
-        ..Options::default()
-    };
-    let usable = Knn::new(&opts).is_ok();
-    gpu_available_or_skip(usable, "index (GPU)").then_some(opts)
-}
-
-fn uniform(n: usize, d: usize, seed: u64) -> Vec<f32> {
-    generate(Distribution::Uniform { lo: 0.0, hi: 1.0 }, n, d, seed)
-}
-
-/// Data sets: (name, base, queries).
-fn data_sets(d: usize) -> Vec<(&'static str, Vec<f32>, Vec<f32>)> {
-    let mut far = uniform(700, d, 3);
-    far.iter_mut().for_each(|v| *v += 4.0e6);
-    let mut far_q = uniform(90, d, 4);
-    far_q.iter_mut().for_each(|v| *v += 4.0e6);
-    let tiny: Vec<f32> = uniform(600, d, 5).iter().map(|v| v * 1e-30).collect();
-    let tiny_q: Vec<f32> = uniform(60, d, 6).iter().map(|v| v * 1e-30).collect();
-    // Duplicates: ties everywhere.
-    let protos = uniform(5, d, 7);
-    let dup: Vec<f32> = (0..400)
-        .flat_map(|i| protos[(i * 7 % 5) * d..(i * 7 % 5 + 1) * d].to_vec())
-        .collect();
-    vec![
-        ("uniform", uniform(1100, d, 1), uniform(130, d, 2)),
-        ("far from the origin", far, far_q),
-        ("tiny values", tiny, tiny_q),
-        ("duplicates", dup.clone(), dup[..50 * d].to_vec()),
-    ]
-}
 
 /// Every metric on every data set: the index's search and graph equal the one-off calls'.
 fn index_equals_one_off(opts: &Options) {
@@ -105,7 +66,7 @@ fn cpu_index_equals_one_off_calls() {
 
 #[test]
 fn gpu_index_equals_one_off_calls() {
-    if let Some(opts) = gpu() {
+    if let Some(opts) = gpu("index (GPU)") {
         index_equals_one_off(&opts);
     }
 }
@@ -235,7 +196,7 @@ fn threads_share_one_cpu_index() {
 
 #[test]
 fn threads_share_one_gpu_index() {
-    if let Some(opts) = gpu() {
+    if let Some(opts) = gpu("index (GPU)") {
         threads_share_one_index(&opts);
     }
 }

@@ -2,7 +2,8 @@
 //! with the results written to its memory: neither the queries nor the results cross the
 //! bus. The caller (`knn::Index`) redoes on the host the few rows the device does not prove.
 
-use super::{norm_bounds, CudaEngine, Method};
+use super::finish::norm_bounds;
+use super::{CudaEngine, Method};
 use crate::fused::DeviceIo;
 use crate::staging::{bytes_of, bytes_of_mut};
 use knn_core::{CandidateRequest, Metric, Result};

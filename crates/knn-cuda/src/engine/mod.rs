@@ -1,8 +1,11 @@
 //! [`CudaEngine`]: the public face of the crate; no CUDA types cross it.
 
 mod device_io;
+mod finish;
+mod method;
 
 pub use device_io::{DeviceQueries, DeviceResults, DeviceSearch, Plain};
+pub use method::Method;
 
 use crate::device::{driver_device_count, is_oom, Gpu};
 use crate::floor::{centred_max_norm, floors, mean, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
@@ -12,64 +15,8 @@ use knn_core::{
     CandidateRequest, Candidates, Engine, ExactFrom, ExprPlan, FinishedRows, Kernel, KnnError,
     MatrixRef, Metric, Result, Symmetry,
 };
-use std::fmt;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-
-/// How the candidates are computed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Method {
-    /// Fused tiles with on-chip top-k (the fast method).
-    Fused,
-    /// Seed 000: global-memory tiled distance kernel + modified insertion sort.
-    Global,
-    /// Seed 000: base points read through a texture object + modified insertion sort.
-    Texture,
-    /// Seed 000: cuBLAS GEMM form + modified insertion sort (L1/L∞ use the global kernel).
-    Cublas,
-}
-
-impl Method {
-    /// Every method, fast one first.
-    pub const ALL: [Method; 4] = [
-        Method::Fused,
-        Method::Global,
-        Method::Texture,
-        Method::Cublas,
-    ];
-
-    /// Name as accepted by [`FromStr`].
-    pub fn name(self) -> &'static str {
-        match self {
-            Method::Fused => "fused",
-            Method::Global => "global",
-            Method::Texture => "texture",
-            Method::Cublas => "cublas",
-        }
-    }
-}
-
-impl fmt::Display for Method {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Method {
-    type Err = KnnError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "fused" => Ok(Method::Fused),
-            "global" => Ok(Method::Global),
-            "texture" => Ok(Method::Texture),
-            "cublas" => Ok(Method::Cublas),
-            _ => Err(KnnError::Option(format!(
-                "unknown CUDA method '{s}' (expected one of: fused, global, texture, cublas)"
-            ))),
-        }
-    }
-}
 
 /// A CUDA device with one method. Calls are serialised on the device's stream.
 pub struct CudaEngine {
@@ -358,6 +305,25 @@ impl CudaEngine {
         norms.map(|n| n[at..at + req.queries.rows()].to_vec())
     }
 
+    /// Every slot of the `w`-wide rows `ids` of `req` holds a valid base id that its row may
+    /// return (a slot the kernels left unwritten, or an excluded id, is a device fault).
+    fn check_ids(&self, req: &CandidateRequest<'_>, ids: &[u32], w: usize) -> Result<()> {
+        let nb = req.base.rows();
+        for (i, row) in ids.chunks(w).enumerate() {
+            let skip = req.exclude.map(|e| e[i]);
+            if let Some(&bad) = row
+                .iter()
+                .find(|&&id| id as usize >= nb || Some(id) == skip)
+            {
+                return Err(KnnError::Device(format!(
+                    "{}: query {i} holds invalid base id {bad} (unwritten or excluded slot)",
+                    self.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The device, locked and bound to this thread.
     fn locked(&self) -> Result<std::sync::MutexGuard<'_, Gpu>> {
         let gpu = self
@@ -543,96 +509,6 @@ impl CudaEngine {
     }
 }
 
-/// Rows finished by [`CudaEngine::finish_on_device`].
-struct FinishedOnDevice {
-    /// One per row: `true` when the row is final.
-    proven: Vec<bool>,
-    /// For queries in device memory: the squared norms the kernels used (see
-    /// `fused::Output::query_sq_norms`).
-    query_sq_norms: Option<Vec<f32>>,
-    /// The centre the kernels subtracted from every row, if any.
-    centre: Option<Vec<f32>>,
-}
-
-impl CudaEngine {
-    /// `req`'s rows finished on the device for `k` neighbours under `metric` (see
-    /// `Engine::finish_rows`), into `host` (ids, distances), or with `device` into device
-    /// memory (queries read from there too); `None` when this engine does not finish them
-    /// (method, metric, width, or a base that is not resident).
-    fn finish_on_device(
-        &self,
-        req: &CandidateRequest<'_>,
-        metric: &Metric,
-        k: usize,
-        key_scale: f64,
-        host: (&mut [u32], &mut [f32]),
-        device: Option<fused::DeviceIo>,
-    ) -> Result<Option<FinishedOnDevice>> {
-        let Some(mode) = self.finish_mode(req, metric, k) else {
-            return Ok(None);
-        };
-        let mut info = self.base_info(req);
-        let (finished, cut, input_abs, sq_norms) = {
-            let mut gpu = self.locked()?;
-            if !self.finishes_resident(&gpu, req, &info)? {
-                // Streamed bases give no exact keys: the pipeline re-ranks on the host.
-                return Ok(None);
-            }
-            let finish = fused::Finish {
-                k,
-                mode,
-                ids: host.0,
-                dists: host.1,
-                device,
-            };
-            let rows = self.rows(&mut gpu, req, &info, true, None, Some(finish))?;
-            match rows.finished {
-                Some(f) => (f, rows.cut, rows.input_abs, rows.query_sq_norms),
-                // Not resident after all (memory ran short): the rows are asked again.
-                None => return Ok(None),
-            }
-        };
-        let (u, u_in) = if fused::uses_tf32(req) {
-            (TF32_ACC_UNIT, TF32_INPUT_UNIT)
-        } else {
-            (F32_UNIT, 0.0)
-        };
-        let last: Vec<f32> = finished.last.iter().map(|&c| fused::decode(c).0).collect();
-        let qn = match &sq_norms {
-            Some(s) => Some(norm_bounds(s, req.base.dim())),
-            None => self.device_norms(req, &mut info),
-        };
-        let floor = floors(
-            req,
-            (&last, 1),
-            &cut,
-            (info.bn_max, qn.as_deref()),
-            info.centre.as_deref(),
-            (u, u_in, input_abs),
-        );
-        let complete = req.width >= req.available();
-        let proven = (0..cut.len())
-            .map(|i| complete || finished.kth[i] * key_scale < floor[i] as f64)
-            .collect();
-        Ok(Some(FinishedOnDevice {
-            proven,
-            query_sq_norms: sq_norms,
-            centre: info.centre,
-        }))
-    }
-}
-
-/// Upper bounds on the norms whose squares a device kernel summed in f32 (`sq_norms` in
-/// `common.cuh`: error at most γ_{d+2} of the exact sum, γ_n = nu/(1 − nu), u = 2⁻²⁴), with
-/// the host's margin of `floor::norm` (1 + 10⁻⁶). NaN stays NaN.
-fn norm_bounds(sq: &[f32], d: usize) -> Vec<f32> {
-    let nu = (d + 2) as f64 * 2f64.powi(-24);
-    let gamma = nu / (1.0 - nu);
-    sq.iter()
-        .map(|&s| ((s as f64 / (1.0 - gamma)).sqrt() * (1.0 + 1e-6)) as f32)
-        .collect()
-}
-
 impl Engine for CudaEngine {
     fn name(&self) -> String {
         format!("cuda:{}/{}", self.ordinal, self.method)
@@ -782,11 +658,7 @@ impl Engine for CudaEngine {
         out: FinishedRows<'_>,
     ) -> Result<bool> {
         let nq = req.queries.rows();
-        if nq == 0
-            || out.ids.len() != nq * k
-            || out.distances.len() != nq * k
-            || out.proven.len() != nq
-        {
+        if nq == 0 || !out.holds(nq, k) {
             return Ok(false);
         }
         let host = (&mut *out.ids, &mut *out.distances);
@@ -802,7 +674,7 @@ impl Engine for CudaEngine {
     /// Expression metrics run the fused method (whatever this engine's method) with the
     /// program's kernels: the L1 kernel's structure, the generated operation in its place.
     fn candidates_expr(&self, req: &CandidateRequest<'_>, plan: &ExprPlan) -> Result<Candidates> {
-        let (nq, nb, w) = (req.queries.rows(), req.base.rows(), req.width);
+        let (nq, w) = (req.queries.rows(), req.width);
         if w == 0 || w > req.available() {
             return Err(KnnError::Option(format!(
                 "candidate width {w} outside 1..={}",
@@ -841,18 +713,7 @@ impl Engine for CudaEngine {
             let rows = self.rows(&mut gpu, req, &info, false, Some(&tag), None)?;
             (rows.keys, rows.ids, rows.cut)
         };
-        for (i, row) in ids.chunks(w).enumerate() {
-            let skip = req.exclude.map(|e| e[i]);
-            if let Some(&bad) = row
-                .iter()
-                .find(|&&id| id as usize >= nb || Some(id) == skip)
-            {
-                return Err(KnnError::Device(format!(
-                    "{}: query {i} holds invalid base id {bad} (unwritten or excluded slot)",
-                    self.name()
-                )));
-            }
-        }
+        self.check_ids(req, &ids, w)?;
         let complete = w >= req.available();
         let floor = (0..nq)
             .map(|i| {
@@ -878,7 +739,7 @@ impl CudaEngine {
         req: &CandidateRequest<'_>,
         want_exact: bool,
     ) -> Result<(Candidates, Option<Vec<f64>>)> {
-        let (nq, nb, w) = (req.queries.rows(), req.base.rows(), req.width);
+        let (nq, w) = (req.queries.rows(), req.width);
         if w == 0 || w > req.available() {
             return Err(KnnError::Option(format!(
                 "candidate width {w} outside 1..={}",
@@ -922,19 +783,7 @@ impl CudaEngine {
             )
         };
         let t1 = std::time::Instant::now();
-        // Every slot must have been written with a valid, allowed id.
-        for (i, row) in ids.chunks(w).enumerate() {
-            let skip = req.exclude.map(|e| e[i]);
-            if let Some(&bad) = row
-                .iter()
-                .find(|&&id| id as usize >= nb || Some(id) == skip)
-            {
-                return Err(KnnError::Device(format!(
-                    "{}: query {i} holds invalid base id {bad} (unwritten or excluded slot)",
-                    self.name()
-                )));
-            }
-        }
+        self.check_ids(req, &ids, w)?;
         let (u, u_in) = if self.method == Method::Fused && fused::uses_tf32(req) {
             (TF32_ACC_UNIT, TF32_INPUT_UNIT)
         } else {

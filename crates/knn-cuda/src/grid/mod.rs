@@ -857,9 +857,7 @@ impl Engine for CudaGridEngine {
             || req.exact_from.is_some()
             || out.key_scale != 1.0
             || !Self::on_gpu(req)
-            || out.ids.len() != nq * k
-            || out.distances.len() != nq * k
-            || out.proven.len() != nq
+            || !out.holds(nq, k)
         {
             return Ok(false);
         }

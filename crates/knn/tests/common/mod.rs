@@ -1,0 +1,48 @@
+//! What the `knn` crate's test files share: the devices, uniform data, adversarial data sets.
+#![allow(dead_code)] // each test file uses its own part
+
+use knn::synth::{generate, Distribution};
+use knn::{Device, Knn, Options};
+use knn_testkit::gpu_available_or_skip;
+
+pub fn cpu() -> Options {
+    Options {
+        device: Device::Cpu,
+        ..Options::default()
+    }
+}
+
+/// GPU 0's options, or `None` (the test says it skipped) when no GPU is usable.
+pub fn gpu(test: &str) -> Option<Options> {
+    let opts = Options {
+        device: Device::Cuda(0),
+        ..Options::default()
+    };
+    let usable = Knn::new(&opts).is_ok();
+    gpu_available_or_skip(usable, test).then_some(opts)
+}
+
+pub fn uniform(n: usize, d: usize, seed: u64) -> Vec<f32> {
+    generate(Distribution::Uniform { lo: 0.0, hi: 1.0 }, n, d, seed)
+}
+
+/// Data sets: (name, base, queries): uniform, far from the origin (centred by the engines),
+/// tiny values (scaled), duplicates (ties everywhere).
+pub fn data_sets(d: usize) -> Vec<(&'static str, Vec<f32>, Vec<f32>)> {
+    let mut far = uniform(700, d, 3);
+    far.iter_mut().for_each(|v| *v += 4.0e6);
+    let mut far_q = uniform(90, d, 4);
+    far_q.iter_mut().for_each(|v| *v += 4.0e6);
+    let tiny: Vec<f32> = uniform(600, d, 5).iter().map(|v| v * 1e-30).collect();
+    let tiny_q: Vec<f32> = uniform(60, d, 6).iter().map(|v| v * 1e-30).collect();
+    let protos = uniform(5, d, 7);
+    let dup: Vec<f32> = (0..400)
+        .flat_map(|i| protos[(i * 7 % 5) * d..(i * 7 % 5 + 1) * d].to_vec())
+        .collect();
+    vec![
+        ("uniform", uniform(1100, d, 1), uniform(130, d, 2)),
+        ("far from the origin", far, far_q),
+        ("tiny values", tiny, tiny_q),
+        ("duplicates", dup.clone(), dup[..50 * d].to_vec()),
+    ]
+}
