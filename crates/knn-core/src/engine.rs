@@ -71,6 +71,18 @@ impl CandidateRequest<'_> {
     pub fn available(&self) -> usize {
         self.base.rows() - usize::from(self.exclude.is_some())
     }
+
+    /// An error unless the width lies in `1..=`[`CandidateRequest::available`].
+    pub fn check_width(&self) -> Result<()> {
+        if self.width == 0 || self.width > self.available() {
+            return Err(KnnError::Option(format!(
+                "candidate width {} outside 1..={}",
+                self.width,
+                self.available()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// An engine's answer: `rows × width` candidate ids and approximate keys, each row sorted by
@@ -89,6 +101,16 @@ pub struct Candidates {
 }
 
 impl Candidates {
+    /// No rows, lists `width` wide.
+    pub fn empty(width: usize) -> Self {
+        Candidates {
+            width,
+            ids: Vec::new(),
+            keys: Vec::new(),
+            floor: Vec::new(),
+        }
+    }
+
     /// Rows `start..end` as their own candidate lists.
     pub fn rows(&self, start: usize, end: usize) -> Candidates {
         let w = self.width;

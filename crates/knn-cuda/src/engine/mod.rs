@@ -675,19 +675,9 @@ impl Engine for CudaEngine {
     /// program's kernels: the L1 kernel's structure, the generated operation in its place.
     fn candidates_expr(&self, req: &CandidateRequest<'_>, plan: &ExprPlan) -> Result<Candidates> {
         let (nq, w) = (req.queries.rows(), req.width);
-        if w == 0 || w > req.available() {
-            return Err(KnnError::Option(format!(
-                "candidate width {w} outside 1..={}",
-                req.available()
-            )));
-        }
+        req.check_width()?;
         if nq == 0 {
-            return Ok(Candidates {
-                width: w,
-                ids: vec![],
-                keys: vec![],
-                floor: vec![],
-            });
+            return Ok(Candidates::empty(w));
         }
         if w > SELECT_WIDTH_MAX {
             // Only re-asks of a few hard rows get this wide.
@@ -740,20 +730,9 @@ impl CudaEngine {
         want_exact: bool,
     ) -> Result<(Candidates, Option<Vec<f64>>)> {
         let (nq, w) = (req.queries.rows(), req.width);
-        if w == 0 || w > req.available() {
-            return Err(KnnError::Option(format!(
-                "candidate width {w} outside 1..={}",
-                req.available()
-            )));
-        }
+        req.check_width()?;
         if nq == 0 {
-            let none = Candidates {
-                width: w,
-                ids: vec![],
-                keys: vec![],
-                floor: vec![],
-            };
-            return Ok((none, None));
+            return Ok((Candidates::empty(w), None));
         }
         if w > SELECT_WIDTH_MAX {
             // Only re-asks of a few hard rows get this wide.

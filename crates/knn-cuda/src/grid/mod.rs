@@ -771,17 +771,6 @@ impl CudaGridEngine {
             && req.width <= GRID_WIDTH_MAX
             && req.base.rows() <= u32::MAX as usize / 2
     }
-
-    fn check_width(req: &CandidateRequest<'_>) -> Result<()> {
-        if req.width == 0 || req.width > req.available() {
-            return Err(KnnError::Option(format!(
-                "candidate width {} outside 1..={}",
-                req.width,
-                req.available()
-            )));
-        }
-        Ok(())
-    }
 }
 
 impl Engine for CudaGridEngine {
@@ -808,15 +797,9 @@ impl Engine for CudaGridEngine {
         &self,
         req: &CandidateRequest<'_>,
     ) -> Result<(Candidates, Option<Vec<f64>>)> {
-        Self::check_width(req)?;
+        req.check_width()?;
         if req.queries.rows() == 0 {
-            let empty = Candidates {
-                width: req.width,
-                ids: vec![],
-                keys: vec![],
-                floor: vec![],
-            };
-            return Ok((empty, Some(vec![])));
+            return Ok((Candidates::empty(req.width), Some(vec![])));
         }
         if !Self::on_gpu(req) {
             // Wider lists (retries of rare rows, or k > 128) and higher dimensions.
@@ -861,7 +844,7 @@ impl Engine for CudaGridEngine {
         {
             return Ok(false);
         }
-        Self::check_width(req)?;
+        req.check_width()?;
         if nq == 0 {
             return Ok(true);
         }
