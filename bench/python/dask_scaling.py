@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Issue 22's scaling bars on one machine (the GPU machine: 16 cores, one GPU).
+
+  CPU: knn.dask.search on a LocalCluster of 1, 2 and 4 worker processes, each computing with
+       --threads cores (the engine's threads; one task at a time per worker), 4 base chunks and
+       4 query blocks; bar: at least 3.2x from 1 to 4 workers. knn.search in one process on
+       every core is printed beside it, and every answer must equal its answer byte for byte.
+  GPU: one worker holding the GPU (device="cuda") against knn.search on the same GPU in this
+       process; bar: at most 1.3x its time.
+
+Each time is one run of the whole computation after the inputs are on the workers (indexes
+built inside it, as knn.search builds its own), on standard-normal float32 data.
+
+  python3 bench/python/dask_scaling.py [--n 1e6] [--m 1e4] [--d 128] [--k 10]
+      [--threads 4] [--workers 1,2,4] [--no-gpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import knn
+import knn.dask as kd
+
+
+def timed(f):
+    t = time.perf_counter()
+    out = f()
+    return out, time.perf_counter() - t
+
+
+def on_cluster(base, queries, k, workers, threads, device):
+    import dask.array as da
+    from distributed import Client, LocalCluster, wait
+
+    nb, d = base.shape
+    opts = dict(device=device) if device != "cpu" else dict(device="cpu", threads=threads)
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        b = client.persist(da.from_array(base, chunks=(-(-nb // 4), d)))
+        q = client.persist(da.from_array(queries, chunks=(-(-len(queries) // 4), d)))
+        wait([b, q])
+        # Each worker's engine opened first (a GPU's context and kernels), as in this process.
+        client.run(lambda: knn.search(base[:100], base[:1], 1, **opts) and None)
+        (dist, ids), t = timed(lambda: client.compute(kd.search(b, q, k, **opts), sync=True))
+    return dist, ids, t
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=float, default=1e6)
+    p.add_argument("--m", type=float, default=1e4)
+    p.add_argument("--d", type=int, default=128)
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--workers", default="1,2,4")
+    p.add_argument("--no-gpu", action="store_true")
+    a = p.parse_args()
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((int(a.n), a.d), dtype=np.float32)
+    queries = rng.standard_normal((int(a.m), a.d), dtype=np.float32)
+
+    workers = [int(x) for x in a.workers.split(",") if x]  # --workers "": the GPU part only
+    if workers:
+        (want_d, want_i), one = timed(lambda: knn.search(base, queries, a.k, device="cpu"))
+        print(f"{int(a.n)} x {int(a.m)}, d={a.d}, k={a.k}: knn.search, one process, every core "
+              f"(CPU): {one:.2f} s", flush=True)
+    times = {}
+    for w in workers:
+        dist, ids, t = on_cluster(base, queries, a.k, w, a.threads, "cpu")
+        same = dist.tobytes() == want_d.tobytes() and ids.tobytes() == want_i.tobytes()
+        times[w] = t
+        print(f"knn.dask.search, {w} worker(s) x {a.threads} threads (CPU): {t:.2f} s, "
+              f"{times[min(times)] / t:.2f}x the fewest workers'; answers "
+              f"{'same' if same else 'DIFFERENT'}", flush=True)
+        if not same:
+            raise SystemExit("answers differ")
+    if len(times) > 1:
+        lo, hi = min(times), max(times)
+        print(f"scaling {lo} -> {hi} workers: {times[lo] / times[hi]:.2f}x (bar 3.2x from 1 to 4)")
+    if a.no_gpu or not knn.devices():
+        return
+    knn.search(base[:1000], queries[:10], a.k, device="cuda")  # the GPU opened, kernels loaded
+    (gd, gi), one_gpu = timed(lambda: knn.search(base, queries, a.k, device="cuda"))
+    dist, ids, t = on_cluster(base, queries, a.k, 1, 1, "cuda")
+    same = dist.tobytes() == gd.tobytes() and ids.tobytes() == gi.tobytes()
+    print(f"GPU: knn.search {one_gpu:.3f} s, knn.dask.search on one GPU worker {t:.3f} s: "
+          f"{t / one_gpu:.2f}x (bar at most 1.3x); answers {'same' if same else 'DIFFERENT'}")
+
+
+if __name__ == "__main__":
+    main()
