@@ -4,7 +4,7 @@
 use crate::symmetric::SymmetricStats;
 use knn_core::{
     CandidateRequest, Candidates, Engine, ExprPlan, Kernel, KnnError, MatrixRef, Result, Symmetry,
-    Threads, TopK,
+    Threads,
 };
 use rayon::prelude::*;
 
@@ -137,12 +137,6 @@ fn list_bytes(n: usize, width: usize) -> usize {
     n.saturating_mul(24 * width + 20)
 }
 
-/// Per-query selections of one work unit, with the unit's query range.
-pub(crate) struct UnitResult {
-    pub q_start: usize,
-    pub tops: Vec<TopK>,
-}
-
 impl Engine for CpuEngine {
     fn name(&self) -> String {
         "cpu".into()
@@ -248,7 +242,6 @@ impl GemmPlan {
 fn candidates(req: &CandidateRequest<'_>, bf16: bool, int8: bool) -> Candidates {
     let (nq, nb, d) = (req.queries.rows(), req.base.rows(), req.base.dim());
     let width = req.width;
-    let threads = rayon::current_num_threads();
     // Squared L2 at small d: quantised int8 products when the fast paths are allowed.
     let int8 = (bf16
         && int8
@@ -265,66 +258,27 @@ fn candidates(req: &CandidateRequest<'_>, bf16: bool, int8: bool) -> Candidates 
     } else {
         QUERY_TILE
     };
-    let q_tiles = nq.div_ceil(q_tile).max(1);
-    // Few queries: split the base too, so every thread has work.
-    let b_splits = (2 * threads)
-        .div_ceil(q_tiles)
-        .clamp(1, nb.div_ceil(BASE_TILE).max(1));
-    let b_chunk = nb.div_ceil(b_splits);
-    let units: Vec<(usize, usize)> = (0..q_tiles)
-        .flat_map(|t| (0..b_splits).map(move |s| (t, s)))
-        .collect();
-    let results: Vec<UnitResult> = units
-        .par_iter()
-        .map(|&(t, s)| {
-            let q0 = t * q_tile;
-            let q1 = (q0 + q_tile).min(nq);
-            let b0 = s * b_chunk;
-            let b1 = (b0 + b_chunk).min(nb);
-            let mut tops = vec![TopK::new(width); q1 - q0];
-            match &plan {
-                _ if int8.is_some() => crate::int8::fold_unit(
-                    req,
-                    int8.as_ref().expect("checked"),
-                    q0..q1,
-                    b0..b1,
-                    &mut tops,
-                ),
-                Some(p) if p.bf16 => crate::bf16::fold_unit(req, p, q0..q1, b0..b1, &mut tops),
-                Some(p) => crate::gemm::fold_unit(req, &p.norms, q0..q1, b0..b1, &mut tops),
-                None => crate::direct::fold_unit(
-                    req,
-                    direct.as_ref().expect("a direct kernel has a plan"),
-                    q0..q1,
-                    b0..b1,
-                    &mut tops,
-                ),
+    let mut merged = crate::units::fold_units(
+        (nq, nb),
+        width,
+        (q_tile, BASE_TILE),
+        |qr, br, tops| match &plan {
+            _ if int8.is_some() => {
+                crate::int8::fold_unit(req, int8.as_ref().expect("checked"), qr, br, tops)
             }
-            UnitResult { q_start: q0, tops }
-        })
-        .collect();
-
-    // Merge units of the same query tile; write rows.
+            Some(p) if p.bf16 => crate::bf16::fold_unit(req, p, qr, br, tops),
+            Some(p) => crate::gemm::fold_unit(req, &p.norms, qr, br, tops),
+            None => crate::direct::fold_unit(
+                req,
+                direct.as_ref().expect("a direct kernel has a plan"),
+                qr,
+                br,
+                tops,
+            ),
+        },
+    );
     let mut ids = vec![0u32; nq * width];
     let mut keys = vec![0f32; nq * width];
-    let mut merged: Vec<Option<TopK>> = (0..nq).map(|_| None).collect();
-    for u in results {
-        for (j, t) in u.tops.into_iter().enumerate() {
-            let slot = &mut merged[u.q_start + j];
-            match slot {
-                None => *slot = Some(t),
-                Some(m) => {
-                    let mut t = t;
-                    let n = t.len();
-                    let (mut k, mut i) = (vec![0.0; n], vec![0; n]);
-                    t.drain_sorted_into(&mut k, &mut i);
-                    for (k, i) in k.into_iter().zip(i) {
-                        m.push(k, i);
-                    }
-                }
-            }
-        }
-    }
     let available = req.available();
     let mut floor = vec![f32::INFINITY; nq];
     ids.par_chunks_mut(width)
@@ -333,7 +287,6 @@ fn candidates(req: &CandidateRequest<'_>, bf16: bool, int8: bool) -> Candidates 
         .zip(floor.par_iter_mut())
         .enumerate()
         .for_each(|(i, (((ids, keys), top), floor))| {
-            let mut top = top.take().expect("every query belongs to a unit");
             debug_assert_eq!(top.len(), width);
             top.drain_sorted_into(keys, ids);
             if let Some(p) = &int8 {

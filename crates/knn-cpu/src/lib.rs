@@ -36,6 +36,7 @@ mod gemm;
 mod int8;
 mod isa;
 mod symmetric;
+mod units;
 
 pub use engine::{CpuEngine, SYMMETRIC_LIST_BYTES, SYMMETRIC_MIN_POINTS};
 pub use symmetric::SymmetricStats;

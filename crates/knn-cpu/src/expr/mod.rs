@@ -19,7 +19,7 @@
 //! [`knn_core::EngineProgram::key_f32`]: the model of [`knn_core::ExprPlan`], whose
 //! [`floor`](knn_core::ExprPlan::floor) gives each row's floor.
 
-use crate::engine::{UnitResult, QUERY_TILE};
+use crate::engine::QUERY_TILE;
 use crate::isa::Isa;
 use knn_core::expr::{Func, Src};
 use knn_core::{CandidateRequest, Candidates, ExprPlan, TopK};
@@ -750,46 +750,10 @@ fn candidates_with(req: &CandidateRequest<'_>, plan: &ExprPlan, isa: Isa) -> Can
     let c = Compiled::new(plan);
     let (nq, nb) = (req.queries.rows(), req.base.rows());
     let width = req.width;
-    let threads = rayon::current_num_threads();
-    let q_tiles = nq.div_ceil(QUERY_TILE).max(1);
-    // Few queries: split the base too, so every thread has work.
-    let b_splits = (2 * threads)
-        .div_ceil(q_tiles)
-        .clamp(1, nb.div_ceil(BASE_BLOCK).max(1));
-    let b_chunk = nb.div_ceil(b_splits);
-    let units: Vec<(usize, usize)> = (0..q_tiles)
-        .flat_map(|t| (0..b_splits).map(move |s| (t, s)))
-        .collect();
-    let results: Vec<UnitResult> = units
-        .par_iter()
-        .map(|&(t, s)| {
-            let q0 = t * QUERY_TILE;
-            let q1 = (q0 + QUERY_TILE).min(nq);
-            let b0 = s * b_chunk;
-            let b1 = (b0 + b_chunk).min(nb);
-            let mut tops = vec![TopK::new(width); q1 - q0];
-            if q0 < q1 && b0 < b1 {
-                fold_unit(req, plan, &c, q0..q1, b0..b1, &mut tops, isa);
-            }
-            UnitResult { q_start: q0, tops }
-        })
-        .collect();
-    let mut merged: Vec<Option<TopK>> = (0..nq).map(|_| None).collect();
-    for u in results {
-        for (j, mut t) in u.tops.into_iter().enumerate() {
-            match &mut merged[u.q_start + j] {
-                slot @ None => *slot = Some(t),
-                Some(m) => {
-                    let n = t.len();
-                    let (mut k, mut i) = (vec![0.0; n], vec![0; n]);
-                    t.drain_sorted_into(&mut k, &mut i);
-                    for (k, i) in k.into_iter().zip(i) {
-                        m.push(k, i);
-                    }
-                }
-            }
-        }
-    }
+    let mut merged =
+        crate::units::fold_units((nq, nb), width, (QUERY_TILE, BASE_BLOCK), |qr, br, tops| {
+            fold_unit(req, plan, &c, qr, br, tops, isa)
+        });
     let available = req.available();
     let mut ids = vec![0u32; nq * width];
     let mut keys = vec![0f32; nq * width];
@@ -799,7 +763,6 @@ fn candidates_with(req: &CandidateRequest<'_>, plan: &ExprPlan, isa: Isa) -> Can
         .zip(merged.par_iter_mut())
         .zip(floor.par_iter_mut())
         .for_each(|(((ids, keys), top), floor)| {
-            let mut top = top.take().expect("every query belongs to a unit");
             debug_assert_eq!(top.len(), width);
             top.drain_sorted_into(keys, ids);
             if width < available {
