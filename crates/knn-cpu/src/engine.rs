@@ -6,7 +6,6 @@ use knn_core::{
     CandidateRequest, Candidates, Engine, ExprPlan, Kernel, KnnError, MatrixRef, Result, Symmetry,
     Threads,
 };
-use rayon::prelude::*;
 
 /// Queries per work unit: the GEMM block is `QUERY_TILE × BASE_TILE` f32 (512 KiB, in L2).
 pub(crate) const QUERY_TILE: usize = 256;
@@ -258,81 +257,66 @@ fn candidates(req: &CandidateRequest<'_>, bf16: bool, int8: bool) -> Candidates 
     } else {
         QUERY_TILE
     };
-    let mut merged = crate::units::fold_units(
-        (nq, nb),
-        width,
-        (q_tile, BASE_TILE),
-        |qr, br, tops| match &plan {
-            _ if int8.is_some() => {
-                crate::int8::fold_unit(req, int8.as_ref().expect("checked"), qr, br, tops)
-            }
-            Some(p) if p.bf16 => crate::bf16::fold_unit(req, p, qr, br, tops),
-            Some(p) => crate::gemm::fold_unit(req, &p.norms, qr, br, tops),
-            None => crate::direct::fold_unit(
-                req,
-                direct.as_ref().expect("a direct kernel has a plan"),
-                qr,
-                br,
-                tops,
-            ),
-        },
-    );
-    let mut ids = vec![0u32; nq * width];
-    let mut keys = vec![0f32; nq * width];
-    let available = req.available();
-    let mut floor = vec![f32::INFINITY; nq];
-    ids.par_chunks_mut(width)
-        .zip(keys.par_chunks_mut(width))
-        .zip(merged.par_iter_mut())
-        .zip(floor.par_iter_mut())
-        .enumerate()
-        .for_each(|(i, (((ids, keys), top), floor))| {
-            debug_assert_eq!(top.len(), width);
-            top.drain_sorted_into(keys, ids);
-            if let Some(p) = &int8 {
-                // Integer keys K → s²·(‖Q‖² + K), the squared distance of the quantised points.
-                let (qsq, s2, e) = p.query_terms(req.queries.row(i));
-                let mut dw = 0.0;
-                for k in keys.iter_mut() {
-                    dw = s2 * (qsq as f64 + *k as f64);
-                    *k = dw as f32;
+    let merged =
+        crate::units::fold_units(
+            (nq, nb),
+            width,
+            (q_tile, BASE_TILE),
+            |qr, br, tops| match &plan {
+                _ if int8.is_some() => {
+                    crate::int8::fold_unit(req, int8.as_ref().expect("checked"), qr, br, tops)
                 }
-                if width < available {
-                    *floor = round_down(crate::int8::Plan::floor(dw, e));
-                }
-                return;
-            }
-            let (bound, shift) = match &plan {
-                Some(p) => {
-                    let q = req.queries.row(i);
-                    let qn2 = crate::gemm::sq_norm_centred(q, p.mean.as_deref());
-                    // Squared-L2 keys so far are ‖b‖² − 2q·b: add ‖q‖² to make them distances.
-                    let shift = if req.kernel == Kernel::SqL2 { qn2 } else { 0.0 };
-                    let worst = keys[width - 1] + shift;
-                    (p.bound(req.kernel, d, q, worst), shift)
-                }
-                None => (
-                    direct.as_ref().expect("a direct kernel has a plan").bound(
-                        req.kernel,
-                        req.queries.row(i),
-                        keys[width - 1],
-                    ),
-                    0.0,
+                Some(p) if p.bf16 => crate::bf16::fold_unit(req, p, qr, br, tops),
+                Some(p) => crate::gemm::fold_unit(req, &p.norms, qr, br, tops),
+                None => crate::direct::fold_unit(
+                    req,
+                    direct.as_ref().expect("a direct kernel has a plan"),
+                    qr,
+                    br,
+                    tops,
                 ),
-            };
-            if shift != 0.0 {
-                keys.iter_mut().for_each(|k| *k += shift);
+            },
+        );
+    let available = req.available();
+    crate::units::into_candidates(merged, width, |i, keys, floor| {
+        if let Some(p) = &int8 {
+            // Integer keys K → s²·(‖Q‖² + K), the squared distance of the quantised points.
+            let (qsq, s2, e) = p.query_terms(req.queries.row(i));
+            let mut dw = 0.0;
+            for k in keys.iter_mut() {
+                dw = s2 * (qsq as f64 + *k as f64);
+                *k = dw as f32;
             }
             if width < available {
-                *floor = round_down(keys[width - 1] as f64 - bound as f64);
+                *floor = round_down(crate::int8::Plan::floor(dw, e));
             }
-        });
-    Candidates {
-        width,
-        ids,
-        keys,
-        floor,
-    }
+            return;
+        }
+        let (bound, shift) = match &plan {
+            Some(p) => {
+                let q = req.queries.row(i);
+                let qn2 = crate::gemm::sq_norm_centred(q, p.mean.as_deref());
+                // Squared-L2 keys so far are ‖b‖² − 2q·b: add ‖q‖² to make them distances.
+                let shift = if req.kernel == Kernel::SqL2 { qn2 } else { 0.0 };
+                let worst = keys[width - 1] + shift;
+                (p.bound(req.kernel, d, q, worst), shift)
+            }
+            None => (
+                direct.as_ref().expect("a direct kernel has a plan").bound(
+                    req.kernel,
+                    req.queries.row(i),
+                    keys[width - 1],
+                ),
+                0.0,
+            ),
+        };
+        if shift != 0.0 {
+            keys.iter_mut().for_each(|k| *k += shift);
+        }
+        if width < available {
+            *floor = round_down(keys[width - 1] as f64 - bound as f64);
+        }
+    })
 }
 
 /// The largest f32 not above `x`, so a floor stays a floor after rounding.

@@ -1,7 +1,7 @@
 //! One request's work in units, tiles of queries × splits of the base, computed in parallel
 //! and merged per query (the GEMM-form, direct and expression kernels share it).
 
-use knn_core::TopK;
+use knn_core::{Candidates, TopK};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -59,4 +59,34 @@ pub(crate) fn fold_units(
         .into_iter()
         .map(|t| t.expect("every query belongs to a unit"))
         .collect()
+}
+
+/// Candidate lists of the merged `tops` (one per query, each holding `width` pairs): each row
+/// sorted by (key, id), then `finish(row, keys, floor)` turns its keys into the kernel's and
+/// sets its floor (left at +∞: the row holds every point), rows in parallel.
+pub(crate) fn into_candidates(
+    mut tops: Vec<TopK>,
+    width: usize,
+    finish: impl Fn(usize, &mut [f32], &mut f32) + Sync,
+) -> Candidates {
+    let nq = tops.len();
+    let mut ids = vec![0u32; nq * width];
+    let mut keys = vec![0f32; nq * width];
+    let mut floor = vec![f32::INFINITY; nq];
+    ids.par_chunks_mut(width)
+        .zip(keys.par_chunks_mut(width))
+        .zip(tops.par_iter_mut())
+        .zip(floor.par_iter_mut())
+        .enumerate()
+        .for_each(|(i, (((ids, keys), top), floor))| {
+            debug_assert_eq!(top.len(), width);
+            top.drain_sorted_into(keys, ids);
+            finish(i, keys, floor);
+        });
+    Candidates {
+        width,
+        ids,
+        keys,
+        floor,
+    }
 }

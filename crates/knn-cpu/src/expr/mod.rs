@@ -23,7 +23,6 @@ use crate::engine::QUERY_TILE;
 use crate::isa::Isa;
 use knn_core::expr::{Func, Src};
 use knn_core::{CandidateRequest, Candidates, ExprPlan, TopK};
-use rayon::prelude::*;
 use std::ops::Range;
 
 /// Queries per group (lanes).
@@ -750,31 +749,16 @@ fn candidates_with(req: &CandidateRequest<'_>, plan: &ExprPlan, isa: Isa) -> Can
     let c = Compiled::new(plan);
     let (nq, nb) = (req.queries.rows(), req.base.rows());
     let width = req.width;
-    let mut merged =
+    let merged =
         crate::units::fold_units((nq, nb), width, (QUERY_TILE, BASE_BLOCK), |qr, br, tops| {
             fold_unit(req, plan, &c, qr, br, tops, isa)
         });
     let available = req.available();
-    let mut ids = vec![0u32; nq * width];
-    let mut keys = vec![0f32; nq * width];
-    let mut floor = vec![f32::INFINITY; nq];
-    ids.par_chunks_mut(width)
-        .zip(keys.par_chunks_mut(width))
-        .zip(merged.par_iter_mut())
-        .zip(floor.par_iter_mut())
-        .for_each(|(((ids, keys), top), floor)| {
-            debug_assert_eq!(top.len(), width);
-            top.drain_sorted_into(keys, ids);
-            if width < available {
-                *floor = plan.floor(keys[width - 1]);
-            }
-        });
-    Candidates {
-        width,
-        ids,
-        keys,
-        floor,
-    }
+    crate::units::into_candidates(merged, width, |_, keys, floor| {
+        if width < available {
+            *floor = plan.floor(keys[width - 1]);
+        }
+    })
 }
 
 #[cfg(test)]
