@@ -1,4 +1,5 @@
-//! Device state: context, stream, the NVRTC-compiled module (cached on disk) and its functions.
+//! Device state: context, stream, the NVRTC-compiled modules (PTX cached on disk, loaded once
+//! per device and process) and their functions.
 
 use crate::staging::{bytes_of, bytes_of_mut, Staging};
 use cudarc::driver::{
@@ -7,9 +8,9 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
 use knn_core::{KnnError, Result};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 const FUSED: &str = include_str!("../../kernels/fused.cu");
@@ -99,12 +100,11 @@ pub(crate) struct Gpu {
     pub max_smem_optin: usize,
     /// Compute capability, for compiling expression modules.
     arch: (i32, i32),
+    /// This device's index of the kernels of every module in `modules` (each function keeps
+    /// its module loaded).
     functions: HashMap<String, CudaFunction>,
-    _module: Arc<CudaModule>,
-    /// Expression modules loaded so far, by tag.
-    expr_modules: HashMap<String, Arc<CudaModule>>,
-    /// The symmetric self-join module, once loaded.
-    sym_module: Option<Arc<CudaModule>>,
+    /// The modules whose kernels are in `functions`: "main", "sym", expression tags.
+    modules: HashSet<String>,
     pub blas: Option<cudarc::cublas::CudaBlas>,
     /// Page-locked memory for large copies, made on first use.
     staging: std::cell::OnceCell<Staging>,
@@ -222,20 +222,19 @@ impl Gpu {
                 as usize;
         let name = ctx.name().map_err(dev_err("device name"))?;
         let pool = keep_pool_memory(&ctx);
-        let ptx = compiled_ptx(major, minor)?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(dev_err("loading the kernels"))?;
         let stream = ctx.default_stream();
-        let mut functions = HashMap::new();
-        for src in SOURCES {
-            for name in kernel_names(src) {
-                let f = module
-                    .load_function(&name)
-                    .map_err(dev_err("loading a kernel"))?;
-                functions.insert(name, f);
-            }
-        }
+        let functions = (*loaded(&ctx, ordinal, "main", || {
+            let ptx = compiled_ptx(major, minor)?;
+            Ok((
+                ptx,
+                SOURCES
+                    .iter()
+                    .flat_map(|s| kernel_names(s))
+                    .map(|n| (n.clone(), n))
+                    .collect(),
+            ))
+        })?)
+        .clone();
         Ok(Self {
             ctx,
             stream,
@@ -244,9 +243,7 @@ impl Gpu {
             max_smem_optin,
             arch: (major, minor),
             functions,
-            _module: module,
-            expr_modules: HashMap::new(),
-            sym_module: None,
+            modules: HashSet::from(["main".to_string()]),
             blas: None,
             staging: std::cell::OnceCell::new(),
             copy_threads: crate::tuning::COPY_THREADS,
@@ -267,42 +264,45 @@ impl Gpu {
     ) -> Result<String> {
         let prelude = crate::expr::prelude(program, values);
         let tag = format!("expr_{:016x}", fnv1a(&[prelude.as_bytes()]));
-        if self.expr_modules.contains_key(&tag) {
-            return Ok(tag);
-        }
-        let ptx = compiled_expr_ptx(&prelude, self.arch.0, self.arch.1)?;
-        let module = self
-            .ctx
-            .load_module(ptx)
-            .map_err(dev_err("loading the expression kernels"))?;
-        for name in kernel_names(EXPR) {
-            let f = module
-                .load_function(&name)
-                .map_err(dev_err("loading an expression kernel"))?;
-            self.functions.insert(name.replacen("expr", &tag, 1), f);
-        }
-        self.expr_modules.insert(tag.clone(), module);
+        let (major, minor) = self.arch;
+        self.load(&tag, || {
+            let ptx = compiled_expr_ptx(&prelude, major, minor)?;
+            let names = kernel_names(EXPR).into_iter();
+            Ok((
+                ptx,
+                names
+                    .map(|n| (n.clone(), n.replacen("expr", &tag, 1)))
+                    .collect(),
+            ))
+        })?;
         Ok(tag)
     }
 
     /// Loads the symmetric self-join kernels (`sym_{tf32_}{tag}_w{32,64,128}`, see
     /// `kernels/sym.cu`; compiled by NVRTC or taken from the disk cache) as [`Gpu::func`]s.
     pub fn sym_kernels(&mut self) -> Result<()> {
-        if self.sym_module.is_some() {
-            return Ok(());
+        let (major, minor) = self.arch;
+        self.load("sym", || {
+            let ptx = compiled_sym_ptx(major, minor)?;
+            Ok((
+                ptx,
+                kernel_names(SYM)
+                    .into_iter()
+                    .map(|n| (n.clone(), n))
+                    .collect(),
+            ))
+        })
+    }
+
+    /// Adds the kernels of module `tag` (see [`loaded`]) to this device's functions.
+    fn load(&mut self, tag: &str, compile: impl FnOnce() -> Result<(Ptx, Names)>) -> Result<()> {
+        if !self.modules.contains(tag) {
+            let ordinal = self.ctx.ordinal();
+            let kernels = loaded(&self.ctx, ordinal, tag, compile)?;
+            self.functions
+                .extend(kernels.iter().map(|(n, f)| (n.clone(), f.clone())));
+            self.modules.insert(tag.to_string());
         }
-        let ptx = compiled_sym_ptx(self.arch.0, self.arch.1)?;
-        let module = self
-            .ctx
-            .load_module(ptx)
-            .map_err(dev_err("loading the symmetric kernels"))?;
-        for name in kernel_names(SYM) {
-            let f = module
-                .load_function(&name)
-                .map_err(dev_err("loading a symmetric kernel"))?;
-            self.functions.insert(name, f);
-        }
-        self.sym_module = Some(module);
         Ok(())
     }
 
@@ -680,6 +680,48 @@ impl Gpu {
         .map_err(dev_err("sq_norms"))?;
         Ok(())
     }
+}
+
+/// (name in the module, name callers use) of a module's kernels.
+type Names = Vec<(String, String)>;
+
+/// Kernels of one loaded module, by the name callers use.
+type Kernels = Arc<HashMap<String, CudaFunction>>;
+
+/// The kernels of module `tag` on device `ordinal`, loaded on first use by any engine of this
+/// process and shared from then on. Loading JIT-compiles the whole PTX for the device, hundreds
+/// of milliseconds for the main module, which every index built on the device (a Dask worker
+/// builds one per base chunk) would otherwise pay again. Contexts are the device's primary one,
+/// so the functions are valid in every engine's context; each keeps its module alive.
+fn loaded(
+    ctx: &Arc<CudaContext>,
+    ordinal: usize,
+    tag: &str,
+    compile: impl FnOnce() -> Result<(Ptx, Names)>,
+) -> Result<Kernels> {
+    static LOADED: OnceLock<Mutex<HashMap<(usize, String), Kernels>>> = OnceLock::new();
+    // Held while compiling, so that two engines opening at once compile and load only once.
+    let mut all = LOADED
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(k) = all.get(&(ordinal, tag.to_string())) {
+        return Ok(k.clone());
+    }
+    let (ptx, names) = compile()?;
+    let module: Arc<CudaModule> = ctx
+        .load_module(ptx)
+        .map_err(dev_err("loading the kernels"))?;
+    let mut kernels = HashMap::new();
+    for (name, call) in names {
+        let f = module
+            .load_function(&name)
+            .map_err(dev_err("loading a kernel"))?;
+        kernels.insert(call, f);
+    }
+    let kernels = Arc::new(kernels);
+    all.insert((ordinal, tag.to_string()), kernels.clone());
+    Ok(kernels)
 }
 
 /// `extern "C" __global__ void NAME(` and `FUSED(NAME,` / `TILE(NAME,` / `DIST(NAME,` /
