@@ -126,6 +126,10 @@ impl Candidates {
 /// Where [`Engine::finish_rows`] writes final rows: `rows × k` ids and distances, laid out as
 /// [`crate::Neighbors`], and one flag per row.
 pub struct FinishedRows<'a> {
+    /// The metric whose distances are written.
+    pub metric: &'a Metric,
+    /// Neighbours per row.
+    pub k: usize,
     /// `rows·k` base ids.
     pub ids: &'a mut [u32],
     /// `rows·k` distances ([`Metric::distance_from_key`] of the exact keys).
@@ -139,8 +143,9 @@ pub struct FinishedRows<'a> {
 
 impl FinishedRows<'_> {
     /// Whether the buffers hold `rows` rows of `k` neighbours (ids, distances) and their flags.
-    pub fn holds(&self, rows: usize, k: usize) -> bool {
-        self.ids.len() == rows * k && self.distances.len() == rows * k && self.proven.len() == rows
+    pub fn holds(&self, rows: usize) -> bool {
+        let n = rows * self.k;
+        self.ids.len() == n && self.distances.len() == n && self.proven.len() == rows
     }
 }
 
@@ -320,22 +325,16 @@ pub trait Engine: Sync {
 
     /// Optional: the pipeline's re-rank done by the engine itself, on a first try whose exact
     /// keys the engine may compute (the conditions of [`Engine::candidates_with_exact`]:
-    /// exact-space data, or the given rows of `req.exact_from`), for `k ≤ req.width`
+    /// exact-space data, or the given rows of `req.exact_from`), for `out.k ≤ req.width`
     /// neighbours. `Ok(false)` (the default): not done, the pipeline asks for candidates.
     /// `Ok(true)`: for each row `i`, `proven[i]` is `true` only when the row's
     /// `ids`/`distances` are what the re-rank makes of this engine's candidates for `req` with
     /// their exact keys — the `k` smallest by (exact key, id), the largest of them times
     /// `out.key_scale` below the row's floor (or the row holding every available point), distances
-    /// `metric.distance_from_key` of the exact keys, ordered by (distance, id) — so the output
-    /// is the same either way; rows not proven are asked again as usual.
-    fn finish_rows(
-        &self,
-        req: &CandidateRequest<'_>,
-        metric: &Metric,
-        k: usize,
-        out: FinishedRows<'_>,
-    ) -> Result<bool> {
-        let _ = (req, metric, k, out);
+    /// `out.metric.distance_from_key` of the exact keys, ordered by (distance, id) — so the
+    /// output is the same either way; rows not proven are asked again as usual.
+    fn finish_rows(&self, req: &CandidateRequest<'_>, out: FinishedRows<'_>) -> Result<bool> {
+        let _ = (req, out);
         Ok(false)
     }
 

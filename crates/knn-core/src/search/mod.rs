@@ -391,13 +391,8 @@ mod tests {
         fn candidates(&self, req: &CandidateRequest<'_>) -> Result<crate::Candidates> {
             AllPoints.candidates(req)
         }
-        fn finish_rows(
-            &self,
-            req: &CandidateRequest<'_>,
-            metric: &Metric,
-            k: usize,
-            out: FinishedRows<'_>,
-        ) -> Result<bool> {
+        fn finish_rows(&self, req: &CandidateRequest<'_>, out: FinishedRows<'_>) -> Result<bool> {
+            let (metric, k) = (out.metric, out.k);
             self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let c = AllPoints.candidates(req)?;
             let w = c.width;
@@ -466,14 +461,8 @@ mod tests {
         fn candidates(&self, req: &CandidateRequest<'_>) -> Result<crate::Candidates> {
             self.finisher.candidates(req)
         }
-        fn finish_rows(
-            &self,
-            req: &CandidateRequest<'_>,
-            metric: &Metric,
-            k: usize,
-            out: FinishedRows<'_>,
-        ) -> Result<bool> {
-            self.finisher.finish_rows(req, metric, k, out)
+        fn finish_rows(&self, req: &CandidateRequest<'_>, out: FinishedRows<'_>) -> Result<bool> {
+            self.finisher.finish_rows(req, out)
         }
         fn expect_graph(&self, _: u64, width: usize) {
             self.log(format!("expect {width}"));

@@ -173,9 +173,9 @@ impl Run<'_> {
                 && self.engine_may_finish()
                 && engine.finish_rows(
                     &req,
-                    self.metric,
-                    k,
                     FinishedRows {
+                        metric: self.metric,
+                        k,
                         ids: &mut *ids_out,
                         distances: &mut *dists_out,
                         proven: &mut proven,

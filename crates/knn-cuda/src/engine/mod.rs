@@ -650,19 +650,13 @@ impl Engine for CudaEngine {
     /// exact keys, the k best of each row in (distance, id) order and the k-th exact key come
     /// back instead of whole candidate lists (a sixth of the bytes at k = 100), and only the
     /// floors are taken here.
-    fn finish_rows(
-        &self,
-        req: &CandidateRequest<'_>,
-        metric: &Metric,
-        k: usize,
-        out: FinishedRows<'_>,
-    ) -> Result<bool> {
+    fn finish_rows(&self, req: &CandidateRequest<'_>, out: FinishedRows<'_>) -> Result<bool> {
         let nq = req.queries.rows();
-        if nq == 0 || !out.holds(nq, k) {
+        if nq == 0 || !out.holds(nq) {
             return Ok(false);
         }
         let host = (&mut *out.ids, &mut *out.distances);
-        match self.finish_on_device(req, metric, k, out.key_scale, host, None)? {
+        match self.finish_on_device(req, out.metric, out.k, out.key_scale, host, None)? {
             Some(done) => {
                 out.proven.copy_from_slice(&done.proven);
                 Ok(true)

@@ -824,14 +824,8 @@ impl Engine for CudaGridEngine {
     /// Final rows straight from the kernel: it computes the exact keys of its k candidates,
     /// applies the pipeline's check against its own floor and writes ids, distances and flags
     /// into the pipeline's output.
-    fn finish_rows(
-        &self,
-        req: &CandidateRequest<'_>,
-        metric: &Metric,
-        k: usize,
-        out: FinishedRows<'_>,
-    ) -> Result<bool> {
-        let nq = req.queries.rows();
+    fn finish_rows(&self, req: &CandidateRequest<'_>, out: FinishedRows<'_>) -> Result<bool> {
+        let (nq, metric, k) = (req.queries.rows(), out.metric, out.k);
         let Some(mode) = finish_mode(metric) else {
             return Ok(false);
         };
@@ -840,7 +834,7 @@ impl Engine for CudaGridEngine {
             || req.exact_from.is_some()
             || out.key_scale != 1.0
             || !Self::on_gpu(req)
-            || !out.holds(nq, k)
+            || !out.holds(nq)
         {
             return Ok(false);
         }
