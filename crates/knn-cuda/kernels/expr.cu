@@ -1,6 +1,6 @@
 // Expression metrics: the fused kernels with the per-coordinate operation replaced by a
 // generated program. Compiled per expression, in one NVRTC program made of common.cuh, the
-// generated prelude (EXPR_CH and expr_op, see src/expr.rs), fused.cu and this file, with
+// generated prelude (EXPR_CH and expr_op, see src/expr.rs), tiles.cu, fused.cu and this file, with
 // -DKNN_EXPR_ONLY (the expression operation) and -DKNN_MODULE_ONLY (none of the main module's
 // kernels), so that only these kernels are instantiated.
 //

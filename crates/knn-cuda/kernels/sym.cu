@@ -1,8 +1,8 @@
 // Symmetric self-join for kNN graphs (seeds 001, 002): the key of each unordered pair of the n
 // points P is computed once, in a tile of the fused kernels' product, and folded into both
 // points' lists: by row into the block's lists in shared memory, by column into the partner
-// rows' lists in global memory. Compiled as a module of its own (common.cuh, fused.cu, this
-// file, -DKNN_MODULE_ONLY), loaded on the first symmetric graph.
+// rows' lists in global memory. Compiled as a module of its own (common.cuh, tiles.cu, fused.cu,
+// this file, -DKNN_MODULE_ONLY), loaded on the first symmetric graph.
 //
 // Schedule: T = ceil(n / BQ) tiles. Tile b meets the tiles J = (b + dist) mod T for dist in
 // 0..=H_b, H_b = (T-1)/2, plus T/2 when T is even and b < T/2: every pair of distinct tiles

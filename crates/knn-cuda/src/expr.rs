@@ -11,13 +11,13 @@ use knn_core::expr::{Func, Src};
 use knn_core::EngineProgram;
 use std::fmt::Write;
 
-/// Values per row staged at once by the fused kernels (`KC` in `kernels/fused.cu`).
+/// Values per row staged at once by the fused kernels (`KC` in `kernels/tiles.cu`).
 const STAGE: usize = 16;
 
 /// The generated part of an expression module for rows of `values` floats: `EXPR_CH`,
 /// `EXPR_TAIL` (whether the last stage of a row is partial), `expr_op(acc, x, y)` (`x`, `y`:
 /// the coordinate's `EXPR_CH` channel values of query and base point) and the declaration of
-/// `tile_compute_expr`, which `fused.cu` calls and `expr.cu` defines.
+/// `tile_compute_expr`, which `tiles.cu` calls and `expr.cu` defines.
 pub(crate) fn prelude(p: &EngineProgram, values: usize) -> String {
     let mut s = String::new();
     let _ = writeln!(

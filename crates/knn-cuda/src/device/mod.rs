@@ -13,6 +13,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 const COMMON: &str = include_str!("../../kernels/common.cuh");
+/// The fused method's key tiles, and its lists and entry points (one program, in this order).
+const TILES: &str = include_str!("../../kernels/tiles.cu");
 const FUSED: &str = include_str!("../../kernels/fused.cu");
 /// The expression kernels, compiled per program (see [`Gpu::expr_kernels`]).
 const EXPR: &str = include_str!("../../kernels/expr.cu");
@@ -21,8 +23,9 @@ const EXPR: &str = include_str!("../../kernels/expr.cu");
 const SYM: &str = include_str!("../../kernels/sym.cu");
 
 /// The kernel sources, concatenated in this order into one NVRTC program.
-const SOURCES: [&str; 5] = [
+const SOURCES: [&str; 6] = [
     COMMON,
+    TILES,
     FUSED,
     include_str!("../../kernels/select.cu"),
     include_str!("../../kernels/baseline.cu"),
@@ -824,7 +827,7 @@ fn compiled_ptx(major: i32, minor: i32) -> Result<Ptx> {
 /// The PTX of an expression module: the fused kernels with the generated `prelude` (see
 /// `kernels/expr.cu`), only the expression kernels instantiated.
 fn compiled_expr_ptx(prelude: &str, major: i32, minor: i32) -> Result<Ptx> {
-    let src = [COMMON, prelude, FUSED, EXPR].concat();
+    let src = [COMMON, prelude, TILES, FUSED, EXPR].concat();
     let only = [
         "-DKNN_MODULE_ONLY".to_string(),
         "-DKNN_EXPR_ONLY".to_string(),
@@ -835,7 +838,7 @@ fn compiled_expr_ptx(prelude: &str, major: i32, minor: i32) -> Result<Ptx> {
 /// The PTX of the symmetric self-join module: the fused kernels' parts and `kernels/sym.cu`,
 /// only the symmetric kernels instantiated.
 fn compiled_sym_ptx(major: i32, minor: i32) -> Result<Ptx> {
-    let src = [COMMON, FUSED, SYM].concat();
+    let src = [COMMON, TILES, FUSED, SYM].concat();
     compiled(&src, major, minor, &["-DKNN_MODULE_ONLY".to_string()])
 }
 

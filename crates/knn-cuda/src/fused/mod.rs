@@ -21,7 +21,7 @@ use resident::{rows_within, upload_base, upload_rows};
 use select::{large, merge_runs, prime_thresholds, Large, Lists, FILTER_CAP};
 use timing::Phases;
 
-/// Queries per block tile of the fused kernels (`BQ` in `kernels/fused.cu`).
+/// Queries per block tile of the fused kernels (`BQ` in `kernels/tiles.cu`).
 pub const QUERY_TILE: usize = 128;
 /// Base points per block tile (`BB`).
 pub const BASE_TILE: usize = 128;
