@@ -550,22 +550,31 @@ __device__ void fused_topk(const float* __restrict__ Q, const float* __restrict_
     }
 }
 
-// Top W of the union of sorted composite lists, one warp per row (W <= 32*S): `runs` runs of W
-// entries at a[(row * runs + r) * W + i] and, when b is not null, one more at b[row * W + i].
-// Writes out[row * W + i], sorted, SENTINEL-padded. Runs are sorted, so a run is read only up
-// to its first 32-entry chunk with nothing below the current W-th entry.
+// Top W of the union of sorted composite lists (W <= 32*S), one warp per (row, group of runs):
+// row `row` has `runs` runs of W entries at a[(row * runs + r) * W + i] and, when b is not null,
+// one more at b[row * W + i]. Group g of the row's groups = max(1, ceil(runs / group)) merges
+// runs [g * group, min(runs, (g + 1) * group)) (and b, when g = 0) into out[(row * groups + g) *
+// W + i], sorted, SENTINEL-padded: group >= runs gives one list per row, and a smaller group
+// splits a long chain of runs (one warp reads them one after another) over several warps,
+// whose lists a second pass merges. Runs are sorted, so a run is read only up to its first
+// 32-entry chunk with nothing below the current W-th entry.
 template <int S>
-__device__ void merge_runs(const u64* __restrict__ a, int runs, const u64* __restrict__ b,
+__device__ void merge_runs(const u64* __restrict__ a, int runs, int group, const u64* __restrict__ b,
                            long long n, int W, u64* __restrict__ out) {
     int lane = threadIdx.x & 31;
-    long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int groups = max(1, (runs + group - 1) / group);
+    long long row = warp / groups;
+    int g = (int)(warp % groups);
     if (row >= n) return;
+    int r0 = g * group, r1 = min(runs, r0 + group);
     u64 e[S];
 #pragma unroll
     for (int s = 0; s < S; s++) e[s] = SENTINEL;
-    int total = runs + (b ? 1 : 0);
-    for (int r = 0; r < total; r++) {
-        const u64* run = r < runs ? a + (row * runs + r) * (long long)W : b + row * (long long)W;
+    int total = (r1 - r0) + (b && g == 0 ? 1 : 0);
+    for (int t = 0; t < total; t++) {
+        const u64* run =
+            r0 + t < r1 ? a + (row * runs + r0 + t) * (long long)W : b + row * (long long)W;
         bool go = true;
 #pragma unroll
         for (int s = 0; s < S; s++) {
@@ -582,18 +591,19 @@ __device__ void merge_runs(const u64* __restrict__ a, int runs, const u64* __res
             }
         }
     }
+    u64* o = out + (row * groups + g) * (long long)W;
 #pragma unroll
     for (int s = 0; s < S; s++) {
         int i = s * 32 + lane;
-        if (i < W) out[row * W + i] = e[s];
+        if (i < W) o[i] = e[s];
     }
 }
 
 #define MERGE(NAME, S)                                                                             \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                    \
-        const u64* __restrict__ a, int runs, const u64* __restrict__ b, long long n, int W,        \
-        u64* __restrict__ out) {                                                                   \
-        merge_runs<S>(a, runs, b, n, W, out);                                                      \
+        const u64* __restrict__ a, int runs, int group, const u64* __restrict__ b, long long n,    \
+        int W, u64* __restrict__ out) {                                                            \
+        merge_runs<S>(a, runs, group, b, n, W, out);                                               \
     }
 #ifndef KNN_MODULE_ONLY  // expression modules use these from the main module
 MERGE(merge_w32, 1)
@@ -631,6 +641,142 @@ FUSED(fused_tf32_sql2_w128, KERNEL_SQL2, 4, true)
 FUSED(fused_tf32_negdot_w32, KERNEL_NEGDOT, 1, true)
 FUSED(fused_tf32_negdot_w64, KERNEL_NEGDOT, 2, true)
 FUSED(fused_tf32_negdot_w128, KERNEL_NEGDOT, 4, true)
+#endif
+
+// Few queries (at most FEW_Q per block) against one split of the base, W <= 32*S: reading the
+// base once at memory speed, where a 128-query tile would spend its products on empty rows.
+// Each warp takes rows of the split one at a time (lanes read the row's coordinates, coalesced),
+// forms each query's key by a warp reduction (another summation order than the tiles', within
+// the same bounds: src/floor.rs) and folds every 32 rows' keys into that query's sorted list;
+// the block's 8 lists per query are merged in shared memory at the end. Writes the split's top
+// W, SENTINEL-padded, to out[(q * gridDim.y + split) * W + i], like fused_topk with Ws == W:
+// nothing truncated, no shared threshold, cut untouched. The split is the rows
+// [y * split_len, +split_len) of this chunk (y = blockIdx.y); base ids are id_base + chunk row;
+// exclude (may be null) is indexed by query row. Grid (ceil(nq / FEW_Q), splits), 256 threads;
+// dynamic shared memory 8 * FEW_Q * 32 * S u64 (the warps' lists), then FEW_Q * d floats.
+#define FEW_Q 4
+template <int KERNEL, int S>
+__device__ void few_topk(const float* __restrict__ Q, const float* __restrict__ qn, long long nq,
+                         const float* __restrict__ B, const float* __restrict__ bn, long long nb,
+                         u32 id_base, int d, const u32* __restrict__ exclude, int W,
+                         long long split_len, u64* __restrict__ out) {
+    constexpr int WARPS = THREADS / 32, LW = 32 * S;
+    extern __shared__ __align__(16) unsigned char smem[];
+    u64* lists = (u64*)smem;  // [warp][query][LW]
+    float* qs = (float*)(lists + WARPS * FEW_Q * LW);
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    long long q0 = (long long)blockIdx.x * FEW_Q;
+    int nqb = (int)min((long long)FEW_Q, nq - q0);
+    for (int i = tid; i < FEW_Q * d; i += THREADS) {
+        int qi = i / d;
+        qs[i] = qi < nqb ? Q[(q0 + qi) * d + (i - qi * d)] : 0.f;
+    }
+    float qnv[FEW_Q];
+    u32 skip[FEW_Q];
+#pragma unroll
+    for (int qi = 0; qi < FEW_Q; qi++) {
+        qnv[qi] = qi < nqb ? qn[q0 + qi] : 0.f;
+        skip[qi] = qi < nqb && exclude ? exclude[q0 + qi] : NO_ID;
+    }
+    __syncthreads();
+    long long s0 = (long long)blockIdx.y * split_len;
+    long long len = max(0LL, min(split_len, nb - s0));
+    long long per = (len + WARPS - 1) / WARPS;
+    long long w0 = s0 + warp * per, w1 = min(s0 + len, w0 + per);
+    u64 e[FEW_Q][S];
+#pragma unroll
+    for (int qi = 0; qi < FEW_Q; qi++)
+#pragma unroll
+        for (int s = 0; s < S; s++) e[qi][s] = SENTINEL;
+    for (long long r0 = w0; r0 < w1; r0 += 32) {
+        int rows = (int)min(32LL, w1 - r0);
+        float mine[FEW_Q];  // lane j: the keys' accumulations of row r0 + j
+#pragma unroll
+        for (int qi = 0; qi < FEW_Q; qi++) mine[qi] = 0.f;
+#pragma unroll 4
+        for (int j = 0; j < rows; j++) {
+            const float* row = B + (r0 + j) * d;
+            float acc[FEW_Q];
+#pragma unroll
+            for (int qi = 0; qi < FEW_Q; qi++) acc[qi] = 0.f;
+            for (int c = lane; c < d; c += 32) {
+                float bv = row[c];
+#pragma unroll
+                for (int qi = 0; qi < FEW_Q; qi++) acc[qi] = op<KERNEL>(acc[qi], qs[qi * d + c], bv);
+            }
+#pragma unroll
+            for (int qi = 0; qi < FEW_Q; qi++) {
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) {
+                    float o = __shfl_xor_sync(0xffffffffu, acc[qi], off);
+                    acc[qi] = KERNEL == KERNEL_LINF ? fmaxf(acc[qi], o) : acc[qi] + o;
+                }
+                if (lane == j) mine[qi] = acc[qi];
+            }
+        }
+        bool valid = lane < rows;
+        float bnv = valid ? bn[r0 + lane] : 0.f;
+        u32 id = id_base + (u32)(r0 + lane);
+#pragma unroll
+        for (int qi = 0; qi < FEW_Q; qi++) {
+            if (qi >= nqb) break;
+            u64 cv = valid && id != skip[qi]
+                         ? composite(finish_key<KERNEL>(mine[qi], qnv[qi], bnv), id)
+                         : SENTINEL;
+            u64 thr = warp_kth<S>(e[qi], W);
+            if (__ballot_sync(0xffffffffu, cv < thr))
+                warp_merge<S>(e[qi], cv < thr ? cv : SENTINEL, W, lane);
+        }
+    }
+#pragma unroll
+    for (int qi = 0; qi < FEW_Q; qi++)
+#pragma unroll
+        for (int s = 0; s < S; s++) lists[(warp * FEW_Q + qi) * LW + s * 32 + lane] = e[qi][s];
+    __syncthreads();
+    // Warp qi merges the block's lists of query qi (each sorted; a chunk's part below the
+    // current W-th entry is ascending, followed by SENTINELs).
+    if (warp < nqb) {
+        int qi = warp;
+        u64 m[S];
+#pragma unroll
+        for (int s = 0; s < S; s++) m[s] = lists[qi * LW + s * 32 + lane];
+        for (int ww = 1; ww < WARPS; ww++) {
+#pragma unroll
+            for (int s = 0; s < S; s++) {
+                u64 v = lists[(ww * FEW_Q + qi) * LW + s * 32 + lane];
+                u64 thr = warp_kth<S>(m, W);
+                if (__ballot_sync(0xffffffffu, v < thr))
+                    warp_merge_sorted<S>(m, v < thr ? v : SENTINEL, W, lane);
+            }
+        }
+        u64* o = out + ((q0 + qi) * gridDim.y + blockIdx.y) * (long long)W;
+#pragma unroll
+        for (int s = 0; s < S; s++)
+            if (s * 32 + lane < W) o[s * 32 + lane] = m[s];
+    }
+}
+
+#define FEW(NAME, K, S)                                                                            \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                    \
+        const float* __restrict__ Q, const float* __restrict__ qn, long long nq,                   \
+        const float* __restrict__ B, const float* __restrict__ bn, long long nb, u32 id_base,      \
+        int d, const u32* __restrict__ exclude, int W, long long split_len,                        \
+        u64* __restrict__ out) {                                                                   \
+        few_topk<K, S>(Q, qn, nq, B, bn, nb, id_base, d, exclude, W, split_len, out);              \
+    }
+#ifndef KNN_MODULE_ONLY
+FEW(few_sql2_w32, KERNEL_SQL2, 1)
+FEW(few_sql2_w64, KERNEL_SQL2, 2)
+FEW(few_sql2_w128, KERNEL_SQL2, 4)
+FEW(few_negdot_w32, KERNEL_NEGDOT, 1)
+FEW(few_negdot_w64, KERNEL_NEGDOT, 2)
+FEW(few_negdot_w128, KERNEL_NEGDOT, 4)
+FEW(few_l1_w32, KERNEL_L1, 1)
+FEW(few_l1_w64, KERNEL_L1, 2)
+FEW(few_l1_w128, KERNEL_L1, 4)
+FEW(few_linf_w32, KERNEL_LINF, 1)
+FEW(few_linf_w64, KERNEL_LINF, 2)
+FEW(few_linf_w128, KERNEL_LINF, 4)
 #endif
 
 // Key tile to global memory (the large-width path): keys[q * ld + b] for the nq x nb block.

@@ -152,6 +152,36 @@ fn equals_cpu() {
     }
 }
 
+/// A few queries (the `few_*` kernels up to 8, the tiles from 9) equal the CPU engine's on
+/// every built-in kernel, list widths of each kernel size, a base spread over many splits
+/// (two-pass merges), and on queries that are base rows stored in runs of duplicates (ties).
+#[test]
+fn few_queries() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "few_queries") {
+        return;
+    }
+    let e = cuda(Method::Fused).unwrap();
+    let b = uniform(200_003, 40, 41);
+    // Runs of 7 equal rows: every query's neighbours tie in groups.
+    let runs: Vec<f32> = (0..30_000 * 12)
+        .map(|i| ((i / 12 / 7 * 31 + i % 12) % 97) as f32)
+        .collect();
+    let dup = Matrix::new("dup", runs, 12).unwrap();
+    for n in [1, 3, 4, 5, 8, 9] {
+        let q = uniform(n, 40, 42 + n as u64);
+        let rows: Vec<f32> = (0..n)
+            .flat_map(|i| dup.view().row(i * 35).to_vec())
+            .collect();
+        let qd = Matrix::new("qd", rows, 12).unwrap();
+        for metric in [Metric::SqL2, Metric::InnerProduct, Metric::L1, Metric::Linf] {
+            for k in [1, 16, 100, 128] {
+                same_as_cpu(&e, &b, Some(&q), k, &metric);
+                same_as_cpu(&e, &dup, Some(&qd), k, &metric);
+            }
+        }
+    }
+}
+
 /// Graphs with each unordered pair computed once (`kernels/sym.cu`) equal the CPU engine's,
 /// on odd and even tile counts, one tile, splits, every metric and list width, and on points
 /// stored in runs of duplicates (all neighbours in the own tile, ties everywhere).

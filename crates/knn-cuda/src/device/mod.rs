@@ -727,14 +727,14 @@ fn loaded(
     Ok(kernels)
 }
 
-/// `extern "C" __global__ void NAME(` and `FUSED(NAME,` / `TILE(NAME,` / `DIST(NAME,` /
-/// `FILTER(NAME,` entries.
+/// `extern "C" __global__ void NAME(` and `FUSED(NAME,` / `FEW(NAME,` / `TILE(NAME,` /
+/// `DIST(NAME,` / `FILTER(NAME,` entries.
 fn kernel_names(src: &str) -> Vec<String> {
     let mut names = Vec::new();
     for line in src.lines() {
         let l = line.trim_start();
         for mac in [
-            "FUSED(", "TILE(", "DIST(", "FILTER(", "MERGE(", "GRIDQ(", "SYM(", "COLLECT(",
+            "FUSED(", "FEW(", "TILE(", "DIST(", "FILTER(", "MERGE(", "GRIDQ(", "SYM(", "COLLECT(",
         ] {
             if let Some(rest) = l.strip_prefix(mac) {
                 if let Some(n) = rest.split(',').next() {

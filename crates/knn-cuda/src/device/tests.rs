@@ -21,6 +21,8 @@ fn finds_every_kernel_name() {
         "fused_sql2_w32",
         "fused_linf_w128",
         "fused_tf32_negdot_w64",
+        "few_sql2_w32",
+        "few_linf_w128",
         "filter_linf",
         "tile_l1",
         "select_topk",

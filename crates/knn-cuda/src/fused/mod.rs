@@ -1,6 +1,7 @@
 //! Host side of the fused method: tiles of queries and base points under a memory budget,
 //! on-chip top-W for W ≤ 128 ([`SMALL_WIDTH_MAX`]), device key tiles + radix select beyond.
 
+mod few;
 mod finish;
 mod graph;
 mod resident;
@@ -567,38 +568,56 @@ pub(crate) fn run(
             };
             let bl = be - bs;
             if small {
-                let tiles = bl.div_ceil(BASE_TILE);
-                let qblocks = n.div_ceil(QUERY_TILE);
-                let plan = split_plan(gpu, tuning, tf, tag, slots, w, qblocks, tiles, bl)?;
-                let SplitPlan {
-                    f,
-                    name,
-                    smem,
-                    nsplit,
-                    ws,
-                } = plan;
-                // Several splits take strided rows (split y: rows y, y + nsplit, ...), so that
-                // a run of stored neighbours spreads over them (what truncation relies on).
-                let (split_len, strided) = if nsplit > 1 {
-                    (0, 1)
-                } else {
-                    (tiles.div_ceil(nsplit) * BASE_TILE, 0)
+                // A few queries read the base once, a warp per row (see `few.rs`).
+                let few = few::FewQueries {
+                    q,
+                    qn,
+                    n,
+                    b: (gpu.ptr(b), gpu.ptr(bn)),
+                    rows: bl,
+                    id0: bs,
+                    d,
+                    exclude: excl_ptr,
+                    w,
                 };
-                let nsplit = bl.div_ceil(split_len.max(1)).min(nsplit).max(1);
-                // Not filled: every (row, split) writes all its w slots.
-                let partial = gpu.alloc::<u64>(n * nsplit * w)?;
-                // Shared thresholds: truncated splits only read them, and unprimed (no earlier
-                // base chunk) they would all be SENTINEL, so then the kernel gets none.
-                let gthr = if ws < w && running.is_none() {
-                    None
+                let (partial, nsplit) = if let Some(done) = few::lists(gpu, tag, slots, &few)? {
+                    done
                 } else {
-                    let g = gpu.alloc::<u64>(n)?;
-                    gpu.fill_u64(gpu.ptr(&g), n, SENTINEL)?;
-                    Some(g)
-                };
-                let pg = gthr.as_ref().map_or(0, |g| gpu.ptr(g));
-                let launch =
-                    |rows: usize, split: (usize, i32, usize, i32), out: u64, thr: u64, cut: u64| {
+                    let tiles = bl.div_ceil(BASE_TILE);
+                    let qblocks = n.div_ceil(QUERY_TILE);
+                    let plan = split_plan(gpu, tuning, tf, tag, slots, w, qblocks, tiles, bl)?;
+                    let SplitPlan {
+                        f,
+                        name,
+                        smem,
+                        nsplit,
+                        ws,
+                    } = plan;
+                    // Several splits take strided rows (split y: rows y, y + nsplit, ...), so that
+                    // a run of stored neighbours spreads over them (what truncation relies on).
+                    let (split_len, strided) = if nsplit > 1 {
+                        (0, 1)
+                    } else {
+                        (tiles.div_ceil(nsplit) * BASE_TILE, 0)
+                    };
+                    let nsplit = bl.div_ceil(split_len.max(1)).min(nsplit).max(1);
+                    // Not filled: every (row, split) writes all its w slots.
+                    let partial = gpu.alloc::<u64>(n * nsplit * w)?;
+                    // Shared thresholds: truncated splits only read them, and unprimed (no earlier
+                    // base chunk) they would all be SENTINEL, so then the kernel gets none.
+                    let gthr = if ws < w && running.is_none() {
+                        None
+                    } else {
+                        let g = gpu.alloc::<u64>(n)?;
+                        gpu.fill_u64(gpu.ptr(&g), n, SENTINEL)?;
+                        Some(g)
+                    };
+                    let pg = gthr.as_ref().map_or(0, |g| gpu.ptr(g));
+                    let launch = |rows: usize,
+                                  split: (usize, i32, usize, i32),
+                                  out: u64,
+                                  thr: u64,
+                                  cut: u64| {
                         let (split_len, strided, nsplit, ws) = split;
                         let args = (
                             (q, qn, n as i64),
@@ -635,19 +654,21 @@ pub(crate) fn run(
                         .map_err(dev_err(&name))
                         .map(|_| ())
                     };
-                // Prime each query's shared threshold with a proven bound on its W-th
-                // composite: the W-th of the lists so far (earlier base chunks). (Priming
-                // with a prefix of the base lost: NOTES.md, 2026-11-23, "Tried and left off".)
-                if let Some(r) = &running {
-                    prime_thresholds(gpu, gpu.ptr(&r.buf), n, w, pg)?;
-                }
-                launch(
-                    bl,
-                    (split_len, strided, nsplit, ws as i32),
-                    gpu.ptr(&partial),
-                    pg,
-                    gpu.ptr(&cut),
-                )?;
+                    // Prime each query's shared threshold with a proven bound on its W-th
+                    // composite: the W-th of the lists so far (earlier base chunks). (Priming
+                    // with a prefix of the base lost: NOTES.md, 2026-11-23, "Tried and left off".)
+                    if let Some(r) = &running {
+                        prime_thresholds(gpu, gpu.ptr(&r.buf), n, w, pg)?;
+                    }
+                    launch(
+                        bl,
+                        (split_len, strided, nsplit, ws as i32),
+                        gpu.ptr(&partial),
+                        pg,
+                        gpu.ptr(&cut),
+                    )?;
+                    (partial, nsplit)
+                };
                 // One split and no earlier chunk: the split's sorted list is the answer.
                 let next = if nsplit == 1 && running.is_none() {
                     Lists { buf: partial }

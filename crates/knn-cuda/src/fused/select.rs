@@ -35,8 +35,14 @@ pub(super) fn prime_thresholds(gpu: &Gpu, lists: u64, n: usize, w: usize, gthr: 
     Ok(())
 }
 
-/// Launches `merge_w{slots}` for `n` rows: the top `w` of `a.1` sorted runs of `w` composites per
-/// row at `a.0` and, when `b` is not 0, of one more sorted run per row at `b`; one warp per row.
+/// Runs one warp merges one after another; longer chains (a few queries over many splits) are
+/// split over several warps first.
+const MERGE_CHAIN: usize = 32;
+
+/// The top `w` of `a.1` sorted runs of `w` composites per row at `a.0` and, when `b` is not 0,
+/// of one more sorted run per row at `b`, for `n` rows (`merge_w{slots}`, one warp per row).
+/// More than [`MERGE_CHAIN`] runs are merged in two passes: groups of about √runs runs, one
+/// warp each, then each row's group lists (the same answer: the top `w` of a union).
 pub(super) fn merge_runs(
     gpu: &Gpu,
     n: usize,
@@ -45,16 +51,52 @@ pub(super) fn merge_runs(
     a: (u64, usize),
     b: u64,
 ) -> Result<Lists> {
-    let out = gpu.alloc::<u64>(n * w)?;
+    let runs = a.1;
+    if runs > MERGE_CHAIN {
+        let group = runs.isqrt().max(2);
+        let groups = runs.div_ceil(group);
+        let partial = merge_pass(gpu, n, w, slots, (a.0, runs, group), 0, groups)?;
+        return merge_pass(
+            gpu,
+            n,
+            w,
+            slots,
+            (gpu.ptr(&partial.buf), groups, groups),
+            b,
+            1,
+        );
+    }
+    merge_pass(gpu, n, w, slots, (a.0, runs, runs.max(1)), b, 1)
+}
+
+/// One launch of `merge_w{slots}`: `a` = (address, runs per row, runs per group), `groups`
+/// lists per row out (see `kernels/fused.cu`, `merge_runs`).
+fn merge_pass(
+    gpu: &Gpu,
+    n: usize,
+    w: usize,
+    slots: usize,
+    a: (u64, usize, usize),
+    b: u64,
+    groups: usize,
+) -> Result<Lists> {
+    let out = gpu.alloc::<u64>(n * groups * w)?;
     let name = format!("merge_w{slots}");
     let f = gpu.func(&name)?;
-    let (runs, n64, ww, po) = (a.1 as i32, n as i64, w as i32, gpu.ptr(&out));
+    let (runs, group, n64, ww, po) = (a.1 as i32, a.2 as i32, n as i64, w as i32, gpu.ptr(&out));
     let mut l = gpu.stream.launch_builder(f);
-    l.arg(&a.0).arg(&runs).arg(&b).arg(&n64).arg(&ww).arg(&po);
-    // SAFETY: a holds n×runs×w composites, b (or null) n×w, out n×w; every slot of out written.
+    l.arg(&a.0)
+        .arg(&runs)
+        .arg(&group)
+        .arg(&b)
+        .arg(&n64)
+        .arg(&ww)
+        .arg(&po);
+    // SAFETY: a holds n×runs×w composites, b (or null) n×w, out n×groups×w with groups =
+    // max(1, ⌈runs / group⌉); every slot of out written.
     unsafe {
         l.launch(LaunchConfig {
-            grid_dim: ((n * 32).div_ceil(256) as u32, 1, 1),
+            grid_dim: ((n * groups * 32).div_ceil(256) as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         })

@@ -1,0 +1,106 @@
+//! A few queries against the base: the `few_{tag}_w{32,64,128}` kernels (`kernels/fused.cu`),
+//! which read the base once at memory speed, where the 128-query tiles would spend their
+//! products on empty rows (one query against 10⁶ × 128 took 0.55 ms of kernels on an H200,
+//! against 0.11 ms to read the base).
+
+use super::BASE_TILE;
+use crate::device::{dev_err, Gpu};
+use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
+use knn_core::Result;
+
+/// Queries per block (`FEW_Q` in the kernel).
+const PER_BLOCK: usize = 4;
+/// Largest query count sent here: beyond it the base is read once per 4 queries, and the
+/// tiles' products catch up.
+pub(super) const MAX_QUERIES: usize = 8;
+/// Largest dimension (the block's queries stay in shared memory).
+const MAX_DIM: usize = 2048;
+/// Warps per block (256 threads).
+const WARPS: usize = 8;
+
+/// One query chunk × base chunk, as device addresses.
+pub(super) struct FewQueries {
+    /// Queries (`n × d`) and their squared norms.
+    pub(super) q: u64,
+    pub(super) qn: u64,
+    pub(super) n: usize,
+    /// Base rows and their squared norms.
+    pub(super) b: (u64, u64),
+    pub(super) rows: usize,
+    /// Id of the chunk's first row.
+    pub(super) id0: usize,
+    pub(super) d: usize,
+    /// Per query, a base id to leave out (0: none).
+    pub(super) exclude: u64,
+    /// List width.
+    pub(super) w: usize,
+}
+
+/// Each query's top `w` of every split of the chunk, as `fused_topk` writes them without
+/// truncation: `(lists, splits)` with `lists[(q · splits + s) · w + i]` sorted and
+/// SENTINEL-padded. `None` when the request is not one for these kernels (more queries, a
+/// wide dimension, an expression's kernels); the tiles then take it.
+pub(super) fn lists(
+    gpu: &Gpu,
+    tag: &str,
+    slots: usize,
+    few: &FewQueries,
+) -> Result<Option<(CudaSlice<u64>, usize)>> {
+    let builtin = matches!(tag, "sql2" | "negdot" | "l1" | "linf");
+    if !builtin || few.n > MAX_QUERIES || few.d > MAX_DIM || few.rows == 0 {
+        return Ok(None);
+    }
+    let name = format!("few_{tag}_w{}", 32 * slots);
+    let f = gpu.func(&name)?;
+    let smem = WARPS * PER_BLOCK * 32 * slots * 8 + PER_BLOCK * few.d * 4;
+    if smem > gpu.max_smem_optin {
+        return Ok(None);
+    }
+    f.set_attribute(
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .map_err(dev_err("shared memory limit"))?;
+    // One wave of two blocks per SM (about 110 registers a thread), 16 warps each with rows
+    // in flight, reads at memory speed; fewer splits also shorten the merge of their lists.
+    // Each warp keeps at least a tile's rows, so that its list is not mostly its first fill.
+    let splits = (2 * gpu.sm_count)
+        .min(few.rows.div_ceil(WARPS * BASE_TILE))
+        .max(1);
+    let split_len = few.rows.div_ceil(splits);
+    let splits = few.rows.div_ceil(split_len);
+    let out = gpu.alloc::<u64>(few.n * splits * few.w)?;
+    let (nq, nb, id0, d, ww, sl) = (
+        few.n as i64,
+        few.rows as i64,
+        few.id0 as u32,
+        few.d as i32,
+        few.w as i32,
+        split_len as i64,
+    );
+    let po = gpu.ptr(&out);
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&few.q)
+        .arg(&few.qn)
+        .arg(&nq)
+        .arg(&few.b.0)
+        .arg(&few.b.1)
+        .arg(&nb)
+        .arg(&id0)
+        .arg(&d)
+        .arg(&few.exclude)
+        .arg(&ww)
+        .arg(&sl)
+        .arg(&po);
+    // SAFETY: q holds n×d floats and qn n, b rows×d and its norms rows, exclude n ids (or
+    // null), out n×splits×w; every (query, split) writes its w slots.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid_dim: (few.n.div_ceil(PER_BLOCK) as u32, splits as u32, 1),
+            block_dim: ((WARPS * 32) as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        })
+    }
+    .map_err(dev_err(&name))?;
+    Ok(Some((out, splits)))
+}
