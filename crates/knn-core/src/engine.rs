@@ -8,6 +8,20 @@ use rayon::prelude::*;
 use std::fmt;
 use std::str::FromStr;
 
+/// A whole kNN graph's candidates at once ([`Engine::graph_candidates`]): every point of
+/// `points` a query, excluding itself.
+#[derive(Clone, Copy, Debug)]
+pub struct GraphRequest<'a> {
+    /// The points, both base and queries.
+    pub points: MatrixRef<'a>,
+    /// The key of every pair.
+    pub kernel: Kernel,
+    /// Candidates per point.
+    pub width: usize,
+    /// As [`CandidateRequest::precise`].
+    pub precise: bool,
+}
+
 /// One candidate computation: for every query, the `width` base points with the smallest
 /// kernel keys.
 #[derive(Clone, Copy, Debug)]
@@ -230,23 +244,17 @@ pub trait Engine: Sync {
         Ok((self.candidates(req)?, None))
     }
 
-    /// Symmetric self-join: candidates for **every** row of a kNN graph of `points` (the same
-    /// lists and floors as [`Engine::candidates`] with `queries = base = points`, `exclude[i] = i`
-    /// and this `width`), computed by an engine that evaluates each unordered pair's key once and
+    /// Symmetric self-join: candidates for **every** row of a kNN graph of `graph.points` (the
+    /// same lists and floors as [`Engine::candidates`] with `queries = base = points`,
+    /// `exclude[i] = i` and the request's kernel, width and precision), computed by an engine that evaluates each unordered pair's key once and
     /// folds it into both points' lists. Only called for kernels that are symmetric in their two
     /// arguments (all four are) and metrics whose engine space is one matrix for both sides
     /// ([`crate::Metric::is_symmetric`]).
     ///
     /// `None`: not supported, or not worth it for this size (the pipeline then takes
     /// [`Engine::candidates`] row range by row range). Default: `None`.
-    fn graph_candidates(
-        &self,
-        points: MatrixRef<'_>,
-        kernel: Kernel,
-        width: usize,
-        precise: bool,
-    ) -> Option<Result<Candidates>> {
-        let _ = (points, kernel, width, precise);
+    fn graph_candidates(&self, graph: GraphRequest<'_>) -> Option<Result<Candidates>> {
+        let _ = graph;
         None
     }
 

@@ -3,8 +3,8 @@
 
 use knn_core::synth::{generate, Distribution};
 use knn_core::{
-    graph, graph_rows, oracle, search, CandidateRequest, Candidates, Engine, Kernel, Matrix,
-    MatrixRef, Metric, Result,
+    graph, graph_rows, oracle, search, CandidateRequest, Candidates, Engine, GraphRequest, Kernel,
+    Matrix, MatrixRef, Metric, Result,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -47,22 +47,16 @@ impl Engine for Counting {
         })
     }
 
-    fn graph_candidates(
-        &self,
-        points: MatrixRef<'_>,
-        kernel: Kernel,
-        width: usize,
-        precise: bool,
-    ) -> Option<Result<Candidates>> {
+    fn graph_candidates(&self, graph: GraphRequest<'_>) -> Option<Result<Candidates>> {
         self.graph_calls.fetch_add(1, Ordering::Relaxed);
-        let exclude: Vec<u32> = (0..points.rows() as u32).collect();
+        let exclude: Vec<u32> = (0..graph.points.rows() as u32).collect();
         Some(self.candidates(&CandidateRequest {
-            base: points,
-            queries: points,
-            kernel,
-            width,
+            base: graph.points,
+            queries: graph.points,
+            kernel: graph.kernel,
+            width: graph.width,
             exclude: Some(&exclude),
-            precise,
+            precise: graph.precise,
             base_key: None,
             exact_data: false,
             exact_from: None,

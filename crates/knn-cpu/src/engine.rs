@@ -3,8 +3,8 @@
 
 use crate::symmetric::SymmetricStats;
 use knn_core::{
-    CandidateRequest, Candidates, Engine, ExprPlan, Kernel, KnnError, MatrixRef, Result, Symmetry,
-    Threads,
+    CandidateRequest, Candidates, Engine, ExprPlan, GraphRequest, Kernel, KnnError, MatrixRef,
+    Result, Symmetry, Threads,
 };
 
 /// Queries per work unit: the GEMM block is `QUERY_TILE × BASE_TILE` f32 (512 KiB, in L2).
@@ -167,13 +167,13 @@ impl Engine for CpuEngine {
         self.bf16_for(kernel)
     }
 
-    fn graph_candidates(
-        &self,
-        points: MatrixRef<'_>,
-        kernel: Kernel,
-        width: usize,
-        precise: bool,
-    ) -> Option<Result<Candidates>> {
+    fn graph_candidates(&self, graph: GraphRequest<'_>) -> Option<Result<Candidates>> {
+        let GraphRequest {
+            points,
+            kernel,
+            width,
+            precise,
+        } = graph;
         let n = points.rows();
         let wanted = match self.symmetry {
             Symmetry::Off => false,

@@ -3,8 +3,8 @@
 
 use knn_core::synth::{generate, Distribution};
 use knn_core::{
-    check, check_with_truth, graph, Engine, Kernel, Matrix, MatrixRef, Metric, Symmetry,
-    DEFAULT_TOLERANCE,
+    check, check_with_truth, graph, Engine, GraphRequest, Kernel, Matrix, MatrixRef, Metric,
+    Symmetry, DEFAULT_TOLERANCE,
 };
 use knn_cpu::CpuEngine;
 use knn_testkit::all_metrics;
@@ -186,7 +186,12 @@ fn modes_and_thread_independence() {
     let e = |s| CpuEngine::new(Some(2)).unwrap().with_symmetry(s);
     let asks = |engine: &CpuEngine, m: &Matrix| {
         engine
-            .graph_candidates(m.view(), Kernel::L1, 8, false)
+            .graph_candidates(GraphRequest {
+                points: m.view(),
+                kernel: Kernel::L1,
+                width: 8,
+                precise: false,
+            })
             .is_some()
     };
     assert!(!asks(&e(Symmetry::Auto), &small));

@@ -6,7 +6,7 @@ use super::rerank::{
     as_atomic, as_atomic_f32, exact_scan, exact_scan_given, finish_row, hand_over, BaseAux,
     Collector, Rerank,
 };
-use crate::engine::{CandidateRequest, Engine, ExactFrom, FinishedRows};
+use crate::engine::{CandidateRequest, Engine, ExactFrom, FinishedRows, GraphRequest};
 use crate::error::{KnnError, Result};
 use crate::matrix::{Matrix, MatrixRef};
 use crate::metric::Metric;
@@ -116,7 +116,12 @@ impl Run<'_> {
         let mut since = std::time::Instant::now();
         let (kernel, width0) = (self.metric.kernel(), self.width0);
         self.symmetric = engine
-            .graph_candidates(self.eb, kernel, width0, false)
+            .graph_candidates(GraphRequest {
+                points: self.eb,
+                kernel,
+                width: width0,
+                precise: false,
+            })
             .transpose()?;
         if self.symmetric.is_none() {
             engine.expect_graph(self.base_key, width0);
