@@ -24,11 +24,11 @@ use pyo3::prelude::*;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-/// Work (query rows × base rows × dimension) of one uninterrupted piece of a search on the
-/// CPU: between pieces the bindings check for Ctrl-C (a piece takes about a second on two
-/// cores). Smaller pieces cost speed: against 10⁶ × 128 base rows (2 cores), 67-row pieces
-/// (2³³) took 3.93 ms a query, 268-row pieces (2³⁵) 3.14 ms, 1024 rows 2.76 ms.
-const CPU_PIECE_WORK: usize = 1 << 35;
+/// Work (query rows × base rows × dimension) per CPU thread of one uninterrupted piece of a
+/// search: between pieces the bindings check for Ctrl-C (a piece takes about a second, on any
+/// number of cores). Smaller pieces cost speed: against 10⁶ × 128 base rows (2 cores), 67-row
+/// pieces (2³³ in all) took 3.93 ms a query, 268-row pieces (2³⁵) 3.14 ms, 1024 rows 2.76 ms.
+const CPU_PIECE_WORK: usize = 1 << 34;
 /// The same on a GPU.
 const GPU_PIECE_WORK: usize = 1 << 38;
 /// Fewest query rows in a piece (two of the CPU engine's 128-query tiles).
@@ -43,6 +43,8 @@ type Pair<'py> = (Bound<'py, PyAny>, Bound<'py, PyArray2<i64>>);
 #[pyclass(module = "knn._knn", frozen)]
 struct NativeIndex {
     base: Arc<Base>,
+    /// Threads of the CPU engine (every core when not given): CPU pieces grow with them.
+    threads: usize,
 }
 
 #[pymethods]
@@ -77,8 +79,10 @@ impl NativeIndex {
         let base = py
             .detach(move || Base::new(rows, dim, metric, opts))
             .map_err(to_py)?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(Self {
             base: Arc::new(base),
+            threads: threads.unwrap_or(cores),
         })
     }
 
@@ -98,7 +102,7 @@ impl NativeIndex {
                 let all = py
                     .detach(|| MatrixRef::new("queries", values, dim).map(|q| q.rows()))
                     .map_err(to_py)?;
-                let nn = in_pieces(py, &index, all, dim, k, |start, end| {
+                let nn = in_pieces(py, &index, self.threads, (all, dim, k), |start, end| {
                     let q = MatrixRef::new_unchecked_values(
                         "queries",
                         &values[start * dim..end * dim],
@@ -119,7 +123,7 @@ impl NativeIndex {
                         queries: dim,
                     }));
                 }
-                let nn = in_pieces(py, &index, all, dim, k, |start, end| {
+                let nn = in_pieces(py, &index, self.threads, (all, dim, k), |start, end| {
                     index.search_f64(&values[start * dim..end * dim], k, &|_, _| {})
                 })?;
                 to_numpy(py, nn)
@@ -265,19 +269,19 @@ impl NativeIndex {
     }
 }
 
-/// Runs a search of `all` query rows of dimension `dim` through `run(start, end)`, in pieces
-/// small enough that Ctrl-C is looked for often enough, with the GIL released.
+/// Runs a search of `all` query rows of dimension `dim` (`k` neighbours each) through
+/// `run(start, end)`, in pieces small enough that Ctrl-C is looked for often enough (the CPU's
+/// sized for `threads` threads, and at least two's), with the GIL released.
 fn in_pieces<D: Send>(
     py: Python<'_>,
     index: &Index,
-    all: usize,
-    dim: usize,
-    k: usize,
+    threads: usize,
+    (all, dim, k): (usize, usize, usize),
     run: impl Fn(usize, usize) -> knn::Result<Neighbors<D>> + Sync,
 ) -> PyResult<Neighbors<D>> {
     let budget = match index.device() {
         Device::Cuda(_) => GPU_PIECE_WORK,
-        _ => CPU_PIECE_WORK,
+        _ => CPU_PIECE_WORK.saturating_mul(threads.max(2)),
     };
     let per_row = index.len().saturating_mul(dim.max(1)).max(1);
     let piece = (budget / per_row).max(MIN_PIECE_ROWS);
