@@ -3,8 +3,8 @@
 
 use knn_core::synth::{generate, Distribution};
 use knn_core::{
-    graph, graph_rows, oracle, search, CandidateRequest, Candidates, Engine, GraphRequest, Kernel,
-    Matrix, MatrixRef, Metric, Result,
+    graph, graph_rows, oracle, search, CandidateRequest, Candidates, Engine, GraphRequest, Matrix,
+    Metric, Result,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 
