@@ -64,9 +64,12 @@ def _partial_self(index, queries, k, offset, qstart):
 
 
 def _merge(a, b, k):
+    """The k best of two partials by (distance, id). Each row of a partial is in that order, and
+    every id of `a` is below every id of `b` (adjacent base ranges, in order), so a stable sort
+    by distance alone keeps ties in id order (half the time of a two-key lexsort)."""
     d = np.concatenate([a[0], b[0]], axis=1)
     i = np.concatenate([a[1], b[1]], axis=1)
-    order = np.lexsort((i, d), axis=1)[:, :k]
+    order = np.argsort(d, axis=1, kind="stable")[:, :k]
     return np.take_along_axis(d, order, 1), np.take_along_axis(i, order, 1)
 
 
