@@ -644,7 +644,7 @@ FUSED(fused_tf32_negdot_w128, KERNEL_NEGDOT, 4, true)
 #endif
 
 // Few queries (at most FEW_Q per block) against one split of the base, W <= 32*S: reading the
-// base once at memory speed, where a 128-query tile would spend its products on empty rows.
+// base once, where a 128-query tile would spend its products on empty rows.
 // Each warp takes rows of the split one at a time (lanes read the row's coordinates, coalesced),
 // forms each query's key by a warp reduction (another summation order than the tiles', within
 // the same bounds: src/floor.rs) and folds every 32 rows' keys into that query's sorted list;
