@@ -678,13 +678,7 @@ impl Engine for CudaEngine {
             return self.fallback(w)?.candidates_expr(req, plan);
         }
         let (keys, ids, cut) = {
-            let mut gpu = self
-                .gpu
-                .lock()
-                .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
-            gpu.ctx
-                .bind_to_thread()
-                .map_err(crate::device::dev_err("binding the context"))?;
+            let mut gpu = self.locked()?;
             let tag = gpu.expr_kernels(plan.program(), req.base.dim())?;
             // Expression features are used as given: no centre, no norm bound.
             let info = BaseInfo {
