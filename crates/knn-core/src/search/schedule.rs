@@ -79,6 +79,12 @@ impl<'a> Base<'a> {
     }
 }
 
+/// Output entries (rows × k) and query values up to which a call on a prepared base runs its
+/// checks, preparation and output on the calling thread: one query against 10⁶ × 128 rows
+/// spent about 0.1 ms before its round waking threads for microseconds of work.
+const SMALL_OUTPUT: usize = 1 << 14;
+const SMALL_QUERY_VALUES: usize = 1 << 16;
+
 /// Values of a base from which the engine is told of it before the host prepares (smaller
 /// ones are not worth a thread).
 const PREFETCH_MIN: usize = 1 << 22;
@@ -128,31 +134,37 @@ pub(super) fn run(
     // While the host checks the values and prepares, the engine may copy the given base to its
     // device (a base found invalid only wastes the copy). The output is made (and shown to the
     // engine, which may page-lock it) on a thread of its own, joined only once a whole graph's
-    // work has started on the device (`Engine::begin_graph`).
+    // work has started on the device (`Engine::begin_graph`). A small call does all of this
+    // on the calling thread: waking threads would cost more than the work.
+    let small = queries.is_some()
+        && prepared_base.is_some()
+        && rows.len() * k <= SMALL_OUTPUT
+        && queries.map_or(0, |q| q.as_slice().len()) <= SMALL_QUERY_VALUES;
     let prepared = std::cell::OnceCell::new();
     let fetched = Signal::default();
-    let (ctx, out) = std::thread::scope(|s| {
-        let out = s.spawn(|| {
-            // A whole graph's output is made once the base's copy is done, while the device
-            // works on the graph: its pages would slow the copy, whose end the graph waits for
-            // (80k Hellinger: 43.5 against 51.2 ms, median of 28 runs each, same call). Other
-            // outputs are needed as soon as the rounds start.
-            if whole_graph {
-                fetched.wait();
-            }
-            let mut out = Neighbors::zeroed(rows.len(), k);
-            crate::pages::populate(&mut out.ids);
-            crate::pages::populate(&mut out.distances);
-            ended("output pages");
-            // Shown to the engine once the base's copy is done: page-locking memory may hold
-            // the driver meanwhile.
+    let make_output = || {
+        // A whole graph's output is made once the base's copy is done, while the device
+        // works on the graph: its pages would slow the copy, whose end the graph waits for
+        // (80k Hellinger: 43.5 against 51.2 ms, median of 28 runs each, same call). Other
+        // outputs are needed as soon as the rounds start.
+        if whole_graph {
             fetched.wait();
-            if !engine.adopt_output(&mut out.ids, &mut out.distances) {
-                out.mark_unwritten();
-            }
-            ended("output shown to the engine");
-            out
-        });
+        }
+        let mut out = Neighbors::zeroed(rows.len(), k);
+        crate::pages::populate(&mut out.ids);
+        crate::pages::populate(&mut out.distances);
+        ended("output pages");
+        // Shown to the engine once the base's copy is done: page-locking memory may hold
+        // the driver meanwhile.
+        fetched.wait();
+        if !engine.adopt_output(&mut out.ids, &mut out.distances) {
+            out.mark_unwritten();
+        }
+        ended("output shown to the engine");
+        out
+    };
+    let (ctx, out) = std::thread::scope(|s| {
+        let out = (!small).then(|| s.spawn(make_output));
         let ctx = (|| {
             if prepared_base.is_none() && base.rows() * base.dim() >= PREFETCH_MIN {
                 s.spawn(|| {
@@ -169,19 +181,22 @@ pub(super) fn run(
             // reads meanwhile, instead of two).
             // A prepared base was checked when it was prepared.
             let after = matches!(metric, Metric::Hellinger) || prepared_base.is_some();
-            let (domain, prep) = rayon::join(
-                || {
-                    let r = check_domains(metric, (!after).then_some(base), queries);
-                    ended("value checks");
-                    r
-                },
-                || {
-                    let reused = prepared_base.and_then(|p| p.with_queries(metric, base, queries));
-                    let r = reused.map_or_else(|| prepare(metric, base, queries), Ok);
-                    ended("prepare");
-                    r
-                },
-            );
+            let check = || {
+                let r = check_domains(metric, (!after).then_some(base), queries);
+                ended("value checks");
+                r
+            };
+            let prep = || {
+                let reused = prepared_base.and_then(|p| p.with_queries(metric, base, queries));
+                let r = reused.map_or_else(|| prepare(metric, base, queries), Ok);
+                ended("prepare");
+                r
+            };
+            let (domain, prep) = if small {
+                (check(), prep())
+            } else {
+                rayon::join(check, prep)
+            };
             let domain = if prepared_base.is_none()
                 && after
                 && !prep.as_ref().is_ok_and(|p| p.base_nonnegative)
@@ -230,7 +245,10 @@ pub(super) fn run(
         })();
         let out = Output {
             engine,
-            out: Some(out.join().expect("allocating the output panicked")),
+            out: Some(match out {
+                Some(t) => t.join().expect("allocating the output panicked"),
+                None => make_output(),
+            }),
         };
         (ctx, out)
     });

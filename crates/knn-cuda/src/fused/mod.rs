@@ -706,17 +706,14 @@ pub(crate) fn run(
                 running = Some(large(gpu, &ctx, bl, running)?);
             }
         }
-        if let (Some(t0), Some(t1)) = (
-            &t0,
-            gpu.ctx
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .ok(),
-        ) {
+        // Read once the chunk's downloads are done: waiting for it here would leave the device
+        // idle while the host queues the launches that follow.
+        let t1 = gpu
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .ok();
+        if let Some(t1) = &t1 {
             t1.record(&gpu.stream).map_err(dev_err("event"))?;
-            t1.synchronize().map_err(dev_err("event"))?;
-            kernel_ms = kernel_ms.zip(t0.elapsed_ms(&t1).ok()).map(|(a, b)| a + b);
-        } else {
-            kernel_ms = None;
         }
         let r = running.expect("the base is not empty");
         phases.lap(gpu, "kernels");
@@ -771,6 +768,13 @@ pub(crate) fn run(
             gpu.download_into(norms, &mut all[qs..qe])?;
         }
         phases.lap(gpu, "downloads");
+        kernel_ms = match (&t0, &t1) {
+            (Some(t0), Some(t1)) => {
+                t1.synchronize().map_err(dev_err("event"))?;
+                kernel_ms.zip(t0.elapsed_ms(t1).ok()).map(|(a, b)| a + b)
+            }
+            _ => None,
+        };
     }
     phases.print(nq);
     // (Only `finish_lists` flags it: rows from a finished graph were checked by their own
