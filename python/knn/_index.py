@@ -245,6 +245,12 @@ class Index:
         return self._native.dim
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the points as given (``len × dim`` values of 4 or 8 bytes): what pickling
+        the index sends. Dask weighs an index by it when it places tasks."""
+        return self._native.nbytes
+
+    @property
     def metric(self) -> str:
         """The metric's name (``"expr"`` for a ``metric_expr``)."""
         return self._native.metric

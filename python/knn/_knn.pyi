@@ -37,6 +37,7 @@ class NativeIndex:
     dim: int
     metric: str
     device: str
+    nbytes: int
     shares_rows: bool
 
 def devices() -> list[tuple[int, str]]: ...

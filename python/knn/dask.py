@@ -43,6 +43,20 @@ def _as_dask(x, chunks=None):
     return x
 
 
+def _sizeof_index(index):
+    # Dask otherwise takes an index for a few bytes and moves it to an idle worker (pickling
+    # its rows and building it again) rather than sending the query block to it.
+    return index.nbytes
+
+
+try:
+    from dask.sizeof import sizeof
+
+    sizeof.register(Index)(_sizeof_index)
+except ImportError:  # Dask is imported (and its absence reported) when a function is called.
+    pass
+
+
 def _build(rows, args):
     return Index(rows, **args)
 

@@ -40,6 +40,19 @@ def test_search_and_graph_equal_one_process(client, kind, k):
     assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
 
 
+def test_index_weighed_by_its_rows():
+    # The scheduler weighs an index by its rows' bytes, so that it sends query blocks to it.
+    from dask.sizeof import sizeof
+
+    rows = _data("random", 30, 5, 4)
+    for given, width in ((rows, 4), (rows.astype(np.float64), 8)):
+        index = knn.Index(given, device="cpu")
+        assert index.nbytes == 30 * 5 * width
+        assert sizeof(index) == index.nbytes
+    index.add(rows[:7])
+    assert sizeof(index) == 37 * 5 * 8
+
+
 def test_numpy_input_and_laziness(client):
     b = _data("random", 50, 3, 3)
     d, i = kd.search(b, b[:9], 4, chunks=16)

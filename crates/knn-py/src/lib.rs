@@ -248,6 +248,19 @@ impl NativeIndex {
         self.base.device().to_string()
     }
 
+    /// Bytes of the rows as given (`len × dim` values of 4 or 8 bytes): what pickling the
+    /// index sends.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        let index = self.base.snapshot();
+        index.len()
+            * index.dim()
+            * match index.rows().given() {
+                Given::F32(_) => 4,
+                Given::F64(_) => 8,
+            }
+    }
+
     /// Whether the index uses the given array's memory in place (no copy of it).
     #[getter]
     fn shares_rows(&self) -> bool {
