@@ -643,7 +643,7 @@ FUSED(fused_tf32_negdot_w64, KERNEL_NEGDOT, 2, true)
 FUSED(fused_tf32_negdot_w128, KERNEL_NEGDOT, 4, true)
 #endif
 
-// Few queries (at most FEW_Q per block) against one split of the base, W <= 32*S: reading the
+// Few queries (at most NQ per block: 1, or 4) against one split of the base, W <= 32*S: reading the
 // base once, where a 128-query tile would spend its products on empty rows.
 // Each warp takes rows of the split one at a time (lanes read the row's coordinates, coalesced),
 // forms each query's key by a warp reduction (another summation order than the tiles', within
@@ -652,10 +652,11 @@ FUSED(fused_tf32_negdot_w128, KERNEL_NEGDOT, 4, true)
 // W, SENTINEL-padded, to out[(q * gridDim.y + split) * W + i], like fused_topk with Ws == W:
 // nothing truncated, no shared threshold, cut untouched. The split is the rows
 // [y * split_len, +split_len) of this chunk (y = blockIdx.y); base ids are id_base + chunk row;
-// exclude (may be null) is indexed by query row. Grid (ceil(nq / FEW_Q), splits), 256 threads;
-// dynamic shared memory 8 * FEW_Q * 32 * S u64 (the warps' lists), then FEW_Q * d floats.
-#define FEW_Q 4
-template <int KERNEL, int S>
+// exclude (may be null) is indexed by query row. Grid (ceil(nq / NQ), splits), 256 threads;
+// dynamic shared memory 8 * NQ * 32 * S u64 (the warps' lists), then NQ * d floats.
+// A lone query has kernels of its own (NQ = 1): a block of 4 spends 4 sums and 4 reductions
+// on every row whatever the count.
+template <int KERNEL, int S, int NQ>
 __device__ void few_topk(const float* __restrict__ Q, const float* __restrict__ qn, long long nq,
                          const float* __restrict__ B, const float* __restrict__ bn, long long nb,
                          u32 id_base, int d, const u32* __restrict__ exclude, int W,
@@ -663,18 +664,18 @@ __device__ void few_topk(const float* __restrict__ Q, const float* __restrict__ 
     constexpr int WARPS = THREADS / 32, LW = 32 * S;
     extern __shared__ __align__(16) unsigned char smem[];
     u64* lists = (u64*)smem;  // [warp][query][LW]
-    float* qs = (float*)(lists + WARPS * FEW_Q * LW);
+    float* qs = (float*)(lists + WARPS * NQ * LW);
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    long long q0 = (long long)blockIdx.x * FEW_Q;
-    int nqb = (int)min((long long)FEW_Q, nq - q0);
-    for (int i = tid; i < FEW_Q * d; i += THREADS) {
+    long long q0 = (long long)blockIdx.x * NQ;
+    int nqb = (int)min((long long)NQ, nq - q0);
+    for (int i = tid; i < NQ * d; i += THREADS) {
         int qi = i / d;
         qs[i] = qi < nqb ? Q[(q0 + qi) * d + (i - qi * d)] : 0.f;
     }
-    float qnv[FEW_Q];
-    u32 skip[FEW_Q];
+    float qnv[NQ];
+    u32 skip[NQ];
 #pragma unroll
-    for (int qi = 0; qi < FEW_Q; qi++) {
+    for (int qi = 0; qi < NQ; qi++) {
         qnv[qi] = qi < nqb ? qn[q0 + qi] : 0.f;
         skip[qi] = qi < nqb && exclude ? exclude[q0 + qi] : NO_ID;
     }
@@ -683,29 +684,29 @@ __device__ void few_topk(const float* __restrict__ Q, const float* __restrict__ 
     long long len = max(0LL, min(split_len, nb - s0));
     long long per = (len + WARPS - 1) / WARPS;
     long long w0 = s0 + warp * per, w1 = min(s0 + len, w0 + per);
-    u64 e[FEW_Q][S];
+    u64 e[NQ][S];
 #pragma unroll
-    for (int qi = 0; qi < FEW_Q; qi++)
+    for (int qi = 0; qi < NQ; qi++)
 #pragma unroll
         for (int s = 0; s < S; s++) e[qi][s] = SENTINEL;
     for (long long r0 = w0; r0 < w1; r0 += 32) {
         int rows = (int)min(32LL, w1 - r0);
-        float mine[FEW_Q];  // lane j: the keys' accumulations of row r0 + j
+        float mine[NQ];  // lane j: the keys' accumulations of row r0 + j
 #pragma unroll
-        for (int qi = 0; qi < FEW_Q; qi++) mine[qi] = 0.f;
+        for (int qi = 0; qi < NQ; qi++) mine[qi] = 0.f;
 #pragma unroll 4
         for (int j = 0; j < rows; j++) {
             const float* row = B + (r0 + j) * d;
-            float acc[FEW_Q];
+            float acc[NQ];
 #pragma unroll
-            for (int qi = 0; qi < FEW_Q; qi++) acc[qi] = 0.f;
+            for (int qi = 0; qi < NQ; qi++) acc[qi] = 0.f;
             for (int c = lane; c < d; c += 32) {
                 float bv = row[c];
 #pragma unroll
-                for (int qi = 0; qi < FEW_Q; qi++) acc[qi] = op<KERNEL>(acc[qi], qs[qi * d + c], bv);
+                for (int qi = 0; qi < NQ; qi++) acc[qi] = op<KERNEL>(acc[qi], qs[qi * d + c], bv);
             }
 #pragma unroll
-            for (int qi = 0; qi < FEW_Q; qi++) {
+            for (int qi = 0; qi < NQ; qi++) {
 #pragma unroll
                 for (int off = 16; off > 0; off >>= 1) {
                     float o = __shfl_xor_sync(0xffffffffu, acc[qi], off);
@@ -718,7 +719,7 @@ __device__ void few_topk(const float* __restrict__ Q, const float* __restrict__ 
         float bnv = valid ? bn[r0 + lane] : 0.f;
         u32 id = id_base + (u32)(r0 + lane);
 #pragma unroll
-        for (int qi = 0; qi < FEW_Q; qi++) {
+        for (int qi = 0; qi < NQ; qi++) {
             if (qi >= nqb) break;
             u64 cv = valid && id != skip[qi]
                          ? composite(finish_key<KERNEL>(mine[qi], qnv[qi], bnv), id)
@@ -729,9 +730,9 @@ __device__ void few_topk(const float* __restrict__ Q, const float* __restrict__ 
         }
     }
 #pragma unroll
-    for (int qi = 0; qi < FEW_Q; qi++)
+    for (int qi = 0; qi < NQ; qi++)
 #pragma unroll
-        for (int s = 0; s < S; s++) lists[(warp * FEW_Q + qi) * LW + s * 32 + lane] = e[qi][s];
+        for (int s = 0; s < S; s++) lists[(warp * NQ + qi) * LW + s * 32 + lane] = e[qi][s];
     __syncthreads();
     // Warp qi merges the block's lists of query qi (each sorted; a chunk's part below the
     // current W-th entry is ascending, followed by SENTINELs).
@@ -743,7 +744,7 @@ __device__ void few_topk(const float* __restrict__ Q, const float* __restrict__ 
         for (int ww = 1; ww < WARPS; ww++) {
 #pragma unroll
             for (int s = 0; s < S; s++) {
-                u64 v = lists[(ww * FEW_Q + qi) * LW + s * 32 + lane];
+                u64 v = lists[(ww * NQ + qi) * LW + s * 32 + lane];
                 u64 thr = warp_kth<S>(m, W);
                 if (__ballot_sync(0xffffffffu, v < thr))
                     warp_merge_sorted<S>(m, v < thr ? v : SENTINEL, W, lane);
@@ -756,27 +757,39 @@ __device__ void few_topk(const float* __restrict__ Q, const float* __restrict__ 
     }
 }
 
-#define FEW(NAME, K, S)                                                                            \
+#define FEW(NAME, K, S, NQ)                                                                        \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                    \
         const float* __restrict__ Q, const float* __restrict__ qn, long long nq,                   \
         const float* __restrict__ B, const float* __restrict__ bn, long long nb, u32 id_base,      \
         int d, const u32* __restrict__ exclude, int W, long long split_len,                        \
         u64* __restrict__ out) {                                                                   \
-        few_topk<K, S>(Q, qn, nq, B, bn, nb, id_base, d, exclude, W, split_len, out);              \
+        few_topk<K, S, NQ>(Q, qn, nq, B, bn, nb, id_base, d, exclude, W, split_len, out);          \
     }
 #ifndef KNN_MODULE_ONLY
-FEW(few_sql2_w32, KERNEL_SQL2, 1)
-FEW(few_sql2_w64, KERNEL_SQL2, 2)
-FEW(few_sql2_w128, KERNEL_SQL2, 4)
-FEW(few_negdot_w32, KERNEL_NEGDOT, 1)
-FEW(few_negdot_w64, KERNEL_NEGDOT, 2)
-FEW(few_negdot_w128, KERNEL_NEGDOT, 4)
-FEW(few_l1_w32, KERNEL_L1, 1)
-FEW(few_l1_w64, KERNEL_L1, 2)
-FEW(few_l1_w128, KERNEL_L1, 4)
-FEW(few_linf_w32, KERNEL_LINF, 1)
-FEW(few_linf_w64, KERNEL_LINF, 2)
-FEW(few_linf_w128, KERNEL_LINF, 4)
+FEW(few_sql2_w32, KERNEL_SQL2, 1, 4)
+FEW(few_sql2_w64, KERNEL_SQL2, 2, 4)
+FEW(few_sql2_w128, KERNEL_SQL2, 4, 4)
+FEW(few_negdot_w32, KERNEL_NEGDOT, 1, 4)
+FEW(few_negdot_w64, KERNEL_NEGDOT, 2, 4)
+FEW(few_negdot_w128, KERNEL_NEGDOT, 4, 4)
+FEW(few_l1_w32, KERNEL_L1, 1, 4)
+FEW(few_l1_w64, KERNEL_L1, 2, 4)
+FEW(few_l1_w128, KERNEL_L1, 4, 4)
+FEW(few_linf_w32, KERNEL_LINF, 1, 4)
+FEW(few_linf_w64, KERNEL_LINF, 2, 4)
+FEW(few_linf_w128, KERNEL_LINF, 4, 4)
+FEW(few1_sql2_w32, KERNEL_SQL2, 1, 1)
+FEW(few1_sql2_w64, KERNEL_SQL2, 2, 1)
+FEW(few1_sql2_w128, KERNEL_SQL2, 4, 1)
+FEW(few1_negdot_w32, KERNEL_NEGDOT, 1, 1)
+FEW(few1_negdot_w64, KERNEL_NEGDOT, 2, 1)
+FEW(few1_negdot_w128, KERNEL_NEGDOT, 4, 1)
+FEW(few1_l1_w32, KERNEL_L1, 1, 1)
+FEW(few1_l1_w64, KERNEL_L1, 2, 1)
+FEW(few1_l1_w128, KERNEL_L1, 4, 1)
+FEW(few1_linf_w32, KERNEL_LINF, 1, 1)
+FEW(few1_linf_w64, KERNEL_LINF, 2, 1)
+FEW(few1_linf_w128, KERNEL_LINF, 4, 1)
 #endif
 
 // Key tile to global memory (the large-width path): keys[q * ld + b] for the nq x nb block.

@@ -8,7 +8,8 @@ use crate::device::{dev_err, Gpu};
 use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
 use knn_core::Result;
 
-/// Queries per block (`FEW_Q` in the kernel).
+/// Queries per block (`NQ` in the kernel) of the `few_*` kernels; a lone query takes the
+/// `few1_*` ones (one per block).
 const PER_BLOCK: usize = 4;
 /// Largest query count sent here: beyond it the base is read once per 4 queries, and the
 /// tiles' products catch up.
@@ -50,9 +51,16 @@ pub(super) fn lists(
     if !builtin || few.n > MAX_QUERIES || few.d > MAX_DIM || few.rows == 0 {
         return Ok(None);
     }
-    let name = format!("few_{tag}_w{}", 32 * slots);
+    // Blocks per SM in one wave: the register limit of each kernel (`few1_*` 48 registers a
+    // thread, `few_*` about 110). Rows in flight, not arithmetic, bound these kernels: with 2
+    // blocks of `few1_*` per SM an H100 read the base at 43 % of its bandwidth (Nsight Compute,
+    // 25 % of warps occupied).
+    let (name, per_block, per_sm) = match few.n {
+        1 => (format!("few1_{tag}_w{}", 32 * slots), 1, 4),
+        _ => (format!("few_{tag}_w{}", 32 * slots), PER_BLOCK, 2),
+    };
     let f = gpu.func(&name)?;
-    let smem = WARPS * PER_BLOCK * 32 * slots * 8 + PER_BLOCK * few.d * 4;
+    let smem = WARPS * per_block * 32 * slots * 8 + per_block * few.d * 4;
     if smem > gpu.max_smem_optin {
         return Ok(None);
     }
@@ -61,10 +69,9 @@ pub(super) fn lists(
         smem as i32,
     )
     .map_err(dev_err("shared memory limit"))?;
-    // One wave of two blocks per SM (about 110 registers a thread), 16 warps each with rows
-    // in flight, reads at memory speed; fewer splits also shorten the merge of their lists.
-    // Each warp keeps at least a tile's rows, so that its list is not mostly its first fill.
-    let splits = (2 * gpu.sm_count)
+    // One wave (fewer splits also shorten the merge of their lists). Each warp keeps at least
+    // a tile's rows, so that its list is not mostly its first fill.
+    let splits = (per_sm * gpu.sm_count)
         .min(few.rows.div_ceil(WARPS * BASE_TILE))
         .max(1);
     let split_len = few.rows.div_ceil(splits);
@@ -96,7 +103,7 @@ pub(super) fn lists(
     // null), out n×splits×w; every (query, split) writes its w slots.
     unsafe {
         l.launch(LaunchConfig {
-            grid_dim: (few.n.div_ceil(PER_BLOCK) as u32, splits as u32, 1),
+            grid_dim: (few.n.div_ceil(per_block) as u32, splits as u32, 1),
             block_dim: ((WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         })
