@@ -29,8 +29,11 @@ use std::time::Duration;
 /// number of cores). Smaller pieces cost speed: against 10⁶ × 128 base rows (2 cores), 67-row
 /// pieces (2³³ in all) took 3.93 ms a query, 268-row pieces (2³⁵) 3.14 ms, 1024 rows 2.76 ms.
 const CPU_PIECE_WORK: usize = 1 << 34;
-/// The same on a GPU.
-const GPU_PIECE_WORK: usize = 1 << 38;
+/// The same on a GPU, for the whole device: 2³⁸ (2147 rows against 10⁶ × 128) took 7.3 ms of
+/// kernels on an H100, and 10⁴ queries then ran as 5 pipeline calls, each with its fixed cost
+/// and its own second pass for the rows its first did not prove (57 ms in all). 2⁴³ is about
+/// a quarter of a second of kernels.
+const GPU_PIECE_WORK: usize = 1 << 43;
 /// Fewest query rows in a piece (two of the CPU engine's 128-query tiles).
 const MIN_PIECE_ROWS: usize = 256;
 /// How often a graph's caller looks for Ctrl-C while the graph is computed.
