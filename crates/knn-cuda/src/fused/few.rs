@@ -4,7 +4,7 @@
 //! tiles, 0.38 ms with these, against 0.107 ms to read the base (NOTES.md, "A few queries"); on
 //! an H100 with `few1_*` at 4 blocks per SM 0.26 ms against 0.153 ms (NOTES.md, "One query").
 
-use super::BASE_TILE;
+use super::{Chunk, BASE_TILE};
 use crate::device::{dev_err, Gpu};
 use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
 use knn_core::Result;
@@ -20,24 +20,6 @@ const MAX_DIM: usize = 2048;
 /// Warps per block (256 threads).
 const WARPS: usize = 8;
 
-/// One query chunk × base chunk, as device addresses.
-pub(super) struct FewQueries {
-    /// Queries (`n × d`) and their squared norms.
-    pub(super) q: u64,
-    pub(super) qn: u64,
-    pub(super) n: usize,
-    /// Base rows and their squared norms.
-    pub(super) b: (u64, u64),
-    pub(super) rows: usize,
-    /// Id of the chunk's first row.
-    pub(super) id0: usize,
-    pub(super) d: usize,
-    /// Per query, a base id to leave out (0: none).
-    pub(super) exclude: u64,
-    /// List width.
-    pub(super) w: usize,
-}
-
 /// Each query's top `w` of every split of the chunk, as `fused_topk` writes them without
 /// truncation: `(lists, splits)` with `lists[(q · splits + s) · w + i]` sorted and
 /// SENTINEL-padded. `None` when the request is not one for these kernels (more queries, a
@@ -46,7 +28,7 @@ pub(super) fn lists(
     gpu: &Gpu,
     tag: &str,
     slots: usize,
-    few: &FewQueries,
+    few: &Chunk,
 ) -> Result<Option<(CudaSlice<u64>, usize)>> {
     let builtin = matches!(tag, "sql2" | "negdot" | "l1" | "linf");
     if !builtin || few.n > MAX_QUERIES || few.d > MAX_DIM || few.rows == 0 {

@@ -257,6 +257,105 @@ pub(crate) struct Output {
     pub query_sq_norms: Option<Vec<f32>>,
 }
 
+/// One query chunk against one base chunk, as device addresses.
+pub(super) struct Chunk {
+    /// Queries (`n × d`) and their squared norms.
+    pub(super) q: u64,
+    pub(super) qn: u64,
+    pub(super) n: usize,
+    /// Base rows and their squared norms.
+    pub(super) b: (u64, u64),
+    pub(super) rows: usize,
+    /// Id of the chunk's first row.
+    pub(super) id0: usize,
+    pub(super) d: usize,
+    /// Per query, a base id to leave out (0: none).
+    pub(super) exclude: u64,
+    /// List width.
+    pub(super) w: usize,
+}
+
+/// The on-chip lists of `c` by the fused tile kernels (`tile`: TF32 or not, the kernels' tag,
+/// list slots): `(lists, splits)`, `lists[(q · splits + s) · w + i]`, each split's list sorted
+/// (truncated splits keep fewer real entries, SENTINEL after); `cut` (n values) gets each row's
+/// truncation cut. `prior`: the device lists of earlier base chunks, if any, whose W-th entries
+/// prime the shared thresholds.
+fn tile_lists(
+    gpu: &Gpu,
+    tuning: &CudaTuning,
+    (tf, tag, slots): (bool, &str, usize),
+    c: &Chunk,
+    cut: u64,
+    prior: Option<u64>,
+) -> Result<(CudaSlice<u64>, usize)> {
+    let (n, w, bl) = (c.n, c.w, c.rows);
+    let tiles = bl.div_ceil(BASE_TILE);
+    let qblocks = n.div_ceil(QUERY_TILE);
+    let SplitPlan {
+        f,
+        name,
+        smem,
+        nsplit,
+        ws,
+    } = split_plan(gpu, tuning, tf, tag, slots, w, qblocks, tiles, bl)?;
+    // Several splits take strided rows (split y: rows y, y + nsplit, ...), so that a run of
+    // stored neighbours spreads over them (what truncation relies on).
+    let (split_len, strided) = if nsplit > 1 {
+        (0, 1)
+    } else {
+        (tiles.div_ceil(nsplit) * BASE_TILE, 0)
+    };
+    let nsplit = bl.div_ceil(split_len.max(1)).min(nsplit).max(1);
+    // Not filled: every (row, split) writes all its w slots.
+    let partial = gpu.alloc::<u64>(n * nsplit * w)?;
+    // Shared thresholds: truncated splits only read them, and unprimed (no earlier base chunk)
+    // they would all be SENTINEL, so then the kernel gets none.
+    let gthr = if ws < w && prior.is_none() {
+        None
+    } else {
+        let g = gpu.alloc::<u64>(n)?;
+        gpu.fill_u64(gpu.ptr(&g), n, SENTINEL)?;
+        Some(g)
+    };
+    let thr = gthr.as_ref().map_or(0, |g| gpu.ptr(g));
+    // Prime each query's shared threshold with a proven bound on its W-th composite: the W-th
+    // of the lists so far (earlier base chunks). (Priming with a prefix of the base lost:
+    // NOTES.md, 2026-11-23, "Tried and left off".)
+    if let Some(lists) = prior {
+        prime_thresholds(gpu, lists, n, w, thr)?;
+    }
+    let (nq, nb, id0, d, ww) = (n as i64, bl as i64, c.id0 as u32, c.d as i32, w as i32);
+    let (ws, sl, out) = (ws as i32, split_len as i64, gpu.ptr(&partial));
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&c.q)
+        .arg(&c.qn)
+        .arg(&nq)
+        .arg(&c.b.0)
+        .arg(&c.b.1)
+        .arg(&nb)
+        .arg(&id0)
+        .arg(&d)
+        .arg(&c.exclude)
+        .arg(&ww)
+        .arg(&ws)
+        .arg(&sl)
+        .arg(&strided)
+        .arg(&out)
+        .arg(&thr)
+        .arg(&cut);
+    // SAFETY: buffers sized as the kernel documents: q n×d, qn n, b ≥ rows×d, bn ≥ rows,
+    // exclude n (or null), out n×nsplit×w, thr and cut n (or null).
+    unsafe {
+        l.launch(LaunchConfig {
+            grid_dim: (qblocks as u32, nsplit as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: smem as u32,
+        })
+    }
+    .map_err(dev_err(&name))?;
+    Ok((partial, nsplit))
+}
+
 /// Runs the fused method with the kernels named by `tag` (a built-in kernel's
 /// [`kernel_tag`], or an expression module's) under `tuning`; returns `nq × W` composites,
 /// rows sorted. Also returns the device time of the kernels (CUDA events), when it could be
@@ -569,7 +668,7 @@ pub(crate) fn run(
             let bl = be - bs;
             if small {
                 // A few queries read the base once, a warp per row (see `few.rs`).
-                let few = few::FewQueries {
+                let few = Chunk {
                     q,
                     qn,
                     n,
@@ -580,94 +679,13 @@ pub(crate) fn run(
                     exclude: excl_ptr,
                     w,
                 };
-                let (partial, nsplit) = if let Some(done) = few::lists(gpu, tag, slots, &few)? {
-                    done
-                } else {
-                    let tiles = bl.div_ceil(BASE_TILE);
-                    let qblocks = n.div_ceil(QUERY_TILE);
-                    let plan = split_plan(gpu, tuning, tf, tag, slots, w, qblocks, tiles, bl)?;
-                    let SplitPlan {
-                        f,
-                        name,
-                        smem,
-                        nsplit,
-                        ws,
-                    } = plan;
-                    // Several splits take strided rows (split y: rows y, y + nsplit, ...), so that
-                    // a run of stored neighbours spreads over them (what truncation relies on).
-                    let (split_len, strided) = if nsplit > 1 {
-                        (0, 1)
-                    } else {
-                        (tiles.div_ceil(nsplit) * BASE_TILE, 0)
-                    };
-                    let nsplit = bl.div_ceil(split_len.max(1)).min(nsplit).max(1);
-                    // Not filled: every (row, split) writes all its w slots.
-                    let partial = gpu.alloc::<u64>(n * nsplit * w)?;
-                    // Shared thresholds: truncated splits only read them, and unprimed (no earlier
-                    // base chunk) they would all be SENTINEL, so then the kernel gets none.
-                    let gthr = if ws < w && running.is_none() {
-                        None
-                    } else {
-                        let g = gpu.alloc::<u64>(n)?;
-                        gpu.fill_u64(gpu.ptr(&g), n, SENTINEL)?;
-                        Some(g)
-                    };
-                    let pg = gthr.as_ref().map_or(0, |g| gpu.ptr(g));
-                    let launch = |rows: usize,
-                                  split: (usize, i32, usize, i32),
-                                  out: u64,
-                                  thr: u64,
-                                  cut: u64| {
-                        let (split_len, strided, nsplit, ws) = split;
-                        let args = (
-                            (q, qn, n as i64),
-                            (gpu.ptr(b), gpu.ptr(bn), rows as i64, bs as u32),
-                            (d as i32, excl_ptr, w as i32, ws, split_len as i64, strided),
-                            (out, thr, cut),
-                        );
-                        let mut l = gpu.stream.launch_builder(f);
-                        l.arg(&args.0 .0)
-                            .arg(&args.0 .1)
-                            .arg(&args.0 .2)
-                            .arg(&args.1 .0)
-                            .arg(&args.1 .1)
-                            .arg(&args.1 .2)
-                            .arg(&args.1 .3)
-                            .arg(&args.2 .0)
-                            .arg(&args.2 .1)
-                            .arg(&args.2 .2)
-                            .arg(&args.2 .3)
-                            .arg(&args.2 .4)
-                            .arg(&args.2 .5)
-                            .arg(&args.3 .0)
-                            .arg(&args.3 .1)
-                            .arg(&args.3 .2);
-                        // SAFETY: buffers sized as the kernel documents: q n×d, qn n, b ≥ rows×d,
-                        // bn ≥ rows, exclude n (or null), out n×nsplit×w, thr and cut n (or null).
-                        unsafe {
-                            l.launch(LaunchConfig {
-                                grid_dim: (qblocks as u32, nsplit as u32, 1),
-                                block_dim: (256, 1, 1),
-                                shared_mem_bytes: smem as u32,
-                            })
-                        }
-                        .map_err(dev_err(&name))
-                        .map(|_| ())
-                    };
-                    // Prime each query's shared threshold with a proven bound on its W-th
-                    // composite: the W-th of the lists so far (earlier base chunks). (Priming
-                    // with a prefix of the base lost: NOTES.md, 2026-11-23, "Tried and left off".)
-                    if let Some(r) = &running {
-                        prime_thresholds(gpu, gpu.ptr(&r.buf), n, w, pg)?;
+                let (partial, nsplit) = match few::lists(gpu, tag, slots, &few)? {
+                    Some(done) => done,
+                    None => {
+                        let tile = (tf, tag, slots);
+                        let prior = running.as_ref().map(|r| gpu.ptr(&r.buf));
+                        tile_lists(gpu, tuning, tile, &few, gpu.ptr(&cut), prior)?
                     }
-                    launch(
-                        bl,
-                        (split_len, strided, nsplit, ws as i32),
-                        gpu.ptr(&partial),
-                        pg,
-                        gpu.ptr(&cut),
-                    )?;
-                    (partial, nsplit)
                 };
                 // One split and no earlier chunk: the split's sorted list is the answer.
                 let next = if nsplit == 1 && running.is_none() {
