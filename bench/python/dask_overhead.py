@@ -3,7 +3,8 @@
     python bench/python/dask_overhead.py [n_base] [n_queries] [d] [k] [workers]
 
 Default 1e6 x 1e4, d=128, k=10. Reports both times, the ratio, the merge's share (sum of merge
-task durations / sum of all task durations) and the bytes sent between workers.
+task durations / sum of all task durations), the bytes sent between workers and how many
+chunk indexes were sent from one worker to another (each built again there from its rows).
 """
 
 import sys
@@ -13,6 +14,12 @@ import numpy as np
 
 import knn
 import knn.dask as kd
+
+
+def index_moves(dask_worker):
+    """Chunk indexes this worker received from another (each is built again from its rows)."""
+    return sum(str(key).startswith("_build") for e in dask_worker.transfer_incoming_log
+               for key in e["keys"])
 
 
 def main():
@@ -52,10 +59,11 @@ def main():
         merge = busy.get("_merge", 0.0)
         incoming = client.run(lambda dask_worker: sum(
             e.get("total", 0) for e in dask_worker.transfer_incoming_log))
+        moved = client.run(index_moves)
     print(f"{nb} x {nq}, d={d}, k={k}, {w} workers: knn.search {one:.3f} s, knn.dask.search "
           f"{dask_t:.3f} s, ratio {dask_t / one:.2f}x; bytes between workers "
-          f"{sum(incoming.values())}; merge {merge:.3f} s = {100 * merge / total:.1f} % of "
-          f"task time; task time by kind {dict((n, round(v, 3)) for n, v in busy.items())}")
+          f"{sum(incoming.values())}; indexes moved {sum(moved.values())}; merge {merge:.3f} s "
+          f"= {100 * merge / total:.1f} % of task time; task time by kind {dict((n, round(v, 3)) for n, v in busy.items())}")
 
 
 if __name__ == "__main__":

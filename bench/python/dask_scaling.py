@@ -50,10 +50,18 @@ def on_cluster(base, queries, k, workers, threads, device, base_chunks=4, repeat
         # imports dask.array and compiles its bytecode: seconds, once per process).
         small = da.from_array(base[:1000], chunks=(250, d))
         client.compute(kd.search(small, small[:10], 1, **opts), sync=True)
+        before = sum(client.run(index_moves).values())
         runs = [timed(lambda: client.compute(kd.search(b, q, k, **opts), sync=True))
                 for _ in range(repeat)]
+        moved = sum(client.run(index_moves).values()) - before
     (dist, ids), t = runs[0][0], sorted(r[1] for r in runs)[len(runs) // 2]
-    return dist, ids, t
+    return dist, ids, t, moved
+
+
+def index_moves(dask_worker):
+    """Chunk indexes this worker received from another (each is built again from its rows)."""
+    return sum(str(key).startswith("_build") for e in dask_worker.transfer_incoming_log
+               for key in e["keys"])
 
 
 def main():
@@ -80,11 +88,12 @@ def main():
               f"{few / one:.2f}x faster", flush=True)
     times = {}
     for w in workers:
-        dist, ids, t = on_cluster(base, queries, a.k, w, a.threads, "cpu")
+        dist, ids, t, moved = on_cluster(base, queries, a.k, w, a.threads, "cpu")
         same = dist.tobytes() == want_d.tobytes() and ids.tobytes() == want_i.tobytes()
         times[w] = t
         print(f"knn.dask.search, {w} worker(s) x {a.threads} threads (CPU): {t:.2f} s, "
-              f"{times[min(times)] / t:.2f}x the fewest workers'; answers "
+              f"{times[min(times)] / t:.2f}x the fewest workers'; {moved} index(es) moved between "
+              f"workers; answers "
               f"{'same' if same else 'DIFFERENT'}", flush=True)
         if not same:
             raise SystemExit("answers differ")
@@ -98,7 +107,7 @@ def main():
     (gd, gi), one_gpu = runs[0][0], sorted(r[1] for r in runs)[1]  # the median of 3
     # Base in 4 chunks (as the CPU runs), and in one chunk: the index a GPU worker holds.
     for chunks in (4, 1):
-        dist, ids, t = on_cluster(base, queries, a.k, 1, 1, "cuda", chunks, repeat=3)
+        dist, ids, t, _ = on_cluster(base, queries, a.k, 1, 1, "cuda", chunks, repeat=3)
         same = dist.tobytes() == gd.tobytes() and ids.tobytes() == gi.tobytes()
         print(f"GPU: knn.search {one_gpu:.3f} s, knn.dask.search on one GPU worker, base in "
               f"{chunks} chunk(s), 4 query blocks: {t:.3f} s: {t / one_gpu:.2f}x (bar at most "

@@ -3,15 +3,33 @@
 ``search(base, queries, k)`` and ``graph(points, k)`` take Dask arrays chunked by rows (NumPy is
 accepted and chunked) and return lazy ``(distances, ids)`` Dask arrays chunked like the queries,
 distances in the queries' precision as ``knn.search`` gives them (float64 for float64 queries).
-Each base chunk becomes one ``knn.Index`` (a delayed object, built once per chunk and shared by
-every query block; Dask recomputes it if its worker is lost). Every query block is searched
-against every base chunk; partials carry global ids (chunk offset + local id) and are merged
-pairwise in a tree, ordered by (distance, id) -- smaller id first on ties, as ``knn.search``.
+Every query block is searched against every base chunk; partials carry global ids (chunk offset
++ local id) and are merged pairwise in a tree, ordered by (distance, id) -- smaller id first on
+ties, as ``knn.search``.
+
+The task graph keeps each base chunk's searches with its index, so that nothing moves an index:
+
+- one ``_build`` task per base chunk: its ``knn.Index`` (a delayed object, built once and shared
+  by the chunk's searches; Dask recomputes it if its worker is lost);
+- the query blocks cut into groups of consecutive blocks whose partial output (rows x k x
+  (distance + id) bytes) stays within ``_GROUP_BYTES`` (256 MiB); one ``_search_group`` task per
+  (base chunk, group) takes the index and the group's blocks and returns each block's partial;
+- one small ``getitem`` per (base chunk, query block) picks a block's partial out of its group's
+  result, and one merge tree per query block (``_merge``, base chunk order) gives its answer.
+
+4 base chunks x 4 small query blocks: 4 builds, 4 group searches, 16 getitems, 12 merges. The
+scheduler places a group search where its index is (the index weighs its rows' bytes, a query
+block a few MB), and with as many base chunks as workers each worker has its one search and
+nothing to steal. The former graph had one search task per (query block, base chunk): Dask's
+work stealing moved them, with their index, to idle workers (an index pickles its rows and is
+built again there: 5-7 rebuilds per job of 4 x 4 on 4 workers), and 16 unequal tasks spread
+unevenly. The index stays a task of its own rather than being built inside the search task: a
+huge query set makes several groups per base chunk, which share one build.
 
 Validation (shapes, k against the total number of points, metric) runs eagerly before anything
 is scheduled; NaN checks run lazily inside the chunk tasks (the engine's own message).
 Tested on a 2-process LocalCluster (python/tests/test_dask.py): byte-equal to one process,
-ties, k larger than a chunk, a worker lost mid-job, bad input.
+ties, k larger than a chunk, a worker lost mid-job, bad input, the graph's shape.
 """
 
 from __future__ import annotations
@@ -22,6 +40,14 @@ from . import Index
 from ._arrays import precision
 
 __all__ = ["search", "graph", "NearestNeighbors"]
+
+# The most partial output (rows x k x (distance + id) bytes) one search task returns. One task
+# per base chunk keeps the searches with their index (nothing for the scheduler to steal), but a
+# task's output sits whole in its worker's memory until every block of it is merged, and a lost
+# worker recomputes it whole: past this size the query blocks are split into several groups
+# (several tasks per base chunk, sharing its index), so a huge query set does not become one
+# task of many GB per base chunk. 256 MiB is 2.2 million queries at k = 10 (float32).
+_GROUP_BYTES = 256 << 20
 
 
 def _as_dask(x, chunks=None):
@@ -77,6 +103,31 @@ def _partial_self(index, queries, k, offset, qstart):
     return d[keep].reshape(m, k), i[keep].reshape(m, k) + offset
 
 
+def _search_group(index, blocks, ks, offset, own):
+    """One base chunk's partials for a group of query blocks: ``blocks[j]`` searched for
+    ``ks[j]`` neighbours; ``blocks[own]`` (a graph's own chunk, else ``own`` is -1) without each
+    row's own id. A tuple, one (distances, global ids) per block."""
+    return tuple(_partial_self(index, q, kc, offset, 0) if j == own else
+                 _partial(index, q, kc, offset)
+                 for j, (q, kc) in enumerate(zip(blocks, ks)))
+
+
+def _groups(rows, k, entry_bytes, cap):
+    """Consecutive query blocks (by their row counts) in groups whose output stays within cap
+    bytes; a block larger than cap on its own is a group of one."""
+    groups, cur, size = [], [], 0
+    for qi, m in enumerate(rows):
+        b = m * k * entry_bytes
+        if cur and size + b > cap:
+            groups.append(cur)
+            cur, size = [], 0
+        cur.append(qi)
+        size += b
+    if cur:
+        groups.append(cur)
+    return groups
+
+
 def _merge(a, b, k):
     """The k best of two partials by (distance, id). Each row of a partial is in that order, and
     every id of `a` is below every id of `b` (adjacent base ranges, in order), so a stable sort
@@ -99,30 +150,35 @@ def _tree(parts, k):
     return parts[0]
 
 
-def _run(base, queries, k, self_graph, args):
+def _run(base, queries, k, self_graph, args, group_bytes=_GROUP_BYTES):
     import dask.array as da
     from dask import delayed
 
     starts = np.cumsum((0,) + base.chunks[0])
-    bblocks = base.to_delayed().ravel()
-    indexes = [delayed(_build, pure=True)(b, args) for b in bblocks]
-    qstarts = np.cumsum((0,) + queries.chunks[0])
-    dist_blocks, id_blocks = [], []
-    for qi, qb in enumerate(queries.to_delayed().ravel()):
-        m = queries.chunks[0][qi]
-        parts = []
+    indexes = [delayed(_build, pure=True)(b, args) for b in base.to_delayed().ravel()]
+    qblocks = queries.to_delayed().ravel()
+    dtype = precision(queries.dtype)
+    # parts[qi]: query block qi's partials, one per base chunk that has neighbours for it.
+    parts = [[] for _ in qblocks]
+    for group in _groups(queries.chunks[0], k, np.dtype(dtype).itemsize + 8, group_bytes):
         for bi, idx in enumerate(indexes):
             size = int(starts[bi + 1] - starts[bi])
-            if self_graph and bi == qi:
-                kc = min(k, size - 1)
-                if kc > 0:
-                    parts.append(delayed(_partial_self)(idx, qb, kc, int(starts[bi]), 0))
-            else:
-                kc = min(k, size)
-                if kc > 0:
-                    parts.append(delayed(_partial)(idx, qb, kc, int(starts[bi])))
-        res = _tree(parts, k)
-        dist_blocks.append(da.from_delayed(res[0], (m, k), dtype=precision(queries.dtype)))
+            # (query block, k for it) of this group; a graph's own chunk excludes each point
+            # itself, and a chunk with no neighbour to give a block is left out.
+            todo = [(qi, min(k, size - 1) if self_graph and qi == bi else min(k, size))
+                    for qi in group]
+            todo = [(qi, kc) for qi, kc in todo if kc > 0]
+            if not todo:
+                continue
+            own = next((j for j, (qi, _) in enumerate(todo) if self_graph and qi == bi), -1)
+            res = delayed(_search_group, pure=True)(
+                idx, [qblocks[qi] for qi, _ in todo], [kc for _, kc in todo], int(starts[bi]), own)
+            for j, (qi, _) in enumerate(todo):
+                parts[qi].append(res[j])
+    dist_blocks, id_blocks = [], []
+    for qi, m in enumerate(queries.chunks[0]):
+        res = _tree(parts[qi], k)
+        dist_blocks.append(da.from_delayed(res[0], (m, k), dtype=dtype))
         id_blocks.append(da.from_delayed(res[1], (m, k), dtype=np.int64))
     return da.concatenate(dist_blocks, axis=0), da.concatenate(id_blocks, axis=0)
 

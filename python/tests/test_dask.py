@@ -40,6 +40,56 @@ def test_search_and_graph_equal_one_process(client, kind, k):
     assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
 
 
+def _tasks(lazy, name):
+    graph = {}
+    for x in lazy:
+        graph.update(x.__dask_graph__())
+    return [key for key in graph if str(key).startswith(name + "-")]
+
+
+def test_one_search_per_base_chunk_and_group():
+    # Each base chunk's searches are one task holding its index (none to steal from its worker):
+    # 4 base chunks x 4 query blocks are 4 builds and 4 searches, not 16 searches.
+    b, q = _data("random", 1000, 8, 7), _data("random", 1000, 8, 8)
+    lazy = kd.search(da.from_array(b, chunks=(250, 8)), da.from_array(q, chunks=(250, 8)), 10)
+    assert len(_tasks(lazy, "_build")) == 4 and len(_tasks(lazy, "_search_group")) == 4
+    assert not _tasks(lazy, "_partial")
+    assert len(_tasks(kd.graph(da.from_array(b, chunks=(250, 8)), 10), "_search_group")) == 4
+    # Many small query blocks: groups of consecutive blocks while their output (rows x k x
+    # (distance + id) bytes) stays within the cap; one search per (base chunk, group).
+    assert kd._GROUP_BYTES == 256 << 20
+    assert kd._groups([5] * 12, 4, 12, 1000) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert kd._groups([5, 30, 5, 5], 4, 12, 1000) == [[0], [1], [2, 3]]  # 30 rows alone > cap
+    args = dict(metric="l2", device="auto")
+    base = da.from_array(b[:300], chunks=(100, 8))
+    for dtype, groups in ((np.float32, 3), (np.float64, 4)):  # 240 / 320 bytes per block
+        queries = da.from_array(q[:60].astype(dtype), chunks=(5, 8))
+        lazy = kd._run(base, queries, 4, False, args, group_bytes=1000)
+        assert len(_tasks(lazy, "_search_group")) == 3 * groups
+        assert len(_tasks(lazy, "_build")) == 3
+    # the default cap: 12 blocks of 5 rows are one group, one search per base chunk
+    lazy = kd.search(base, da.from_array(q[:60], chunks=(5, 8)), 4)
+    assert len(_tasks(lazy, "_search_group")) == 3
+
+
+@pytest.mark.parametrize("k", [7, 40])
+def test_groups_of_query_blocks_equal_one_process(client, k):
+    # Several groups per base chunk, a graph's own block at any place in its group, and a chunk
+    # of one point (no other point of it for its own block: that block is left out of its group).
+    b, q = _data("ties", 103, 5, 9), _data("ties", 37, 5, 10)
+    args = dict(metric="l2", device="auto")
+    for chunks in ((25, 5), ((50, 1, 52), 5), (10, 5)):
+        base = da.from_array(b, chunks=chunks)
+        cap = 2 * 10 * k * 12  # two 10-row query blocks a group
+        d, i = client.compute(kd._run(base, da.from_array(q, chunks=(10, 5)), k, False, args,
+                                      group_bytes=cap), sync=True)
+        D, I = knn.search(b, q, k)
+        assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+        d, i = client.compute(kd._run(base, base, k, True, args, group_bytes=cap), sync=True)
+        D, I = knn.graph(b, k)
+        assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+
+
 def test_index_weighed_by_its_rows():
     # The scheduler weighs an index by its rows' bytes, so that it sends query blocks to it.
     from dask.sizeof import sizeof
