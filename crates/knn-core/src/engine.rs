@@ -163,6 +163,28 @@ impl FinishedRows<'_> {
     }
 }
 
+/// Output buffers an engine holds page-locked ([`Engine::pin_output`]): unlocked when this is
+/// dropped.
+pub struct PinnedOutput {
+    /// Held only for its `Drop`.
+    _unlock: Box<dyn Send>,
+}
+
+impl PinnedOutput {
+    /// `unlock` does the unlocking when dropped.
+    pub fn new(unlock: impl Send + 'static) -> Self {
+        PinnedOutput {
+            _unlock: Box::new(unlock),
+        }
+    }
+}
+
+impl fmt::Debug for PinnedOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PinnedOutput")
+    }
+}
+
 /// Candidate rows as an engine hands them to the visitor of [`Engine::candidate_rows`]: the
 /// rows of [`Candidates`] of the request rows `rows` (indices into `req.queries`, in the
 /// engine's order), and optionally their exact keys (see [`Engine::candidates_with_exact`]).
@@ -277,42 +299,38 @@ pub trait Engine: Sync {
     }
 
     /// Told before the rounds of a whole kNN graph of a symmetric metric when
-    /// [`Engine::graph_candidates`] declined: every row of the base keyed `base_key` (see
-    /// [`CandidateRequest::base_key`]) will be asked for, first tries `width` wide, each row
-    /// excluding itself. An engine may then compute every row's first candidates at once, each
-    /// unordered pair once, when the first of those requests arrives, and answer the first tries
-    /// (through any of its methods) from them, under the same contract as
-    /// [`Engine::candidates`]. Default: nothing.
-    fn expect_graph(&self, base_key: u64, width: usize) {
-        let _ = (base_key, width);
-    }
-
-    /// Told of the output's buffers once they exist, zeroed and their pages not yet made (on
-    /// a thread of their own, maybe while another call of this engine runs), before any
-    /// request writes into them. An engine may page-lock them in place, so that the rows it
-    /// finishes are copied straight in, until [`Engine::release_output`], which the pipeline
-    /// calls before it returns them (whatever it returns). Returns whether it did (their pages
-    /// are then made); otherwise the pipeline makes them. Default: nothing, `false`.
-    fn adopt_output(&self, ids: &mut [u32], distances: &mut [f32]) -> bool {
-        let _ = (ids, distances);
-        false
-    }
-
-    /// The buffers given to [`Engine::adopt_output`] (these very ones) go back to the caller;
-    /// every request that wrote into them has returned. Default: nothing.
-    fn release_output(&self, ids: &[u32], distances: &[f32]) {
-        let _ = (ids, distances);
-    }
-
-    /// Called after [`Engine::expect_graph`], before the output exists (the host makes its
-    /// pages meanwhile, on another thread): `req` is a first try of that graph for no rows (its
-    /// base, width, kernel and exact data as every first try's), whose rows will be finished
-    /// by [`Engine::finish_rows`] for `k` neighbours under `metric`. An engine that computes
-    /// and finishes every row at once may do that work now, so that it overlaps the host's;
-    /// the later calls must answer exactly as they would have without it. Default: nothing.
-    fn begin_graph(&self, req: &CandidateRequest<'_>, metric: &Metric, k: usize) -> Result<()> {
-        let _ = (req, metric, k);
+    /// [`Engine::graph_candidates`] declined: `first` is a first try of that graph for no rows
+    /// (its base, base key, width, kernel and exact data as every first try's); every row of
+    /// the base will be asked for, each excluding itself. An engine may then compute every
+    /// row's first candidates at once, each unordered pair once, when the first of those
+    /// requests arrives, and answer the first tries (through any of its methods) from them,
+    /// under the same contract as [`Engine::candidates`].
+    ///
+    /// `finish`: `Some((metric, k))` when the first tries' rows will be finished by
+    /// [`Engine::finish_rows`] for `k` neighbours under `metric`. Called before the output
+    /// exists (the host makes its pages meanwhile, on another thread): an engine that computes
+    /// and finishes every row at once may start that work now, so that it overlaps the
+    /// host's; the later calls must answer exactly as they would have without it. Default:
+    /// nothing.
+    fn begin_graph(
+        &self,
+        first: &CandidateRequest<'_>,
+        finish: Option<(&Metric, usize)>,
+    ) -> Result<()> {
+        let _ = (first, finish);
         Ok(())
+    }
+
+    /// Shown the output's buffers once they exist, zeroed and their pages not yet made (on a
+    /// thread of their own, maybe while another call of this engine runs), before any request
+    /// writes into them. An engine may page-lock them in place, so that the rows it finishes
+    /// are copied straight in; it then makes their pages and returns a [`PinnedOutput`], which
+    /// the pipeline drops (unlocking them) before the buffers go back to the caller or are
+    /// freed, whatever the call returns. `None` (the default): nothing locked, the pipeline
+    /// makes the pages.
+    fn pin_output(&self, ids: &mut [u32], distances: &mut [f32]) -> Option<PinnedOutput> {
+        let _ = (ids, distances);
+        None
     }
 
     /// Candidates under an expression metric ([`crate::Metric::Expr`]): the same contract as

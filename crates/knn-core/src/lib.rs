@@ -31,7 +31,7 @@ mod validate;
 
 pub use engine::{
     base_key, CandidateRequest, CandidateRows, Candidates, Engine, ExactFrom, FinishedRows,
-    GraphRequest, RowSink, Symmetry,
+    GraphRequest, PinnedOutput, RowSink, Symmetry,
 };
 pub use error::{KnnError, Result};
 pub use expr::{EngineProgram, ExprError, ExprPlan, MetricExpr};

@@ -287,7 +287,7 @@ fn check_graph_rows(rows: &std::ops::Range<usize>, n: usize) -> Result<()> {
 mod tests {
     use super::rerank::{cosine_keys, finish_row, hellinger_keys, sum_sq, BaseAux};
     use super::*;
-    use crate::engine::{CandidateRequest, FinishedRows};
+    use crate::engine::{CandidateRequest, FinishedRows, PinnedOutput};
     use crate::matrix::Matrix;
     use crate::oracle::oracle;
     use crate::synth::{generate, Distribution};
@@ -442,7 +442,7 @@ mod tests {
     #[derive(Default)]
     struct Hooks {
         finisher: Finisher,
-        calls: std::sync::Mutex<Vec<String>>,
+        calls: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     }
 
     impl Hooks {
@@ -464,20 +464,30 @@ mod tests {
         fn finish_rows(&self, req: &CandidateRequest<'_>, out: FinishedRows<'_>) -> Result<bool> {
             self.finisher.finish_rows(req, out)
         }
-        fn expect_graph(&self, _: u64, width: usize) {
-            self.log(format!("expect {width}"));
-        }
-        fn begin_graph(&self, req: &CandidateRequest<'_>, _: &Metric, k: usize) -> Result<()> {
-            let rows = (req.queries.rows(), req.exclude.map(<[u32]>::len));
-            self.log(format!("begin {rows:?} k={k} first={}", !req.precise));
+        fn begin_graph(
+            &self,
+            first: &CandidateRequest<'_>,
+            finish: Option<(&Metric, usize)>,
+        ) -> Result<()> {
+            let rows = (first.queries.rows(), first.exclude.map(<[u32]>::len));
+            let (w, k) = (first.width, finish.map(|(_, k)| k));
+            self.log(format!(
+                "begin {rows:?} w={w} k={k:?} first={}",
+                !first.precise
+            ));
             Ok(())
         }
-        fn adopt_output(&self, ids: &mut [u32], distances: &mut [f32]) -> bool {
-            self.log(format!("adopt {} {}", ids.len(), distances.len()));
-            false
-        }
-        fn release_output(&self, ids: &[u32], distances: &[f32]) {
-            self.log(format!("release {} {}", ids.len(), distances.len()));
+        fn pin_output(&self, ids: &mut [u32], distances: &mut [f32]) -> Option<PinnedOutput> {
+            self.log(format!("pin {} {}", ids.len(), distances.len()));
+            // Logs its release when dropped.
+            struct Unpin(std::sync::Arc<std::sync::Mutex<Vec<String>>>, String);
+            impl Drop for Unpin {
+                fn drop(&mut self) {
+                    self.0.lock().unwrap().push(std::mem::take(&mut self.1));
+                }
+            }
+            let what = format!("unpin {} {}", ids.len(), distances.len());
+            Some(PinnedOutput::new(Unpin(self.calls.clone(), what)))
         }
     }
 
@@ -489,28 +499,29 @@ mod tests {
         let e = Hooks::default();
         let g = graph(&e, b.view(), 3, &Metric::L2).unwrap();
         assert_eq!(g, graph(&AllPoints, b.view(), 3, &Metric::L2).unwrap());
-        // (The output is adopted on a thread of its own, at any point before the rounds.)
+        // (The output is pinned on a thread of its own, at any point before the rounds.)
         let mut calls = e.take();
-        let at = calls.iter().position(|c| c == "adopt 900 900");
-        assert!(at.is_some_and(|i| i < 3), "{calls:?}");
+        let at = calls.iter().position(|c| c == "pin 900 900");
+        assert!(at.is_some_and(|i| i < 2), "{calls:?}");
         calls.remove(at.unwrap());
-        let w = calls[0]
-            .strip_prefix("expect ")
-            .expect("told of the graph first");
+        // Told of the graph (first tries 7 wide: the default width for k = 3) and that the
+        // rows will be finished.
         assert_eq!(
-            calls[1], "begin (0, Some(0)) k=3 first=true",
-            "{calls:?} (width {w})"
+            calls,
+            [
+                "begin (0, Some(0)) w=7 k=Some(3) first=true",
+                "unpin 900 900"
+            ]
         );
-        assert_eq!(calls[2..], ["release 900 900"], "{calls:?}");
-        // A search: no graph hooks; the output is adopted and released.
+        // A search: no graph hook; the output is pinned and unpinned.
         search(&e, b.view(), q.view(), 4, &Metric::L2).unwrap();
-        assert_eq!(e.take(), ["adopt 164 164", "release 164 164"]);
-        // An error after the output was made releases it too.
+        assert_eq!(e.take(), ["pin 164 164", "unpin 164 164"]);
+        // An error after the output was made unpins it too.
         let mut bad = generate(u, 300, 3, 8);
         bad[7] = -1.0;
         let bad = Matrix::new("b", bad, 3).unwrap();
         assert!(graph(&e, bad.view(), 3, &Metric::Hellinger).is_err());
-        assert_eq!(e.take(), ["adopt 900 900", "release 900 900"]);
+        assert_eq!(e.take(), ["pin 900 900", "unpin 900 900"]);
     }
 
     /// Hellinger's check of the base rides on the preparation's pass: a negative value is still

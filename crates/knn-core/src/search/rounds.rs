@@ -124,12 +124,10 @@ impl Run<'_> {
             })
             .transpose()?;
         if self.symmetric.is_none() {
-            engine.expect_graph(self.base_key, width0);
-            if self.engine_may_finish() {
-                let none = self.eq.slice_rows(first, first);
-                let req = self.request(none, &[], width0, Some(first..first), false);
-                engine.begin_graph(&req, self.metric, self.k)?;
-            }
+            let none = self.eq.slice_rows(first, first);
+            let req = self.request(none, &[], width0, Some(first..first), false);
+            let finish = self.engine_may_finish().then_some((self.metric, self.k));
+            engine.begin_graph(&req, finish)?;
         }
         self.lap("engine (symmetric, all rows)", &mut since);
         Ok(())

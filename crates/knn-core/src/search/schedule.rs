@@ -4,7 +4,7 @@
 
 use super::rounds::Run;
 use super::ProgressFn;
-use crate::engine::Engine;
+use crate::engine::{Engine, PinnedOutput};
 use crate::error::{KnnError, Result};
 use crate::given::GivenRows;
 use crate::matrix::{Matrix, MatrixRef};
@@ -157,11 +157,12 @@ pub(super) fn run(
         // Shown to the engine once the base's copy is done: page-locking memory may hold
         // the driver meanwhile.
         fetched.wait();
-        if !engine.adopt_output(&mut out.ids, &mut out.distances) {
+        let pin = engine.pin_output(&mut out.ids, &mut out.distances);
+        if pin.is_none() {
             out.mark_unwritten();
         }
         ended("output shown to the engine");
-        out
+        Output { pin, out }
     };
     let (ctx, out) = std::thread::scope(|s| {
         let out = (!small).then(|| s.spawn(make_output));
@@ -243,12 +244,9 @@ pub(super) fn run(
             }
             Ok(ctx)
         })();
-        let out = Output {
-            engine,
-            out: Some(match out {
-                Some(t) => t.join().expect("allocating the output panicked"),
-                None => make_output(),
-            }),
+        let out = match out {
+            Some(t) => t.join().expect("allocating the output panicked"),
+            None => make_output(),
         };
         (ctx, out)
     });
@@ -387,40 +385,32 @@ impl Signal {
     }
 }
 
-/// The pipeline's output, shown to `engine` (see [`Engine::adopt_output`]): released by it
-/// before the output is returned ([`Output::into_inner`]) or dropped.
-struct Output<'e> {
-    engine: &'e dyn Engine,
-    out: Option<Neighbors>,
+/// The pipeline's output and, when the engine page-locked it ([`Engine::pin_output`]), the
+/// lock, released before the output is returned ([`Output::into_inner`]) or dropped (fields
+/// drop in order: `pin` first).
+struct Output {
+    pin: Option<PinnedOutput>,
+    out: Neighbors,
 }
 
-impl Output<'_> {
-    fn into_inner(mut self) -> Neighbors {
-        let out = self.out.take().expect("taken only here");
-        self.engine.release_output(&out.ids, &out.distances);
+impl Output {
+    fn into_inner(self) -> Neighbors {
+        let Output { pin, out } = self;
+        drop(pin);
         out
     }
 }
 
-impl std::ops::Deref for Output<'_> {
+impl std::ops::Deref for Output {
     type Target = Neighbors;
     fn deref(&self) -> &Neighbors {
-        self.out.as_ref().expect("taken only by into_inner")
+        &self.out
     }
 }
 
-impl std::ops::DerefMut for Output<'_> {
+impl std::ops::DerefMut for Output {
     fn deref_mut(&mut self) -> &mut Neighbors {
-        self.out.as_mut().expect("taken only by into_inner")
-    }
-}
-
-impl Drop for Output<'_> {
-    fn drop(&mut self) {
-        if let Some(out) = self.out.take() {
-            self.engine.release_output(&out.ids, &out.distances);
-            drop(out);
-        }
+        &mut self.out
     }
 }
 

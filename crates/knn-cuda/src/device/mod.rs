@@ -131,24 +131,39 @@ pub(crate) struct Gpu {
 pub(crate) struct HostPins(std::sync::Mutex<Vec<(usize, usize)>>);
 
 impl HostPins {
-    /// Page-locks `bytes` in place (the context `ctx` is bound to the calling thread here);
-    /// whether it did. A refusal only leaves the copies into them staged.
-    pub fn pin(&self, ctx: &CudaContext, bytes: &mut [u8]) -> bool {
-        if bytes.is_empty() || ctx.bind_to_thread().is_err() {
-            return false;
+    /// Page-locks every range of `ranges` in place (the context `ctx` is bound to the calling
+    /// thread here), all or none: the lock, released when the guard is dropped, or `None`
+    /// when one was refused (the copies into them are then staged).
+    ///
+    /// The caller keeps the ranges alive and in place until it drops the guard.
+    pub fn pin_all(
+        self: &Arc<Self>,
+        ctx: &Arc<CudaContext>,
+        ranges: &mut [&mut [u8]],
+    ) -> Option<Pinned> {
+        if ctx.bind_to_thread().is_err() {
+            return None;
         }
-        let (p, len) = (bytes.as_mut_ptr(), bytes.len());
-        // SAFETY: the range is live memory of the caller's, which `unpin` unlocks before the
-        // caller gets it back (the engine's contract, `Engine::release_output`).
-        let r = unsafe { cudarc::driver::sys::cuMemHostRegister_v2(p.cast(), len, 0) };
-        let pinned = r == cudarc::driver::sys::CUresult::CUDA_SUCCESS;
-        if pinned {
+        let mut guard = Pinned {
+            ctx: ctx.clone(),
+            pins: self.clone(),
+            ranges: Vec::with_capacity(ranges.len()),
+        };
+        for bytes in ranges.iter_mut() {
+            let (p, len) = (bytes.as_mut_ptr(), bytes.len());
+            // SAFETY: the range is live memory of the caller's, which the guard unlocks when
+            // dropped, before the caller frees or returns it (this function's contract).
+            let r = unsafe { cudarc::driver::sys::cuMemHostRegister_v2(p.cast(), len, 0) };
+            if len == 0 || r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+                return None; // (the guard unlocks those locked so far)
+            }
+            guard.ranges.push((p as usize, len));
             self.0
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push((p as usize, len));
         }
-        pinned
+        Some(guard)
     }
 
     /// Whether `bytes` lie inside one locked range.
@@ -160,20 +175,29 @@ impl HostPins {
             .iter()
             .any(|&(a, n)| p >= a && p + len <= a + n)
     }
+}
 
-    /// Unlocks the range `bytes` if `pin` locked it (copies into it have completed: the host
-    /// waits for each). Other ranges, maybe another call's, stay locked.
-    pub fn unpin(&self, ctx: &CudaContext, bytes: &[u8]) {
-        let key = (bytes.as_ptr() as usize, bytes.len());
-        let found = {
-            let mut ranges = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            let at = ranges.iter().position(|&r| r == key);
-            at.map(|i| ranges.swap_remove(i))
-        };
-        if found.is_some() && ctx.bind_to_thread().is_ok() {
-            // SAFETY: registered by `pin` above, not yet unregistered (removed from the list
-            // just now, under its lock).
-            unsafe { cudarc::driver::sys::cuMemHostUnregister(key.0 as *mut std::ffi::c_void) };
+/// Host ranges locked by [`HostPins::pin_all`]: unlocked when dropped (copies into them have
+/// completed by then: the host waits for each). Other ranges, maybe another call's, stay
+/// locked.
+pub(crate) struct Pinned {
+    ctx: Arc<CudaContext>,
+    pins: Arc<HostPins>,
+    ranges: Vec<(usize, usize)>,
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let bound = self.ctx.bind_to_thread().is_ok();
+        let mut locked = self.pins.0.lock().unwrap_or_else(|e| e.into_inner());
+        for key in self.ranges.drain(..) {
+            if let Some(i) = locked.iter().position(|&r| r == key) {
+                locked.swap_remove(i);
+            }
+            if bound {
+                // SAFETY: registered by `pin_all`, unregistered only here, once.
+                unsafe { cudarc::driver::sys::cuMemHostUnregister(key.0 as *mut std::ffi::c_void) };
+            }
         }
     }
 }

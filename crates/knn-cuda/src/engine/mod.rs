@@ -13,7 +13,7 @@ use crate::fused::{self, GraphLists, Resident, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX
 use crate::tuning::CudaTuning;
 use knn_core::{
     CandidateRequest, Candidates, Engine, ExactFrom, ExprPlan, FinishedRows, Kernel, KnnError,
-    MatrixRef, Metric, Result, Symmetry,
+    MatrixRef, Metric, PinnedOutput, Result, Symmetry,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,7 +33,7 @@ pub struct CudaEngine {
     symmetry: Symmetry,
     /// Widths, splits, the collect plan and copy threads (automatic by default).
     tuning: CudaTuning,
-    /// The whole graph announced by [`Engine::expect_graph`]: base key and first-try width.
+    /// The whole graph announced by [`Engine::begin_graph`]: base key and first-try width.
     graph_ahead: Mutex<Option<(u64, usize)>>,
     /// Its symmetric lists, once made.
     graph: Mutex<Option<GraphLists>>,
@@ -44,7 +44,7 @@ pub struct CudaEngine {
     /// Serves the requests wider than the kernels' lists ([`SELECT_WIDTH_MAX`]): the engine
     /// the caller paired this one with (`knn` gives the CPU engine).
     fallback: Option<Box<dyn Engine + Send>>,
-    /// The device's context and its page-locked host ranges (see `Engine::adopt_output`),
+    /// The device's context and its page-locked host ranges (see `Engine::pin_output`),
     /// reachable without the device's lock.
     pins: (
         Arc<cudarc::driver::CudaContext>,
@@ -114,7 +114,7 @@ const COLLECT_MIN_POINTS: usize = 10_000;
 /// Widest candidate lists finished on the device (`finish_lists` sorts a row in shared memory).
 const FINISH_WIDTH_MAX: usize = 2048;
 
-/// Output buffers from this size on are page-locked for the rounds (`Engine::adopt_output`).
+/// Output buffers from this size on are page-locked for the rounds (`Engine::pin_output`).
 const PIN_OUTPUT_MIN: usize = 4 << 20;
 
 impl CudaEngine {
@@ -561,8 +561,6 @@ impl Engine for CudaEngine {
         self.method == Method::Fused && kernel.is_gemm()
     }
 
-    /// Remembered: the first try of that graph's first round makes every row's lists with the
-    /// symmetric kernels (when this engine's [`Symmetry`] says so), the rounds copy theirs.
     /// The fused method copies the given base while the host prepares (when it would stay
     /// resident: four times its size fits the memory budget); the first request that uploads
     /// those rows takes the copy.
@@ -591,41 +589,42 @@ impl Engine for CudaEngine {
         }
     }
 
-    fn expect_graph(&self, base_key: u64, width: usize) {
-        *self.graph_ahead.lock().unwrap_or_else(|p| p.into_inner()) = Some((base_key, width));
-    }
-
     /// The output is page-locked in place: the finished rows' downloads then go straight
     /// into it at the bus's speed (through the staging memory, the host's copy of them was
     /// most of a graph's rounds).
-    fn adopt_output(&self, ids: &mut [u32], distances: &mut [f32]) -> bool {
+    fn pin_output(&self, ids: &mut [u32], distances: &mut [f32]) -> Option<PinnedOutput> {
         if self.method != Method::Fused || std::mem::size_of_val(ids) < PIN_OUTPUT_MIN {
-            return false;
+            return None;
         }
         let (ctx, pins) = &self.pins;
-        // Both or neither (the pipeline makes the pages of both when this says no).
-        pins.pin(ctx, crate::staging::bytes_of_mut(ids))
-            && (pins.pin(ctx, crate::staging::bytes_of_mut(distances)) || {
-                pins.unpin(ctx, crate::staging::bytes_of(ids));
-                false
-            })
+        let mut ranges = [
+            crate::staging::bytes_of_mut(ids),
+            crate::staging::bytes_of_mut(distances),
+        ];
+        pins.pin_all(ctx, &mut ranges).map(PinnedOutput::new)
     }
 
-    fn release_output(&self, ids: &[u32], distances: &[f32]) {
-        let (ctx, pins) = &self.pins;
-        pins.unpin(ctx, crate::staging::bytes_of(ids));
-        pins.unpin(ctx, crate::staging::bytes_of(distances));
-    }
-
-    /// The whole graph's lists are made and every row finished (queued on the device) now,
-    /// while the host makes the output's pages; the rounds then only download their rows.
-    fn begin_graph(&self, req: &CandidateRequest<'_>, metric: &Metric, k: usize) -> Result<()> {
-        let Some(mode) = self.finish_mode(req, metric, k) else {
+    /// Remembered: the first try of that graph's first round makes every row's lists with the
+    /// symmetric kernels (when this engine's [`Symmetry`] says so), the rounds copy theirs.
+    /// With `finish`, the whole graph's lists are made and every row finished (queued on the
+    /// device) now, while the host makes the output's pages; the rounds then only download
+    /// their rows.
+    fn begin_graph(
+        &self,
+        first: &CandidateRequest<'_>,
+        finish: Option<(&Metric, usize)>,
+    ) -> Result<()> {
+        let ahead = first.base_key.map(|key| (key, first.width));
+        *self.graph_ahead.lock().unwrap_or_else(|p| p.into_inner()) = ahead;
+        let Some((metric, k)) = finish else {
             return Ok(());
         };
-        let info = self.base_info(req);
+        let Some(mode) = self.finish_mode(first, metric, k) else {
+            return Ok(());
+        };
+        let info = self.base_info(first);
         let mut gpu = self.locked()?;
-        if self.finishes_resident(&gpu, req, &info)? {
+        if self.finishes_resident(&gpu, first, &info)? {
             let finish = fused::Finish {
                 k,
                 mode,
@@ -633,7 +632,7 @@ impl Engine for CudaEngine {
                 dists: &mut [],
                 device: None,
             };
-            self.rows(&mut gpu, req, &info, true, None, Some(finish))?;
+            self.rows(&mut gpu, first, &info, true, None, Some(finish))?;
         }
         Ok(())
     }

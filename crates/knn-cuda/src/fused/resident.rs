@@ -54,7 +54,7 @@ pub(crate) struct BaseView<'a> {
     /// [`knn_core::Engine::candidates_with_exact`]), when the base stays resident.
     pub exact: Option<Exact<'a>>,
     /// Set when the request may be a first try of a whole graph the engine was told of
-    /// ([`knn_core::Engine::expect_graph`]): the symmetric lists kept for it, made on the
+    /// ([`knn_core::Engine::begin_graph`]): the symmetric lists kept for it, made on the
     /// first such request (see [`GraphLists`]).
     pub graph: Option<&'a mut Option<GraphLists>>,
     /// The given base rows copied ahead (see [`Prefetched`]), taken by the upload of those rows.
