@@ -1,6 +1,6 @@
 //! Tests of `device`.
 
-use super::*;
+use super::compile::*;
 
 #[test]
 fn finds_every_kernel_name() {

@@ -1,0 +1,102 @@
+//! Host memory page-locked in place for the copies, and the device's memory pool.
+
+use cudarc::driver::{sys, CudaContext};
+use std::sync::Arc;
+
+/// Host ranges page-locked in place (`cuMemHostRegister`), as (address, bytes): shared by the
+/// engine, which adds and removes them without holding the device, and the copies, which go
+/// straight into them. Copies are correct whether or not a range is locked (the driver stages
+/// pageable memory itself); locking only makes them run at the bus's speed.
+#[derive(Default)]
+pub(crate) struct HostPins(std::sync::Mutex<Vec<(usize, usize)>>);
+
+impl HostPins {
+    /// Page-locks every range of `ranges` in place (the context `ctx` is bound to the calling
+    /// thread here), all or none: the lock, released when the guard is dropped, or `None`
+    /// when one was refused (the copies into them are then staged).
+    ///
+    /// The caller keeps the ranges alive and in place until it drops the guard.
+    pub fn pin_all(
+        self: &Arc<Self>,
+        ctx: &Arc<CudaContext>,
+        ranges: &mut [&mut [u8]],
+    ) -> Option<Pinned> {
+        if ctx.bind_to_thread().is_err() {
+            return None;
+        }
+        let mut guard = Pinned {
+            ctx: ctx.clone(),
+            pins: self.clone(),
+            ranges: Vec::with_capacity(ranges.len()),
+        };
+        for bytes in ranges.iter_mut() {
+            let (p, len) = (bytes.as_mut_ptr(), bytes.len());
+            // SAFETY: the range is live memory of the caller's, which the guard unlocks when
+            // dropped, before the caller frees or returns it (this function's contract).
+            let r = unsafe { cudarc::driver::sys::cuMemHostRegister_v2(p.cast(), len, 0) };
+            if len == 0 || r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+                return None; // (the guard unlocks those locked so far)
+            }
+            guard.ranges.push((p as usize, len));
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((p as usize, len));
+        }
+        Some(guard)
+    }
+
+    /// Whether `bytes` lie inside one locked range.
+    pub fn contains(&self, bytes: &[u8]) -> bool {
+        let (p, len) = (bytes.as_ptr() as usize, bytes.len());
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|&(a, n)| p >= a && p + len <= a + n)
+    }
+}
+
+/// Host ranges locked by [`HostPins::pin_all`]: unlocked when dropped (copies into them have
+/// completed by then: the host waits for each). Other ranges, maybe another call's, stay
+/// locked.
+pub(crate) struct Pinned {
+    ctx: Arc<CudaContext>,
+    pins: Arc<HostPins>,
+    ranges: Vec<(usize, usize)>,
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let bound = self.ctx.bind_to_thread().is_ok();
+        let mut locked = self.pins.0.lock().unwrap_or_else(|e| e.into_inner());
+        for key in self.ranges.drain(..) {
+            if let Some(i) = locked.iter().position(|&r| r == key) {
+                locked.swap_remove(i);
+            }
+            if bound {
+                // SAFETY: registered by `pin_all`, unregistered only here, once.
+                unsafe { cudarc::driver::sys::cuMemHostUnregister(key.0 as *mut std::ffi::c_void) };
+            }
+        }
+    }
+}
+
+/// Makes the device's stream-ordered allocator keep freed memory across synchronisations (by
+/// default it returns it to the driver at each one, and the next call's allocations map it
+/// again: several per fused call, for buffers of up to hundreds of MB). Returns the pool.
+pub(super) fn keep_pool_memory(ctx: &CudaContext) -> Option<usize> {
+    use cudarc::driver::result::{device, mem_pool};
+    // SAFETY: the device comes from a live context; the attribute takes a u64.
+    unsafe {
+        let pool = device::get_default_mem_pool(ctx.cu_device()).ok()?;
+        let mut keep = u64::MAX;
+        mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut keep as *mut u64 as *mut std::ffi::c_void,
+        )
+        .ok()?;
+        Some(pool as usize)
+    }
+}
