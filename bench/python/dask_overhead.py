@@ -4,7 +4,8 @@
 
 Default 1e6 x 1e4, d=128, k=10. Reports both times, the ratio, the merge's share (sum of merge
 task durations / sum of all task durations), the bytes sent between workers and how many
-chunk indexes were sent from one worker to another (each built again there from its rows).
+chunk indexes were sent from one worker to another (each built again there from its rows),
+the base chunks each worker held and the task time each worker spent (the balance).
 """
 
 import sys
@@ -48,22 +49,28 @@ def main():
             d_, i_ = client.compute(kd.search(b, q, k, device="cpu"), sync=True)
         dask_t = time.perf_counter() - t
         assert d_.tobytes() == D.tobytes() and i_.tobytes() == I.tobytes(), "answers differ"
-        busy = {}
+        busy, by_worker = {}, {}
         for task in ts.data:
             name = task["key"][0] if isinstance(task["key"], tuple) else task["key"]
             name = str(name).split("-")[0]
             for s_ in task["startstops"]:
                 if s_["action"] == "compute":
                     busy[name] = busy.get(name, 0.0) + s_["stop"] - s_["start"]
+                    by_worker[task["worker"]] = (by_worker.get(task["worker"], 0.0)
+                                                 + s_["stop"] - s_["start"])
         total = sum(busy.values())
         merge = busy.get("_merge", 0.0)
         incoming = client.run(lambda dask_worker: sum(
             e.get("total", 0) for e in dask_worker.transfer_incoming_log))
         moved = client.run(index_moves)
+        holders = [ws[0] for ws in client.who_has(b).values() if ws]
+        chunks_at = sorted((holders.count(a) for a in set(holders)), reverse=True)
     print(f"{nb} x {nq}, d={d}, k={k}, {w} workers: knn.search {one:.3f} s, knn.dask.search "
           f"{dask_t:.3f} s, ratio {dask_t / one:.2f}x; bytes between workers "
           f"{sum(incoming.values())}; indexes moved {sum(moved.values())}; merge {merge:.3f} s "
-          f"= {100 * merge / total:.1f} % of task time; task time by kind {dict((n, round(v, 3)) for n, v in busy.items())}")
+          f"= {100 * merge / total:.1f} % of task time; base chunks per worker {chunks_at}; task "
+          f"time by worker {sorted((round(v, 2) for v in by_worker.values()), reverse=True)}; "
+          f"by kind {dict((n, round(v, 3)) for n, v in busy.items())}")
 
 
 if __name__ == "__main__":

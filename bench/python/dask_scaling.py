@@ -54,8 +54,10 @@ def on_cluster(base, queries, k, workers, threads, device, base_chunks=4, repeat
         runs = [timed(lambda: client.compute(kd.search(b, q, k, **opts), sync=True))
                 for _ in range(repeat)]
         moved = sum(client.run(index_moves).values()) - before
+        holders = [ws[0] for ws in client.who_has(b).values() if ws]
+        spread = sorted((holders.count(a) for a in set(holders)), reverse=True)
     (dist, ids), t = runs[0][0], sorted(r[1] for r in runs)[len(runs) // 2]
-    return dist, ids, t, moved
+    return dist, ids, t, f"{moved} index(es) moved between workers, base chunks per worker {spread}"
 
 
 def index_moves(dask_worker):
@@ -88,12 +90,11 @@ def main():
               f"{few / one:.2f}x faster", flush=True)
     times = {}
     for w in workers:
-        dist, ids, t, moved = on_cluster(base, queries, a.k, w, a.threads, "cpu")
+        dist, ids, t, moves = on_cluster(base, queries, a.k, w, a.threads, "cpu")
         same = dist.tobytes() == want_d.tobytes() and ids.tobytes() == want_i.tobytes()
         times[w] = t
         print(f"knn.dask.search, {w} worker(s) x {a.threads} threads (CPU): {t:.2f} s, "
-              f"{times[min(times)] / t:.2f}x the fewest workers'; {moved} index(es) moved between "
-              f"workers; answers "
+              f"{times[min(times)] / t:.2f}x the fewest workers'; {moves}; answers "
               f"{'same' if same else 'DIFFERENT'}", flush=True)
         if not same:
             raise SystemExit("answers differ")

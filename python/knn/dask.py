@@ -11,9 +11,10 @@ The task graph keeps each base chunk's searches with its index, so that nothing 
 
 - one ``_build`` task per base chunk: its ``knn.Index`` (a delayed object, built once and shared
   by the chunk's searches; Dask recomputes it if its worker is lost);
-- the query blocks cut into groups of consecutive blocks whose partial output (rows x k x
-  (distance + id) bytes) stays within ``_GROUP_BYTES`` (256 MiB); one ``_search_group`` task per
-  (base chunk, group) takes the index and the group's blocks and returns each block's partial;
+- the query blocks cut into groups of consecutive blocks whose rows and partial output (rows x
+  k x (distance + id) bytes) stay within ``_GROUP_BYTES`` (256 MiB); one ``_search_group`` task
+  per (base chunk, group) takes the index and the group's blocks and returns each block's
+  partial;
 - one small ``getitem`` per (base chunk, query block) picks a block's partial out of its group's
   result, and one merge tree per query block (``_merge``, base chunk order) gives its answer.
 
@@ -41,12 +42,14 @@ from ._arrays import precision
 
 __all__ = ["search", "graph", "NearestNeighbors"]
 
-# The most partial output (rows x k x (distance + id) bytes) one search task returns. One task
-# per base chunk keeps the searches with their index (nothing for the scheduler to steal), but a
-# task's output sits whole in its worker's memory until every block of it is merged, and a lost
-# worker recomputes it whole: past this size the query blocks are split into several groups
-# (several tasks per base chunk, sharing its index), so a huge query set does not become one
-# task of many GB per base chunk. 256 MiB is 2.2 million queries at k = 10 (float32).
+# The most bytes one search task holds: its query blocks and the partials it returns (rows x
+# (d x the queries' item size + k x (distance + id) bytes)). One task per base chunk keeps the
+# searches with their index (nothing for the scheduler to steal), but a task's query blocks all
+# sit on its worker while it runs, its output stays there whole until every block of it is
+# merged, and a lost worker recomputes it whole: past this size the query blocks are split into
+# several groups (several tasks per base chunk, sharing its index), so a huge query set does not
+# become one task of many GB per base chunk. 256 MiB is 424 000 float32 queries at d = 128,
+# k = 10 (2.2 million by the partials alone).
 _GROUP_BYTES = 256 << 20
 
 
@@ -112,12 +115,12 @@ def _search_group(index, blocks, ks, offset, own):
                  for j, (q, kc) in enumerate(zip(blocks, ks)))
 
 
-def _groups(rows, k, entry_bytes, cap):
-    """Consecutive query blocks (by their row counts) in groups whose output stays within cap
-    bytes; a block larger than cap on its own is a group of one."""
+def _groups(rows, row_bytes, cap):
+    """Consecutive query blocks (by their row counts) in groups of at most cap bytes at
+    row_bytes a row; a block larger than cap on its own is a group of one."""
     groups, cur, size = [], [], 0
     for qi, m in enumerate(rows):
-        b = m * k * entry_bytes
+        b = m * row_bytes
         if cur and size + b > cap:
             groups.append(cur)
             cur, size = [], 0
@@ -160,7 +163,8 @@ def _run(base, queries, k, self_graph, args, group_bytes=_GROUP_BYTES):
     dtype = precision(queries.dtype)
     # parts[qi]: query block qi's partials, one per base chunk that has neighbours for it.
     parts = [[] for _ in qblocks]
-    for group in _groups(queries.chunks[0], k, np.dtype(dtype).itemsize + 8, group_bytes):
+    row_bytes = queries.shape[1] * queries.dtype.itemsize + k * (np.dtype(dtype).itemsize + 8)
+    for group in _groups(queries.chunks[0], row_bytes, group_bytes):
         for bi, idx in enumerate(indexes):
             size = int(starts[bi + 1] - starts[bi])
             # (query block, k for it) of this group; a graph's own chunk excludes each point

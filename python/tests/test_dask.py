@@ -55,16 +55,19 @@ def test_one_search_per_base_chunk_and_group():
     assert len(_tasks(lazy, "_build")) == 4 and len(_tasks(lazy, "_search_group")) == 4
     assert not _tasks(lazy, "_partial")
     assert len(_tasks(kd.graph(da.from_array(b, chunks=(250, 8)), 10), "_search_group")) == 4
-    # Many small query blocks: groups of consecutive blocks while their output (rows x k x
-    # (distance + id) bytes) stays within the cap; one search per (base chunk, group).
+    # Many small query blocks: groups of consecutive blocks while their rows and output (rows x
+    # (d x item size + k x (distance + id) bytes)) stay within the cap; one search per (base
+    # chunk, group).
     assert kd._GROUP_BYTES == 256 << 20
-    assert kd._groups([5] * 12, 4, 12, 1000) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
-    assert kd._groups([5, 30, 5, 5], 4, 12, 1000) == [[0], [1], [2, 3]]  # 30 rows alone > cap
+    assert kd._groups([5] * 12, 16, 320) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert kd._groups([5, 30, 5, 5], 16, 320) == [[0], [1], [2, 3]]  # 30 rows alone > cap
     args = dict(metric="l2", device="auto")
     base = da.from_array(b[:300], chunks=(100, 8))
-    for dtype, groups in ((np.float32, 3), (np.float64, 4)):  # 240 / 320 bytes per block
+    # d=8, k=4: 80 bytes a float32 row (32 + 4 x 12), 128 a float64 one (64 + 4 x 16): blocks
+    # of 5 rows, 3 (1200 bytes) or 2 (1280) to a group of at most 1300 bytes
+    for dtype, groups in ((np.float32, 4), (np.float64, 6)):
         queries = da.from_array(q[:60].astype(dtype), chunks=(5, 8))
-        lazy = kd._run(base, queries, 4, False, args, group_bytes=1000)
+        lazy = kd._run(base, queries, 4, False, args, group_bytes=1300)
         assert len(_tasks(lazy, "_search_group")) == 3 * groups
         assert len(_tasks(lazy, "_build")) == 3
     # the default cap: 12 blocks of 5 rows are one group, one search per base chunk
@@ -75,19 +78,21 @@ def test_one_search_per_base_chunk_and_group():
 @pytest.mark.parametrize("k", [7, 40])
 def test_groups_of_query_blocks_equal_one_process(client, k):
     # Several groups per base chunk, a graph's own block at any place in its group, and a chunk
-    # of one point (no other point of it for its own block: that block is left out of its group).
+    # of one point (no other point of it for its own block: that block is left out of its group,
+    # with the 51-row cap, or its group has no search against that chunk, with the 20-row cap).
     b, q = _data("ties", 103, 5, 9), _data("ties", 37, 5, 10)
     args = dict(metric="l2", device="auto")
     for chunks in ((25, 5), ((50, 1, 52), 5), (10, 5)):
         base = da.from_array(b, chunks=chunks)
-        cap = 2 * 10 * k * 12  # two 10-row query blocks a group
-        d, i = client.compute(kd._run(base, da.from_array(q, chunks=(10, 5)), k, False, args,
-                                      group_bytes=cap), sync=True)
-        D, I = knn.search(b, q, k)
-        assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
-        d, i = client.compute(kd._run(base, base, k, True, args, group_bytes=cap), sync=True)
-        D, I = knn.graph(b, k)
-        assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+        for cap_rows in (20, 51):
+            cap = cap_rows * (5 * 4 + k * 12)  # float32, d=5
+            d, i = client.compute(kd._run(base, da.from_array(q, chunks=(10, 5)), k, False,
+                                          args, group_bytes=cap), sync=True)
+            D, I = knn.search(b, q, k)
+            assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+            d, i = client.compute(kd._run(base, base, k, True, args, group_bytes=cap), sync=True)
+            D, I = knn.graph(b, k)
+            assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
 
 
 def test_index_weighed_by_its_rows():
