@@ -321,13 +321,12 @@ pub trait Engine: Sync {
         Ok(())
     }
 
-    /// Shown the output's buffers once they exist, zeroed and their pages not yet made (on a
-    /// thread of their own, maybe while another call of this engine runs), before any request
-    /// writes into them. An engine may page-lock them in place, so that the rows it finishes
-    /// are copied straight in; it then makes their pages and returns a [`PinnedOutput`], which
-    /// the pipeline drops (unlocking them) before the buffers go back to the caller or are
-    /// freed, whatever the call returns. `None` (the default): nothing locked, the pipeline
-    /// makes the pages.
+    /// Shown the output's buffers once they exist, zeroed and their pages made (on a thread
+    /// of their own, maybe while another call of this engine runs), before any request writes
+    /// into them. An engine may page-lock them in place, so that the rows it finishes are
+    /// copied straight in, and return a [`PinnedOutput`], which the pipeline drops (unlocking
+    /// them) before the buffers go back to the caller or are freed, whatever the call
+    /// returns. `None` (the default): nothing locked.
     fn pin_output(&self, ids: &mut [u32], distances: &mut [f32]) -> Option<PinnedOutput> {
         let _ = (ids, distances);
         None

@@ -524,6 +524,46 @@ mod tests {
         assert_eq!(e.take(), ["pin 900 900", "unpin 900 900"]);
     }
 
+    /// [`AllPoints`] asking for every point on first tries (lists 8 200 wide, so that the
+    /// host's candidate budget holds 1 024 rows) and for rounds of any size: it records the
+    /// most rows of one request.
+    #[derive(Default)]
+    struct Wide(std::sync::atomic::AtomicUsize);
+
+    impl Engine for Wide {
+        fn name(&self) -> String {
+            "wide".into()
+        }
+        fn candidates(&self, req: &CandidateRequest<'_>) -> Result<crate::Candidates> {
+            let rows = req.queries.rows();
+            self.0.fetch_max(rows, std::sync::atomic::Ordering::Relaxed);
+            AllPoints.candidates(req)
+        }
+        fn candidate_width(&self, _: usize, available: usize, _: crate::Kernel) -> usize {
+            available
+        }
+        fn min_round_queries(&self) -> usize {
+            1 << 20
+        }
+    }
+
+    /// A round the engine was to finish but did not asks for its candidates in pieces within
+    /// the host's budget, and answers as the oracle does.
+    #[test]
+    fn unfinished_rounds_ask_in_pieces() {
+        let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
+        let b = Matrix::new("b", generate(u, 8200, 2, 3), 2).unwrap();
+        let q = Matrix::new("q", generate(u, 2100, 2, 4), 2).unwrap();
+        let e = Wide::default();
+        let got = search(&e, b.view(), q.view(), 3, &Metric::L2).unwrap();
+        assert_eq!(
+            got,
+            oracle(b.view(), Some(q.view()), 3, &Metric::L2).unwrap()
+        );
+        // 64 MiB of 8-byte entries, 8 200 per row: 1 023 rows, raised to the least of 1 024.
+        assert_eq!(e.0.load(std::sync::atomic::Ordering::Relaxed), 1024);
+    }
+
     /// Hellinger's check of the base rides on the preparation's pass: a negative value is still
     /// named, for graphs and searches, in base and queries; -0 is no negative.
     #[test]

@@ -36,6 +36,9 @@ pub(super) struct Run<'a> {
     pub(super) k: usize,
     pub(super) available: usize,
     pub(super) width0: usize,
+    /// Rows whose first-try candidate lists the host holds at once (the memory budget of one
+    /// round; see [`Run::round`]).
+    pub(super) candidate_rows: usize,
     /// See [`CandidateRequest::base_key`].
     pub(super) base_key: u64,
     /// See [`CandidateRequest::exact_data`].
@@ -136,6 +139,10 @@ impl Run<'_> {
     /// Queries `start..end` to the end: first try, exact re-rank, wider retries of the rows
     /// whose floor does not prove them, and a direct scan past the widest engine call. Writes
     /// rows `start..end` into `ids` / `dists` (`k` per row).
+    ///
+    /// A round may hold more rows than [`Run::candidate_rows`] when the engine is to finish
+    /// them itself (their candidates never come to the host); if it does not, the round's
+    /// first tries are asked in pieces of at most that many rows.
     pub(super) fn round(
         &self,
         engine: &dyn Engine,
@@ -143,6 +150,19 @@ impl Run<'_> {
         end: usize,
         ids_out: &mut [u32],
         dists_out: &mut [f32],
+    ) -> Result<()> {
+        self.round_of(engine, start, end, ids_out, dists_out, true)
+    }
+
+    /// [`Run::round`]; `may_finish`: whether to ask the engine to finish the first try.
+    fn round_of(
+        &self,
+        engine: &dyn Engine,
+        start: usize,
+        end: usize,
+        ids_out: &mut [u32],
+        dists_out: &mut [f32],
+        may_finish: bool,
     ) -> Result<()> {
         let (k, available) = (self.k, self.available);
         let mut since = std::time::Instant::now();
@@ -172,6 +192,7 @@ impl Run<'_> {
             // An engine that re-ranks on its own writes a first try's rows in place.
             let mut proven = vec![false; pending.len()];
             let finished = contiguous
+                && may_finish
                 && first_try.is_none()
                 && self.engine_may_finish()
                 && engine.finish_rows(
@@ -185,6 +206,18 @@ impl Run<'_> {
                         key_scale: self.key_scale,
                     },
                 )?;
+            if !finished && first_try.is_none() && contiguous && end - start > self.candidate_rows {
+                // Not finished by the engine after all: candidates in pieces within the budget.
+                let mut pieces = ids_out
+                    .chunks_mut(self.candidate_rows * k)
+                    .zip(dists_out.chunks_mut(self.candidate_rows * k));
+                for s in (start..end).step_by(self.candidate_rows) {
+                    let (ids, dists) = pieces.next().expect("one piece per step");
+                    let e = (s + self.candidate_rows).min(end);
+                    self.round_of(engine, s, e, ids, dists, false)?;
+                }
+                return Ok(());
+            }
             let rerank = Rerank {
                 metric: self.metric,
                 xb: self.xb,

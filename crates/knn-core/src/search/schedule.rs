@@ -151,6 +151,9 @@ pub(super) fn run(
             fetched.wait();
         }
         let mut out = Neighbors::zeroed(rows.len(), k);
+        // Made here even when the engine locks them: locking fresh pages, which the driver
+        // then makes, was slower (k = 1024 search, 82 MB: 93.5 against 83.1 ms; 80k
+        // Hellinger graph 23–24 against 13–14 ms; knn-cuda NOTES.md).
         crate::pages::populate(&mut out.ids);
         crate::pages::populate(&mut out.distances);
         ended("output pages");
@@ -225,6 +228,7 @@ pub(super) fn run(
                 k,
                 available,
                 width0,
+                candidate_rows: usize::MAX,
                 base_key,
                 exact_data: prep.engine.is_none(),
                 expr: prep.expr.as_ref(),
@@ -250,16 +254,25 @@ pub(super) fn run(
         };
         (ctx, out)
     });
-    let (ctx, mut out) = (ctx?, out);
+    let (mut ctx, mut out) = (ctx?, out);
     ctx.lap("output joined", &mut since);
     let first = rows.start;
-    let per_round = (CANDIDATE_BYTES_PER_ROUND / workers.len() / (8 * width0))
-        .max(1024)
-        .min(
-            (rows.len() / (32 * workers.len()))
-                .max(MIN_ROUND)
-                .max(engine.min_round_queries()),
-        );
+    // First-try candidate lists that come to the host are held a round at a time, within a
+    // budget. Rows the engine finishes itself bring only their output, and their rounds are
+    // sized by the engine's wish alone (a round it does not finish after all asks for its
+    // candidates in pieces within the budget: `Run::round`). H100, 10⁴ queries against 10⁶
+    // points, k = 1024: four rounds of 2 500 took 90.8 ms, one of 10 000 83.1 ms.
+    ctx.candidate_rows = (CANDIDATE_BYTES_PER_ROUND / workers.len() / (8 * width0)).max(1024);
+    let held = if ctx.engine_may_finish() {
+        usize::MAX
+    } else {
+        ctx.candidate_rows
+    };
+    let per_round = held.min(
+        (rows.len() / (32 * workers.len()))
+            .max(MIN_ROUND)
+            .max(engine.min_round_queries()),
+    );
     let total = rows.len();
     // Rounds of even size under that cap: a short last round costs nearly a full one's
     // device time (k = 1024 on an H100: 172 rows after three of 3 276 took 2.4 ms of kernels,
