@@ -142,20 +142,9 @@ impl Run<'_> {
     ///
     /// A round may hold more rows than [`Run::candidate_rows`] when the engine is to finish
     /// them itself (their candidates never come to the host); if it does not, the round's
-    /// first tries are asked in pieces of at most that many rows.
+    /// first tries are asked in pieces of at most that many rows, with `may_finish` false (the
+    /// engine is not asked to finish them again).
     pub(super) fn round(
-        &self,
-        engine: &dyn Engine,
-        start: usize,
-        end: usize,
-        ids_out: &mut [u32],
-        dists_out: &mut [f32],
-    ) -> Result<()> {
-        self.round_of(engine, start, end, ids_out, dists_out, true)
-    }
-
-    /// [`Run::round`]; `may_finish`: whether to ask the engine to finish the first try.
-    fn round_of(
         &self,
         engine: &dyn Engine,
         start: usize,
@@ -214,7 +203,7 @@ impl Run<'_> {
                 for s in (start..end).step_by(self.candidate_rows) {
                     let (ids, dists) = pieces.next().expect("one piece per step");
                     let e = (s + self.candidate_rows).min(end);
-                    self.round_of(engine, s, e, ids, dists, false)?;
+                    self.round(engine, s, e, ids, dists, false)?;
                 }
                 return Ok(());
             }

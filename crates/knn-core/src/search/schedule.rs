@@ -288,7 +288,7 @@ pub(super) fn run(
     if workers.len() == 1 || total <= per_round {
         for ((start, ids), dists) in rounds {
             let end = (start + per_round).min(rows.end);
-            ctx.round(workers[0], start, end, ids, dists)?;
+            ctx.round(workers[0], start, end, ids, dists, true)?;
             progress(end - first, total);
         }
     } else {
@@ -304,7 +304,7 @@ pub(super) fn run(
                         break;
                     };
                     let end = (start + per_round).min(rows.end);
-                    if let Err(e) = ctx.round(e, start, end, ids, dists) {
+                    if let Err(e) = ctx.round(e, start, end, ids, dists, true) {
                         *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                         // Hand out no more rounds: the call fails anyway.
                         queue
