@@ -31,11 +31,14 @@ impl HostPins {
         };
         for bytes in ranges.iter_mut() {
             let (p, len) = (bytes.as_mut_ptr(), bytes.len());
+            if len == 0 {
+                return None; // (the guard unlocks those locked so far)
+            }
             // SAFETY: the range is live memory of the caller's, which the guard unlocks when
             // dropped, before the caller frees or returns it (this function's contract).
-            let r = unsafe { cudarc::driver::sys::cuMemHostRegister_v2(p.cast(), len, 0) };
-            if len == 0 || r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
-                return None; // (the guard unlocks those locked so far)
+            let r = unsafe { sys::cuMemHostRegister_v2(p.cast(), len, 0) };
+            if r != sys::CUresult::CUDA_SUCCESS {
+                return None;
             }
             guard.ranges.push((p as usize, len));
             self.0
@@ -76,7 +79,7 @@ impl Drop for Pinned {
             }
             if bound {
                 // SAFETY: registered by `pin_all`, unregistered only here, once.
-                unsafe { cudarc::driver::sys::cuMemHostUnregister(key.0 as *mut std::ffi::c_void) };
+                unsafe { sys::cuMemHostUnregister(key.0 as *mut std::ffi::c_void) };
             }
         }
     }
