@@ -131,6 +131,9 @@ pub(super) fn run(
     let width0 = engine
         .candidate_width(k, available, kernel)
         .clamp(k, available);
+    // First-try candidate lists that come to the host are held a round at a time, within a
+    // budget (see `per_round` below).
+    let candidate_rows = (CANDIDATE_BYTES_PER_ROUND / workers.len() / (8 * width0)).max(1024);
     // While the host checks the values and prepares, the engine may copy the given base to its
     // device (a base found invalid only wastes the copy). The output is made (and shown to the
     // engine, which may page-lock it) on a thread of its own, joined only once a whole graph's
@@ -228,7 +231,7 @@ pub(super) fn run(
                 k,
                 available,
                 width0,
-                candidate_rows: usize::MAX,
+                candidate_rows,
                 base_key,
                 exact_data: prep.engine.is_none(),
                 expr: prep.expr.as_ref(),
@@ -254,19 +257,18 @@ pub(super) fn run(
         };
         (ctx, out)
     });
-    let (mut ctx, mut out) = (ctx?, out);
+    let (ctx, mut out) = (ctx?, out);
     ctx.lap("output joined", &mut since);
     let first = rows.start;
-    // First-try candidate lists that come to the host are held a round at a time, within a
-    // budget. Rows the engine finishes itself bring only their output, and their rounds are
-    // sized by the engine's wish alone (a round it does not finish after all asks for its
-    // candidates in pieces within the budget: `Run::round`). H100, 10⁴ queries against 10⁶
-    // points, k = 1024: four rounds of 2 500 took 90.8 ms, one of 10 000 83.1 ms.
-    ctx.candidate_rows = (CANDIDATE_BYTES_PER_ROUND / workers.len() / (8 * width0)).max(1024);
+    // Rounds hold at most `candidate_rows` rows of candidate lists. Rows the engine finishes
+    // itself bring only their output, and their rounds are sized by the engine's wish alone (a
+    // round it does not finish after all asks for its candidates in pieces within the budget:
+    // `Run::round`). H100, 10⁴ queries against 10⁶ points, k = 1024: four rounds of 2 500 took
+    // 90.8 ms, one of 10 000 83.1 ms.
     let held = if ctx.engine_may_finish() {
         usize::MAX
     } else {
-        ctx.candidate_rows
+        candidate_rows
     };
     let per_round = held.min(
         (rows.len() / (32 * workers.len()))
