@@ -74,10 +74,20 @@ pub enum ExactFrom<'a> {
     },
 }
 
-/// A key no earlier call of this process returned, for [`CandidateRequest::base_key`].
+/// A key no earlier call of this process returned, for [`CandidateRequest::base_key`]. Keys
+/// stay below 2⁴⁸ (a process would need centuries to draw that many), which leaves the top bits
+/// to [`part_key`].
 pub fn base_key() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The key of part `part` (`< 2¹⁶ − 1`) of the base keyed `key` (a range of its rows, the same
+/// range for the same part): distinct from every [`base_key`] and from the other parts' keys,
+/// so that an engine given a part keeps it apart from the whole base.
+pub fn part_key(key: u64, part: usize) -> u64 {
+    debug_assert!(part < 0xffff);
+    (key & ((1 << 48) - 1)) | ((part as u64 + 1) << 48)
 }
 
 impl CandidateRequest<'_> {
@@ -370,9 +380,12 @@ pub trait Engine: Sync {
         4096
     }
 
-    /// Independent engines behind this one (one per GPU): the pipeline hands whole rounds of
-    /// queries to each of them side by side. Empty (the default): this engine alone.
-    fn devices(&self) -> Vec<&dyn Engine> {
+    /// Independent engines behind this one (one per GPU) that the pipeline hands whole rounds
+    /// of queries to, side by side, for a run on `base` (the rows as given; `self_join`: the
+    /// queries are its own points, each excluding itself). Empty (the default): this engine
+    /// takes the rounds itself, alone or sharing each request among devices of its own.
+    fn devices(&self, base: MatrixRef<'_>, self_join: bool) -> Vec<&dyn Engine> {
+        let _ = (base, self_join);
         Vec::new()
     }
 

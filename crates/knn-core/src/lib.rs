@@ -30,8 +30,8 @@ mod topk;
 mod validate;
 
 pub use engine::{
-    base_key, CandidateRequest, CandidateRows, Candidates, Engine, ExactFrom, FinishedRows,
-    GraphRequest, PinnedOutput, RowSink, Symmetry,
+    base_key, part_key, CandidateRequest, CandidateRows, Candidates, Engine, ExactFrom,
+    FinishedRows, GraphRequest, PinnedOutput, RowSink, Symmetry,
 };
 pub use error::{KnnError, Result};
 pub use expr::{EngineProgram, ExprError, ExprPlan, MetricExpr};

@@ -24,10 +24,14 @@ const CANDIDATE_BYTES_PER_ROUND: usize = 64 << 20;
 /// keep every engine's tiles full.
 const MIN_ROUND: usize = 4096;
 
-/// The engines rounds run on, one entry per concurrent round: every device of `engine` (or the
-/// engine itself), each as many times as it works on rounds at once.
-fn workers(engine: &dyn Engine) -> Vec<&dyn Engine> {
-    let devices = engine.devices();
+/// The engines rounds run on, one entry per concurrent round: every device of `engine` for this
+/// run (or the engine itself), each as many times as it works on rounds at once.
+fn workers<'e>(
+    engine: &'e dyn Engine,
+    base: MatrixRef<'_>,
+    self_join: bool,
+) -> Vec<&'e dyn Engine> {
+    let devices = engine.devices(base, self_join);
     let devices = if devices.is_empty() {
         vec![engine]
     } else {
@@ -127,7 +131,7 @@ pub(super) fn run(
         && rows == (0..base.rows())
         && metric.is_symmetric();
     let kernel = metric.kernel();
-    let workers = workers(engine);
+    let workers = workers(engine, base, queries.is_none());
     let width0 = engine
         .candidate_width(k, available, kernel)
         .clamp(k, available);
