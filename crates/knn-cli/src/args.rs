@@ -53,8 +53,10 @@ pub struct EngineArgs {
     /// seed 000, kept to compare against).
     #[arg(long, default_value = "auto")]
     pub method: String,
-    /// Several GPUs at once: all, or CUDA ordinals such as 0,2,3. Query tiles go to the GPUs
-    /// from a shared queue; the answer is identical to one GPU's.
+    /// Several GPUs at once: all, or CUDA ordinals such as 0,2,3. A search of a base from
+    /// 256 MiB gives each GPU a part of the base (every query is searched in every part, the
+    /// lists merged); graphs and smaller bases give each GPU rounds of queries. The answer is
+    /// identical to one GPU's.
     #[arg(long, conflicts_with = "device")]
     pub devices: Option<String>,
     /// Cap on the GPU memory used for tiles, e.g. 2GiB, 512MiB, 1e9 (default: 70 % of free
