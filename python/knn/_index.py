@@ -40,8 +40,11 @@ class Index:
         all-zero row is at distance 1 from every row (scikit-learn's convention).
         ``"mahalanobis"`` takes float32 data only (see Notes).
     device : str, default "auto"
-        ``"auto"`` (a usable NVIDIA GPU, else the CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
-        The same wheel runs with or without a GPU; CUDA is loaded at run time.
+        ``"auto"`` (a usable NVIDIA GPU, else the CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``;
+        several GPUs as ``"cuda:0,1"`` or ``"cuda:all"`` (searches of a base from 256 MiB
+        give each GPU a part of the base, graphs and smaller bases give each GPU rounds of
+        queries; the answer is the same as on one). The same wheel runs with or without a
+        GPU; CUDA is loaded at run time.
     metric_expr : str, optional
         A distance of your own instead of ``metric``: a per-coordinate accumulation over
         ``acc`` (running value, from 0), ``x`` (query coordinate) and ``y`` (base coordinate),
@@ -66,7 +69,7 @@ class Index:
     metric : str
         The metric's name (``"expr"`` for ``metric_expr``).
     device : str
-        The device in use: ``"cpu"`` or ``"cuda:N"``.
+        The device in use: ``"cpu"``, ``"cuda:N"``, or ``"cuda:0,1"`` for several GPUs.
 
     Notes
     -----
@@ -257,7 +260,7 @@ class Index:
 
     @property
     def device(self) -> str:
-        """The device in use: ``"cpu"`` or ``"cuda:N"``."""
+        """The device in use: ``"cpu"``, ``"cuda:N"``, or ``"cuda:0,1"`` for several GPUs."""
         return self._native.device
 
     def __repr__(self) -> str:

@@ -230,7 +230,8 @@ class NearestNeighbors(_Neighbors):
     n_jobs : int, optional
         CPU threads; None or -1: every core.
     device : str, default "auto"
-        ``"auto"`` (a GPU when usable, else the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
+        ``"auto"`` (a GPU when usable, else the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"``,
+        or several GPUs: ``"cuda:0,1"``, ``"cuda:all"``.
     """
 
     def fit(self, X, y=None):

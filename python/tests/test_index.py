@@ -266,6 +266,7 @@ ERRORS = [
     (lambda: knn.Index([[1.0, -0.5]], "hellinger"), ValueError, "needs values >= 0"),
     (lambda: knn.Index([[1.0]], "nope"), ValueError, "unknown metric 'nope'"),
     (lambda: knn.Index([[1.0]], device="tpu"), ValueError, "unknown device 'tpu'"),
+    (lambda: knn.Index([[1.0]], device="cuda:0,zz"), ValueError, "'zz' is not a GPU number"),
     (lambda: knn.Index([[1.0]], metric_expr="acc + sqr(x - y)"), ValueError, "metric_expr: .*unknown function 'sqr'"),
     (lambda: knn.Index(np.eye(3, dtype=np.float32), "mahalanobis", covariance=np.eye(2)), ValueError, "covariance is 2×2, the data has d=3"),
     (lambda: knn.Index(np.eye(3), covariance=np.eye(3)), ValueError, "covariance is only for metric='mahalanobis'"),
@@ -343,6 +344,29 @@ def test_gpu_gives_the_cpu_answer(rng, metric):
     for a, b in [(gpu.search(queries, 10), cpu.search(queries, 10)), (gpu.graph(7), cpu.graph(7))]:
         np.testing.assert_array_equal(a[1], b[1])
         np.testing.assert_allclose(a[0], b[0], rtol=1e-6, atol=1e-7)
+
+
+def test_several_gpus_give_the_cpu_answer(rng):
+    """``device="cuda:all"``: every usable GPU (refused, with the reason, where there is none).
+    With several GPUs, a base of more than 256 MiB is split among them; smaller ones and
+    graphs split the queries."""
+    gpus = [n for n, _ in knn.devices()]
+    if not gpus:
+        with pytest.raises(ValueError, match="no usable GPU for 'all'"):
+            knn.Index([[1.0]], device="cuda:all")
+        return
+    n = 600_000 if len(gpus) > 1 else 5000  # 600 000 x 112 float32: 269 MB
+    base = rng.random((n, 112), dtype=np.float32)
+    queries = rng.random((200, 112), dtype=np.float32)
+    index = knn.Index(base, device="cuda:all")
+    assert index.device == "cuda:" + ",".join(map(str, gpus))
+    cpu = knn.Index(base, device="cpu")
+    a, b = index.search(queries, 10), cpu.search(queries, 10)
+    np.testing.assert_array_equal(a[1], b[1])
+    np.testing.assert_allclose(a[0], b[0], rtol=1e-6, atol=1e-7)
+    small = knn.Index(base[:3000], device="cuda:all")
+    a, b = small.graph(5), knn.Index(base[:3000], device="cpu").graph(5)
+    np.testing.assert_array_equal(a[1], b[1])
 
 
 def test_unaligned_and_big_endian_arrays(rng):

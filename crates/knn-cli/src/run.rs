@@ -72,7 +72,7 @@ fn options(a: &EngineArgs, symmetric: Symmetry) -> Result<Options> {
     let gpu_memory = a.gpu_memory.as_deref().map(parse_bytes).transpose()?;
     let gpus = match a.devices.as_deref() {
         None => Vec::new(),
-        Some(list) => parse_gpus(list)?,
+        Some(list) => knn::parse_gpus(list).context("--devices")?,
     };
     Ok(Options {
         device,
@@ -92,26 +92,6 @@ fn gpu_memory_note(opts: &Options, used: Device) {
             knn::gpu_status()
         );
     }
-}
-
-/// `all` (every usable GPU) or a comma list of CUDA ordinals.
-fn parse_gpus(list: &str) -> Result<Vec<usize>> {
-    let gpus: Vec<usize> = if list.trim() == "all" {
-        knn::gpu_devices().into_iter().map(|(n, _)| n).collect()
-    } else {
-        list.split(',')
-            .map(|s| {
-                let s = s.trim();
-                s.strip_prefix("cuda:").unwrap_or(s).parse().map_err(|_| {
-                    anyhow::anyhow!("--devices: '{s}' is not a GPU number (e.g. 0,2,3 or all)")
-                })
-            })
-            .collect::<Result<_>>()?
-    };
-    if gpus.is_empty() {
-        bail!("--devices {list}: no usable GPU ({})", knn::gpu_status());
-    }
-    Ok(gpus)
 }
 
 /// Parses a byte count: `2GiB`, `512MiB`, `64KiB`, `1GB`, `1e9` or plain bytes.

@@ -46,8 +46,28 @@ type Pair<'py> = (Bound<'py, PyAny>, Bound<'py, PyArray2<i64>>);
 #[pyclass(module = "knn._knn", frozen)]
 struct NativeIndex {
     base: Arc<Base>,
-    /// Threads of the CPU engine (every core when not given): CPU pieces grow with them.
-    threads: usize,
+    /// Work of one uninterrupted piece of a search: [`CPU_PIECE_WORK`] per CPU thread, or
+    /// [`GPU_PIECE_WORK`] per GPU.
+    piece_work: usize,
+    /// Several GPUs' ordinals (`device="cuda:0,1"`), reported by `device`.
+    gpus: Vec<usize>,
+}
+
+/// `device` as the Python API takes it: one device (`auto`, `cpu`, `cuda`, `cuda:N`), or
+/// several GPUs (`cuda:all`, `cuda:0,1`, read by [`knn::parse_gpus`]).
+fn device_options(device: &str) -> knn::Result<(Device, Vec<usize>)> {
+    match device.strip_prefix("cuda:") {
+        Some(list) if list.trim() == "all" || list.contains(',') => {
+            let gpus = knn::parse_gpus(list)?;
+            Ok((Device::Cuda(gpus[0]), gpus))
+        }
+        _ => match device.parse() {
+            Ok(d) => Ok((d, Vec::new())),
+            Err(_) => Err(knn::KnnError::Option(format!(
+                "unknown device '{device}' (auto, cpu, cuda, cuda:N, or several GPUs: cuda:0,1, cuda:all)"
+            ))),
+        },
+    }
 }
 
 #[pymethods]
@@ -66,7 +86,7 @@ impl NativeIndex {
         threads: Option<usize>,
     ) -> PyResult<Self> {
         let metric = parse_metric(metric, metric_expr, covariance)?;
-        let device: Device = device.parse().map_err(to_py)?;
+        let (device, gpus) = device_options(device).map_err(to_py)?;
         if threads == Some(0) {
             return Err(PyValueError::new_err(
                 "threads must be at least 1 (None: every core)",
@@ -76,6 +96,7 @@ impl NativeIndex {
             device,
             threads,
             gpu_memory,
+            gpus: gpus.clone(),
             ..Options::default()
         };
         let (rows, dim) = shared_rows(data)?;
@@ -83,9 +104,14 @@ impl NativeIndex {
             .detach(move || Base::new(rows, dim, metric, opts))
             .map_err(to_py)?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let piece_work = match base.device() {
+            Device::Cuda(_) => GPU_PIECE_WORK.saturating_mul(gpus.len().max(1)),
+            _ => CPU_PIECE_WORK.saturating_mul(threads.unwrap_or(cores).max(2)),
+        };
         Ok(Self {
             base: Arc::new(base),
-            threads: threads.unwrap_or(cores),
+            piece_work,
+            gpus,
         })
     }
 
@@ -105,7 +131,7 @@ impl NativeIndex {
                 let all = py
                     .detach(|| MatrixRef::new("queries", values, dim).map(|q| q.rows()))
                     .map_err(to_py)?;
-                let nn = in_pieces(py, &index, self.threads, (all, dim, k), |start, end| {
+                let nn = in_pieces(py, &index, self.piece_work, (all, dim, k), |start, end| {
                     let q = MatrixRef::new_unchecked_values(
                         "queries",
                         &values[start * dim..end * dim],
@@ -126,7 +152,7 @@ impl NativeIndex {
                         queries: dim,
                     }));
                 }
-                let nn = in_pieces(py, &index, self.threads, (all, dim, k), |start, end| {
+                let nn = in_pieces(py, &index, self.piece_work, (all, dim, k), |start, end| {
                     index.search_f64(&values[start * dim..end * dim], k, &|_, _| {})
                 })?;
                 to_numpy(py, nn)
@@ -245,9 +271,13 @@ impl NativeIndex {
         self.base.snapshot().metric().name().to_string()
     }
 
-    /// The device in use (`cpu`, `cuda:0`, ...).
+    /// The device in use (`cpu`, `cuda:0`, ...; `cuda:0,1` for several GPUs).
     #[getter]
     fn device(&self) -> String {
+        if self.gpus.len() > 1 {
+            let list: Vec<String> = self.gpus.iter().map(usize::to_string).collect();
+            return format!("cuda:{}", list.join(","));
+        }
         self.base.device().to_string()
     }
 
@@ -286,19 +316,15 @@ impl NativeIndex {
 }
 
 /// Runs a search of `all` query rows of dimension `dim` (`k` neighbours each) through
-/// `run(start, end)`, in pieces small enough that Ctrl-C is looked for often enough (the CPU's
-/// sized for `threads` threads, and at least two's), with the GIL released.
+/// `run(start, end)`, in pieces of about `budget` work (query rows × base rows × dimension:
+/// small enough that Ctrl-C is looked for often enough), with the GIL released.
 fn in_pieces<D: Send>(
     py: Python<'_>,
     index: &Index,
-    threads: usize,
+    budget: usize,
     (all, dim, k): (usize, usize, usize),
     run: impl Fn(usize, usize) -> knn::Result<Neighbors<D>> + Sync,
 ) -> PyResult<Neighbors<D>> {
-    let budget = match index.device() {
-        Device::Cuda(_) => GPU_PIECE_WORK,
-        _ => CPU_PIECE_WORK.saturating_mul(threads.max(2)),
-    };
     let per_row = index.len().saturating_mul(dim.max(1)).max(1);
     let piece = (budget / per_row).max(MIN_PIECE_ROWS);
     if all <= piece {

@@ -174,9 +174,11 @@ pub struct Options {
     /// Cap on the device memory a GPU engine's tiles use, in bytes (`None`: 70 % of free
     /// memory). Smaller caps stream the base from host memory in tiles.
     pub gpu_memory: Option<usize>,
-    /// Several GPUs at once (CUDA ordinals): queries are cut into tiles that the GPUs take
-    /// from a shared queue, one host thread per GPU. Empty: the single `device`. The answer is
-    /// identical to one GPU's (every row is re-ranked exactly and ordered by (distance, id)).
+    /// Several GPUs at once (CUDA ordinals; [`parse_gpus`] reads them as users write them).
+    /// Searches of a base from 256 MiB split the base (each GPU holds a part and searches
+    /// every query in it, the lists merged); graphs and smaller bases give each GPU rounds of
+    /// queries. Empty: the single `device`. The answer is identical to one GPU's (every row is
+    /// re-ranked exactly and ordered by (distance, id)).
     pub gpus: Vec<usize>,
     /// kNN graphs: compute each unordered pair's key once and fold it into both
     /// points' lists (every metric here is symmetric). `Auto` (default) where it pays
@@ -397,6 +399,31 @@ pub fn gpu_devices() -> Vec<(usize, String)> {
 /// Why no GPU is usable (or "ok").
 pub fn gpu_status() -> String {
     gpu::status()
+}
+
+/// Several GPUs as the user names them: `all` (every usable GPU) or a comma list of CUDA
+/// ordinals, each maybe written `cuda:N` (`0,2,3`, `cuda:0,cuda:1`), for [`Options::gpus`].
+/// An error names the part that is not a GPU number, or says why no GPU is usable.
+pub fn parse_gpus(list: &str) -> Result<Vec<usize>> {
+    let gpus: Vec<usize> = if list.trim() == "all" {
+        gpu_devices().into_iter().map(|(n, _)| n).collect()
+    } else {
+        list.split(',')
+            .map(|s| {
+                let s = s.trim();
+                s.strip_prefix("cuda:").unwrap_or(s).parse().map_err(|_| {
+                    KnnError::Option(format!("'{s}' is not a GPU number (e.g. 0,2,3 or all)"))
+                })
+            })
+            .collect::<Result<_>>()?
+    };
+    if gpus.is_empty() {
+        return Err(KnnError::Option(format!(
+            "no usable GPU for '{list}' ({})",
+            gpu_status()
+        )));
+    }
+    Ok(gpus)
 }
 
 /// The CUDA engines (the driver, NVRTC and cuBLAS are loaded at run time: without them these
