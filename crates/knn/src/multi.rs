@@ -90,8 +90,8 @@ impl Engine for MultiEngine {
         self.engines[0].candidate_width(k, available, kernel)
     }
 
-    /// The pipeline hands whole rounds to each engine (each overlapping its device work with
-    /// the host's re-rank), instead of cutting every call in pieces.
+    /// When any engine's are: the pipeline then asks unproven rows again with precise keys
+    /// before it widens them.
     fn fast_first_tries(&self, kernel: Kernel) -> bool {
         self.engines.iter().any(|e| e.fast_first_tries(kernel))
     }
