@@ -122,6 +122,12 @@ pub struct Candidates {
     pub keys: Vec<f32>,
     /// One per row.
     pub floor: Vec<f32>,
+    /// `true` when every finite floor also bounds its row's rounding: no entry's exact key
+    /// lies more than `keys[width − 1] − floor` below its computed key (a floor made as the
+    /// last key less the keys' error bound). The re-rank then stops reading a row's
+    /// candidates once their keys, less that margin, pass its k-th exact key. `false`: it
+    /// reads every candidate (floors from other bounds, such as the grid's cells).
+    pub floor_bounds_rounding: bool,
 }
 
 impl Candidates {
@@ -132,6 +138,7 @@ impl Candidates {
             ids: Vec::new(),
             keys: Vec::new(),
             floor: Vec::new(),
+            floor_bounds_rounding: false,
         }
     }
 
@@ -143,6 +150,7 @@ impl Candidates {
             ids: self.ids[start * w..end * w].to_vec(),
             keys: self.keys[start * w..end * w].to_vec(),
             floor: self.floor[start..end].to_vec(),
+            floor_bounds_rounding: self.floor_bounds_rounding,
         }
     }
 }
@@ -210,6 +218,8 @@ pub struct CandidateRows<'a> {
     pub keys: &'a [f32],
     /// One per row: a lower bound on the exact key of every available point not in the row.
     pub floor: &'a [f32],
+    /// As [`Candidates::floor_bounds_rounding`].
+    pub floor_bounds_rounding: bool,
     /// `rows.len()·width` exact keys, when given: `exact[i] == req.kernel.exact(query,
     /// base row ids[i])`, bit for bit.
     pub exact: Option<&'a [f64]>,
@@ -436,6 +446,7 @@ pub trait Engine: Sync {
                 ids: &cand.ids[a * w..b * w],
                 keys: &cand.keys[a * w..b * w],
                 floor: &cand.floor[a..b],
+                floor_bounds_rounding: cand.floor_bounds_rounding,
                 exact: exact.as_ref().map(|e| &e[a * w..b * w]),
             })
         });

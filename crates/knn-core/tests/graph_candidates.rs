@@ -44,6 +44,7 @@ impl Engine for Counting {
             ids,
             keys,
             floor,
+            floor_bounds_rounding: true,
         })
     }
 

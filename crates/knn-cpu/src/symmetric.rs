@@ -350,6 +350,8 @@ pub(crate) fn graph_candidates(
             ids,
             keys: out_keys,
             floor,
+            // The last key less the keys' bound (above).
+            floor_bounds_rounding: true,
         },
         stats,
     )

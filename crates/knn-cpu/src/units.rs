@@ -83,10 +83,12 @@ pub(crate) fn into_candidates(
             top.drain_sorted_into(keys, ids);
             finish(i, keys, floor);
         });
+    // Every `finish` makes a finite floor as the last key less a bound on the row's keys.
     Candidates {
         width,
         ids,
         keys,
         floor,
+        floor_bounds_rounding: true,
     }
 }

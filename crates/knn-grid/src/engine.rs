@@ -184,6 +184,8 @@ impl GridEngine {
                 ids,
                 keys,
                 floor,
+                // Floors from the cells left out, not the keys' rounding.
+                floor_bounds_rounding: false,
             },
             exact_keys,
         ))
@@ -355,6 +357,7 @@ fn run<K: KeyKind, const D: usize>(
                 ids: &ids,
                 keys: &keys,
                 floor: &floors,
+                floor_bounds_rounding: false,
                 exact: want_exact.then_some(&exact[..]),
             });
         });

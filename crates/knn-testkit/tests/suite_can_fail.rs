@@ -40,6 +40,7 @@ fn first_width(req: &CandidateRequest<'_>, key: impl Fn(&[f32], &[f32]) -> f32) 
         ids,
         keys,
         floor: vec![f32::INFINITY; nq],
+        floor_bounds_rounding: false,
     }
 }
 

@@ -262,15 +262,17 @@ impl MultiEngine {
 /// lies above its part's floor, and an entry the merge drops lies at its exact key, known from
 /// the part's exact keys (the kernel's of the request's rows), computed here from the rows when
 /// the part gave none (or gave Hellinger's of the given rows), or, under an expression metric,
-/// above the plan's floor of its computed key. The floor is also kept at most the last key less
-/// the largest rounding bound a part's row shows (`key − floor` of its last entry): the re-rank
-/// reads `keys[w − 1] − floor` as the bound of every key in the row.
+/// above the plan's floor of its computed key. Where every part's floors bound their rows'
+/// rounding ([`Candidates::floor_bounds_rounding`]), the floor is also kept at most the last key
+/// less the largest bound a part's row shows (`key − floor` of its last entry), so that the
+/// merged floors bound the merged rows' rounding too.
 fn merge_parts(
     req: &CandidateRequest<'_>,
     parts: &[Part],
     keys: Keys<'_>,
 ) -> (Candidates, Option<Vec<f64>>) {
     let (nq, w) = (req.queries.rows(), req.width);
+    let rounding = parts.iter().all(|p| p.cand.floor_bounds_rounding);
     let mut ids = vec![0u32; nq * w];
     let mut out_keys = vec![0f32; nq * w];
     let mut floor = vec![0f32; nq];
@@ -304,13 +306,16 @@ fn merge_parts(
                 ex[slot] = parts[g].exact.as_ref().map_or(f64::NAN, |e| e[j]);
                 at[g] += 1;
             }
-            // The re-rank reads `keys[w − 1] − floor` as the rounding bound of every key in
-            // the row (it stops reading candidates past it): each part's own bound, recovered
-            // the same way, must fit in it.
-            let slack = parts
-                .iter()
-                .map(|p| p.cand.keys[(i + 1) * p.cand.width - 1] - p.cand.floor[i])
-                .fold(0.0, f32::max);
+            // Where the parts' floors bound their rows' rounding, the merged floor must bound
+            // the merged row's: each part's bound, recovered the same way, must fit in it.
+            let slack = if rounding {
+                parts
+                    .iter()
+                    .map(|p| p.cand.keys[(i + 1) * p.cand.width - 1] - p.cand.floor[i])
+                    .fold(0.0, f32::max)
+            } else {
+                f32::NEG_INFINITY
+            };
             *fl = parts
                 .iter()
                 .zip(&at)
@@ -326,6 +331,7 @@ fn merge_parts(
         ids,
         keys: out_keys,
         floor,
+        floor_bounds_rounding: rounding,
     };
     (cand, all_exact.then_some(exact))
 }
@@ -423,6 +429,7 @@ impl MultiEngine {
             ids: Vec::with_capacity(nq * req.width),
             keys: Vec::with_capacity(nq * req.width),
             floor: Vec::with_capacity(nq),
+            floor_bounds_rounding: true,
         };
         for r in done.into_inner().unwrap_or_else(|p| p.into_inner()) {
             let c = r.ok_or_else(|| {
@@ -431,6 +438,7 @@ impl MultiEngine {
             out.ids.extend_from_slice(&c.ids);
             out.keys.extend_from_slice(&c.keys);
             out.floor.extend_from_slice(&c.floor);
+            out.floor_bounds_rounding &= c.floor_bounds_rounding;
         }
         Ok(out)
     }
@@ -590,6 +598,7 @@ mod tests {
                         let q = queries.view().row(i);
                         // The re-rank's reading of a floor: no candidate's exact key lies
                         // further below its computed key than the last one's below the floor.
+                        assert!(c.floor_bounds_rounding);
                         let slack = keys[width - 1] as f64 - c.floor[i] as f64;
                         for (&id, &key) in ids.iter().zip(keys) {
                             let x = kernel.exact(q, base.view().row(id as usize));

@@ -375,8 +375,61 @@ mod tests {
                 ids,
                 keys,
                 floor,
+                floor_bounds_rounding: true,
             })
         }
+    }
+
+    /// Keys far from the exact ones (id 1's 0.2 above) under floors that are exact lower
+    /// bounds of the points left out, not the last key less a rounding bound: the contract
+    /// allows it, and [`Candidates::floor_bounds_rounding`] says so.
+    struct LooseKeys;
+
+    impl Engine for LooseKeys {
+        fn name(&self) -> String {
+            "loose".into()
+        }
+        fn candidate_width(&self, _: usize, available: usize, _: crate::Kernel) -> usize {
+            3.min(available)
+        }
+        fn candidates(&self, req: &CandidateRequest<'_>) -> Result<crate::Candidates> {
+            let (nq, nb, w) = (req.queries.rows(), req.base.rows(), req.width);
+            let (mut ids, mut keys, mut floor) = (Vec::new(), Vec::new(), Vec::new());
+            for i in 0..nq {
+                let q = req.queries.row(i);
+                let exact = |b: u32| req.kernel.exact(q, req.base.row(b as usize));
+                let mut row: Vec<(f32, u32)> = (0..nb as u32)
+                    .map(|b| ((exact(b) + if b == 1 { 0.2 } else { 0.0 }) as f32, b))
+                    .collect();
+                row.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                let left = row[w..]
+                    .iter()
+                    .map(|r| exact(r.1))
+                    .fold(f64::INFINITY, f64::min);
+                floor.push((left as f32).next_down());
+                keys.extend(row[..w].iter().map(|r| r.0));
+                ids.extend(row[..w].iter().map(|r| r.1));
+            }
+            Ok(crate::Candidates {
+                width: w,
+                ids,
+                keys,
+                floor,
+                floor_bounds_rounding: false,
+            })
+        }
+    }
+
+    /// The re-rank reads every candidate of a row whose floor is not a rounding margin: here
+    /// the nearest point (id 1, at 1.0) comes second by its key, after id 0 (at 1.1), and a
+    /// margin recovered from the floor (the last key less a floor far above it) would have
+    /// stopped before it.
+    #[test]
+    fn floors_that_are_no_rounding_margin_keep_every_candidate() {
+        let base = Matrix::new("base", vec![1.1f32.sqrt(), 1.0, 3f32.sqrt(), 4.0, 5.0], 1).unwrap();
+        let query = Matrix::new("queries", vec![0.0], 1).unwrap();
+        let got = search(&LooseKeys, base.view(), query.view(), 1, &Metric::SqL2).unwrap();
+        assert_eq!(got.ids, [1]);
     }
 
     /// [`AllPoints`] that finishes even rows itself (as the re-rank would) and leaves odd rows

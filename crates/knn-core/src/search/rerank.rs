@@ -15,6 +15,8 @@ pub(super) struct RowCandidates<'c> {
     pub(super) ids: &'c [u32],
     pub(super) keys: &'c [f32],
     pub(super) floor: f32,
+    /// See [`Candidates::floor_bounds_rounding`].
+    pub(super) floor_bounds_rounding: bool,
     /// The engine's exact keys of `ids`, when it gave them (see
     /// [`Engine::candidates_with_exact`]).
     pub(super) exact: Option<&'c [f64]>,
@@ -243,9 +245,10 @@ impl Rerank<'_, '_> {
     ) -> bool {
         let (k, width) = (self.k, c.ids.len());
         scratch.clear();
-        // The engine's rounding bound, recovered from its floor: a candidate whose key less
-        // that bound exceeds an exact k-th key cannot enter the top k.
-        let slack = if (c.floor as f64).is_finite() {
+        // The engine's rounding bound, recovered from its floor where the engine says it is
+        // one: a candidate whose key less that bound exceeds an exact k-th key cannot enter
+        // the top k.
+        let slack = if c.floor_bounds_rounding && (c.floor as f64).is_finite() {
             c.keys[width - 1] as f64 - c.floor as f64
         } else {
             f64::INFINITY
@@ -427,6 +430,7 @@ impl RowSink for Collector<'_> {
                     ids: &b.ids[i * width..(i + 1) * width],
                     keys: &b.keys[i * width..(i + 1) * width],
                     floor: b.floor[i],
+                    floor_bounds_rounding: b.floor_bounds_rounding,
                     exact: b.exact.map(|e| &e[i * width..(i + 1) * width]),
                 };
                 if self
@@ -466,6 +470,7 @@ pub(super) fn hand_over(cand: &Candidates, exact: Option<&[f64]>, sink: &dyn Row
             ids: &cand.ids[a * w..b * w],
             keys: &cand.keys[a * w..b * w],
             floor: &cand.floor[a..b],
+            floor_bounds_rounding: cand.floor_bounds_rounding,
             exact: exact.map(|e| &e[a * w..b * w]),
         })
     });

@@ -708,6 +708,8 @@ impl Engine for CudaEngine {
             ids,
             keys,
             floor,
+            // The plan's floor of a key at most the last: less than its error bound.
+            floor_bounds_rounding: true,
         })
     }
 }
@@ -779,6 +781,8 @@ impl CudaEngine {
             ids,
             keys,
             floor,
+            // `floors`: the last key (or the cut, below it) less the keys' error bound.
+            floor_bounds_rounding: true,
         };
         Ok((c, exact))
     }

@@ -748,6 +748,8 @@ impl State {
                     ids: vec![0; nq * w],
                     keys: vec![0.0; nq * w],
                     floor: vec![0.0; nq],
+                    // Floors from the cells left out, not the keys' rounding.
+                    floor_bounds_rounding: false,
                 };
                 let mut ex = vec![0f64; nq * w];
                 st.download_into(&self.gpu, ids, bytes_of_mut(&mut c.ids))?;
