@@ -35,6 +35,8 @@ grid() {
 # Median ms of the library call (`--timing-json`), one run each: the runs take seconds.
 ms() { python3 -c "import json; print(round(json.load(open('$1'))['median_ms'], 1))"; }
 
+# One run per process: a repeated graph on the same index reuses its kept lists (KNN_PROFILE of a
+# run says how long opening the GPUs took: about 0.87 s on 4 H100s, in both columns).
 multi_graph() {
     gen p256.npy -n 1000000 -d 256 --seed 4
     for sym in auto off; do

@@ -263,7 +263,8 @@ extern "C" __global__ void round_f16(const float* __restrict__ x, long long n, i
 }
 
 // hi[p] = the r-th smallest key of point p (< n) against the sample points m·q (m < S, m·q ≠ p),
-// +inf when there are fewer. One block per tile of BQ points; thread (half, row) keeps the r
+// +inf when there are fewer. One block per tile of BQ points, from tile b0 on (several GPUs
+// each take a range of tiles); thread (half, row) keeps the r
 // smallest keys of its row against the tile's columns of that half, unsorted in shared memory
 // (the largest is its threshold); the two halves' lists are joined at the end. P̃: the points
 // rounded to TF32 (H16: `round_f16`'s rows, d words each, products times us²). Shared memory:
@@ -271,12 +272,12 @@ extern "C" __global__ void round_f16(const float* __restrict__ x, long long n, i
 template <int KERNEL, bool H16>
 __device__ void sample_thresholds(const float* __restrict__ Pt, const float* __restrict__ pn,
                                   long long n, int d, int q, long long S, int r,
-                                  float* __restrict__ hi, float us) {
+                                  float* __restrict__ hi, float us, long long b0) {
     extern __shared__ __align__(16) unsigned char smem[];
     float* work = (float*)smem;
     int tid = threadIdx.x, row = tid & (BQ - 1), half = tid >> 7;
     float* kept = work + BQ * TS_TF + half * r * BQ + row;  // kept[j * BQ], j < r
-    long long q0 = (long long)blockIdx.x * BQ, p = q0 + row;
+    long long q0 = (b0 + blockIdx.x) * BQ, p = q0 + row;
     bool mine = p < n;
     float thr = POS_INF;
     int arg = 0;
@@ -371,7 +372,8 @@ __device__ __forceinline__ void flush(Queue q, u32* __restrict__ cnt, u64* __res
 }
 
 // Every unordered pair {i, j} of the n points once (tile b meets tiles b + dist, dist = s,
-// s + nsplit, ... ≤ H_b, as `sym_topk`), its key appended to i's buffer when ≤ hi[i] and to
+// s + nsplit, ... ≤ H_b, as `sym_topk`; blocks from tile b0 on: every tile has (T − 1) / 2
+// partners or one more, so GPUs that each take a range of tiles share the pairs evenly), its key appended to i's buffer when ≤ hi[i] and to
 // j's when ≤ hi[j]; a diagonal tile's pairs i ≠ j by row only. P̃: the points rounded to TF32
 // (d % 4 == 0, 16-byte aligned: the staging is cp.async's; H16: `round_f16`'s rows, d words
 // each, products times us²). Shared memory: the staging and key tile (BQ · TS_TF floats), the
@@ -380,7 +382,8 @@ __device__ __forceinline__ void flush(Queue q, u32* __restrict__ cnt, u64* __res
 template <int KERNEL, bool H16>
 __device__ void collect_pairs(const float* __restrict__ Pt, const float* __restrict__ pn,
                               long long n, int d, int nsplit, const float* __restrict__ hi,
-                              u32* __restrict__ cnt, int cap, u64* __restrict__ buf, float us) {
+                              u32* __restrict__ cnt, int cap, u64* __restrict__ buf, float us,
+                              long long b0) {
     extern __shared__ __align__(16) unsigned char smem[];
     float* work = (float*)smem;
     float* rh = work + BQ * TS_TF;  // after the staging and key tile
@@ -390,7 +393,7 @@ __device__ void collect_pairs(const float* __restrict__ Pt, const float* __restr
     queue.count = (int*)(queue.point + COLLECT_QUEUE);
     int tid = threadIdx.x;
     long long T = (n + BQ - 1) / BQ;
-    long long b = blockIdx.x / nsplit;
+    long long b = b0 + blockIdx.x / nsplit;
     int s = blockIdx.x % nsplit;
     long long q0 = b * BQ;
     long long H = (T - 1) / 2 + ((T % 2 == 0 && b < T / 2) ? 1 : 0);
@@ -454,16 +457,39 @@ __device__ __forceinline__ void warp_bitonic(u64* x, int len, int lane) {
         }
 }
 
+// Fills x[m..want) of a sorted list x[0..m) (len ≥ m a power of two ≥ 32, x[m..len) SENTINEL,
+// room for a power of two ≥ want) with points other than p (of n) at key +inf, not already in
+// x[0..m), and sorts it again; returns the new len. Rare (lists short of W): lane 0 searches.
+__device__ int fill_list(u64* x, int m, int len, int want, long long p, long long n, int lane) {
+    if (lane == 0) {
+        int f = m;
+        for (long long id = (p + 1) % n; f < want; id = (id + 1) % n) {
+            bool taken = id == p;
+            for (int j = 0; j < m && !taken; j++) taken = (u32)x[j] == (u32)id;
+            if (!taken) x[f++] = composite(POS_INF, (u32)id);
+        }
+    }
+    __syncwarp();
+    while (len < want) {
+        for (int i = len + lane; i < 2 * len; i += 32) x[i] = i < want ? x[i] : SENTINEL;
+        len <<= 1;
+    }
+    warp_bitonic(x, len, lane);
+    return len;
+}
+
 // Point p's list (blockDim.x / 32 points per block, one warp each): the W smallest of its
 // buffer, sorted (a bitonic sort in shared memory, cap u64 per warp), SENTINEL-padded; and
 // cut[p], a lower bound of every composite the list misses: none (SENTINEL) when the buffer
 // held every key ≤ hi[p] and at least W of them, (hi[p], NO_ID) when it held fewer (a key it
 // missed is above hi[p], or NaN), (-inf, 0) (nothing proven; the pipeline retries the point)
-// when it overflowed.
+// when it overflowed. A list short of W is filled up (`fill_list`) unless `part`: a GPU's
+// part of the pairs, whose lists are merged with the other parts' before `sym_fill`.
 extern "C" __global__ void sym_collect_finish(const u64* __restrict__ buf,
                                               const u32* __restrict__ cnt, int cap, long long n,
                                               int W, const float* __restrict__ hi,
-                                              u64* __restrict__ lists, u64* __restrict__ cut) {
+                                              u64* __restrict__ lists, u64* __restrict__ cut,
+                                              int part) {
     extern __shared__ u64 sorted[];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     long long p = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
@@ -480,21 +506,8 @@ extern "C" __global__ void sym_collect_finish(const u64* __restrict__ buf,
     // slot holds a real point for the exact keys (their TF32 keys are unknown; +inf keeps the
     // W-th key from bounding anything, and the cut below gives the floor).
     int want = (int)min((long long)W, n - 1);
-    if (m < want) {
-        if (lane == 0) {
-            int f = m;
-            for (long long id = (p + 1) % n; f < want; id = (id + 1) % n) {
-                bool taken = id == p;
-                for (int j = 0; j < m && !taken; j++) taken = (u32)x[j] == (u32)id;
-                if (!taken) x[f++] = composite(POS_INF, (u32)id);
-            }
-        }
-        __syncwarp();
-        while (len < want) {
-            for (int i = len + lane; i < 2 * len; i += 32) x[i] = i < want ? x[i] : SENTINEL;
-            len <<= 1;
-        }
-        warp_bitonic(x, len, lane);
+    if (m < want && !part) {
+        fill_list(x, m, len, want, p, n, lane);
         m = want;
     }
     for (int i = lane; i < W; i += 32) lists[p * W + i] = i < m ? x[i] : SENTINEL;
@@ -504,17 +517,45 @@ extern "C" __global__ void sym_collect_finish(const u64* __restrict__ buf,
     }
 }
 
+// Rows p0 .. p0 + rows of merged part lists (`lists`, W ≤ 128 composites per row, sorted,
+// SENTINEL after the real entries) filled up as `sym_collect_finish` fills a list short of W:
+// one warp per row, 128 u64 of shared memory per warp.
+extern "C" __global__ void sym_fill(u64* __restrict__ lists, long long rows, long long p0,
+                                    long long n, int W) {
+    __shared__ u64 rowbuf[8 * 128];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    long long r = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
+    if (r >= rows) return;
+    u64* row = lists + r * W;
+    int want = (int)min((long long)W, n - 1);
+    if (want == 0 || row[want - 1] != SENTINEL) return;  // full (the common case)
+    u64* x = rowbuf + warp * 128;
+    int m = 0;
+    for (int i = lane; i < W; i += 32) {
+        u64 v = row[i];
+        x[i] = v;
+        m += v != SENTINEL;
+    }
+    for (int o = 16; o > 0; o >>= 1) m += __shfl_xor_sync(0xffffffffu, m, o);
+    int len = 32;
+    while (len < m) len <<= 1;
+    for (int i = m + lane; i < len; i += 32) x[i] = SENTINEL;
+    __syncwarp();
+    fill_list(x, m, len, want, p0 + r, n, lane);
+    for (int i = lane; i < W; i += 32) row[i] = i < want ? x[i] : SENTINEL;
+}
+
 #define COLLECT(NAME, K, H16)                                                                      \
     extern "C" __global__ void __launch_bounds__(THREADS, 2) NAME##_thr(                          \
         const float* __restrict__ Pt, const float* __restrict__ pn, long long n, int d, int q,     \
-        long long S, int r, float* __restrict__ hi, float us) {                                    \
-        sample_thresholds<K, H16>(Pt, pn, n, d, q, S, r, hi, us);                                  \
+        long long S, int r, float* __restrict__ hi, float us, long long b0) {                      \
+        sample_thresholds<K, H16>(Pt, pn, n, d, q, S, r, hi, us, b0);                              \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(THREADS, 2) NAME(                                \
         const float* __restrict__ Pt, const float* __restrict__ pn, long long n, int d,            \
         int nsplit, const float* __restrict__ hi, u32* __restrict__ cnt, int cap,                  \
-        u64* __restrict__ buf, float us) {                                                         \
-        collect_pairs<K, H16>(Pt, pn, n, d, nsplit, hi, cnt, cap, buf, us);                        \
+        u64* __restrict__ buf, float us, long long b0) {                                           \
+        collect_pairs<K, H16>(Pt, pn, n, d, nsplit, hi, cnt, cap, buf, us, b0);                    \
     }
 // (TF32-rounded points, H16 = false, lost to f16 in the collect form: NOTES.md, stop 17.)
 COLLECT(sym_collect_f16_sql2, KERNEL_SQL2, true)

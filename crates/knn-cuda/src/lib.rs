@@ -49,5 +49,6 @@ mod tuning;
 
 pub use device::{devices, DeviceInfo};
 pub use engine::{CudaEngine, DeviceQueries, DeviceResults, DeviceSearch, Method, Plain};
+pub use fused::GraphShare;
 pub use grid::{CudaGridEngine, GRID_WIDTH_MAX};
 pub use tuning::{CollectPlan, CudaTuning};

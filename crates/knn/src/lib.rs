@@ -202,6 +202,18 @@ impl Knn {
     /// Picks the engine for `opts`. `Device::Auto` takes a GPU when one is usable, else the CPU;
     /// `Device::Cuda(n)` fails clearly when there is none. The GPU baselines need a GPU.
     pub fn new(opts: &Options) -> Result<Self> {
+        let opened = std::time::Instant::now();
+        let knn = Self::open(opts);
+        if std::env::var_os("KNN_PROFILE").is_some() {
+            eprintln!(
+                "knn: engines opened in {:.2} ms",
+                opened.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        knn
+    }
+
+    fn open(opts: &Options) -> Result<Self> {
         let gpu_only = matches!(
             opts.method,
             Method::Global | Method::Texture | Method::Cublas
@@ -462,10 +474,27 @@ mod gpu {
         if let Some(d) = ordinals.iter().find(|&&d| !seen.insert(d)) {
             return Err(KnnError::Option(format!("GPU {d} is listed twice")));
         }
-        let engines = ordinals
-            .iter()
-            .map(|&n| engine(n, opts).map(|e| Box::new(e) as Box<dyn Engine + Send>))
-            .collect::<Result<Vec<_>>>()?;
+        // The GPUs share the pairs of symmetric graphs (each makes a part of the lists). They
+        // are opened at once, a thread each (a context and its modules per GPU).
+        let shares = knn_cuda::GraphShare::new(ordinals.len());
+        let engines = std::thread::scope(|s| {
+            let opened: Vec<_> = ordinals
+                .iter()
+                .zip(shares)
+                .map(|(&n, share)| {
+                    s.spawn(move || engine(n, opts).map(|e| e.with_graph_share(share)))
+                })
+                .collect();
+            opened
+                .into_iter()
+                .map(|t| {
+                    let e = t.join().unwrap_or_else(|_| {
+                        Err(KnnError::Device("opening a GPU panicked".into()))
+                    })?;
+                    Ok(Box::new(e) as Box<dyn Engine + Send>)
+                })
+                .collect::<Result<Vec<_>>>()
+        })?;
         Ok(crate::multi::MultiEngine::new(engines))
     }
 

@@ -3,7 +3,7 @@
 
 use knn_core::{
     part_key, CandidateRequest, Candidates, Engine, ExactFrom, ExprPlan, Kernel, KnnError,
-    MatrixRef, Result,
+    MatrixRef, Metric, Result,
 };
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,10 +20,15 @@ use std::sync::Mutex;
 /// - Otherwise (graphs, smaller bases) the pipeline hands whole rounds of queries to each engine
 ///   ([`Engine::devices`]); a request that reaches this engine directly is cut into query tiles
 ///   taken from a shared queue, one host thread per engine, each tile's rows back in place.
+/// - Every engine is told of a whole graph ([`Engine::begin_graph`]) at once, a thread each:
+///   CUDA engines that share graphs' pairs (`knn_cuda::GraphShare`) each make their part then.
 pub(crate) struct MultiEngine {
     engines: Vec<Box<dyn Engine + Send>>,
     /// Base bytes (f32 values) from which searches split the base.
     split_bases_from: usize,
+    /// Held while the engines are told of a graph: the parts of one graph wait for each other,
+    /// so two graphs told at once could each hold an engine the other waits for.
+    graph_begun: Mutex<()>,
 }
 
 /// Tiles per engine and request of the query split. Each tile is one engine call, and a CUDA
@@ -42,6 +47,7 @@ impl MultiEngine {
         MultiEngine {
             engines,
             split_bases_from: SPLIT_BASES_FROM,
+            graph_begun: Mutex::new(()),
         }
     }
 
@@ -120,6 +126,30 @@ impl Engine for MultiEngine {
             .iter()
             .map(|e| e.as_ref() as &dyn Engine)
             .collect()
+    }
+
+    /// Every engine, at once (a thread each), the first error returned.
+    fn begin_graph(
+        &self,
+        first: &CandidateRequest<'_>,
+        finish: Option<(&Metric, usize)>,
+    ) -> Result<()> {
+        let _one = self.graph_begun.lock().unwrap_or_else(|p| p.into_inner());
+        std::thread::scope(|s| {
+            let told: Vec<_> = self
+                .engines
+                .iter()
+                .map(|e| s.spawn(move || e.begin_graph(first, finish)))
+                .collect();
+            told.into_iter()
+                .map(|t| {
+                    t.join().unwrap_or_else(|_| {
+                        Err(KnnError::Device("an engine's thread panicked".into()))
+                    })
+                })
+                .collect::<Result<Vec<()>>>()
+                .map(drop)
+        })
     }
 
     fn concurrent_rounds(&self) -> usize {
@@ -666,6 +696,64 @@ mod tests {
                             "{metric} k={k} n={} d={d}",
                             base.rows()
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Three CUDA engines on one device sharing the pairs of symmetric graphs (each a third of
+    /// the collect form's tiles, rows merged from the three parts): the CPU engine's graphs
+    /// (skipped without a GPU, a failure then with `KNN_REQUIRE_GPU=1`).
+    #[test]
+    fn cuda_engines_share_graph_pairs() {
+        if !knn_cuda::CudaEngine::available() {
+            assert!(
+                std::env::var_os("KNN_REQUIRE_GPU").is_none(),
+                "KNN_REQUIRE_GPU is set but no CUDA device is usable"
+            );
+            eprintln!("skipped: no CUDA device");
+            return;
+        }
+        let shares = knn_cuda::GraphShare::new(3);
+        let watch = shares[0].clone();
+        let engines = shares
+            .into_iter()
+            .map(|share| -> Box<dyn Engine + Send> {
+                let fallback = Box::new(knn_cpu::CpuEngine::new(None).unwrap());
+                Box::new(
+                    knn_cuda::CudaEngine::new(0, knn_cuda::Method::Fused)
+                        .unwrap()
+                        .with_symmetry(knn_core::Symmetry::On)
+                        .with_fallback(fallback)
+                        .with_graph_share(share),
+                )
+            })
+            .collect();
+        let shared = MultiEngine::new(engines);
+        let one = knn_cpu::CpuEngine::new(None).unwrap();
+        let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
+        // 20 001 points: thresholds from a sample; 1000: every pair kept; 200: two tiles, so
+        // one part has none; the twins: every point thrice, ties across the parts.
+        for (n, d) in [(20_001, 64), (1000, 32), (200, 16)] {
+            let points = Matrix::new("points", generate(u, n, d, 8), d).unwrap();
+            for points in [points, twins(d)] {
+                for metric in [
+                    Metric::L2,
+                    Metric::InnerProduct,
+                    Metric::Cosine,
+                    Metric::Hellinger,
+                ] {
+                    for k in [1, 16, 100] {
+                        if k >= points.rows() {
+                            continue;
+                        }
+                        let before = watch.rows_merged();
+                        let a = knn_core::graph(&one, points.view(), k, &metric).unwrap();
+                        let b = knn_core::graph(&shared, points.view(), k, &metric).unwrap();
+                        let what = format!("{metric} k={k} n={} d={d}", points.rows());
+                        assert_eq!(a, b, "{what}");
+                        assert!(watch.rows_merged() > before, "{what}: no rows were merged");
                     }
                 }
             }

@@ -56,7 +56,7 @@ fn finds_every_kernel_name() {
 }
 
 /// Kernels of the symmetric module (`kernels/sym.cu`).
-const SYM_KERNELS: usize = 20;
+const SYM_KERNELS: usize = 21;
 
 /// Compiles every kernel for sm_90 with NVRTC when the library can be loaded (no GPU
 /// needed: `LD_LIBRARY_PATH` pointing at a `libnvrtc.so` is enough); skips otherwise.

@@ -9,7 +9,7 @@ pub use method::Method;
 
 use crate::device::{driver_device_count, is_oom, Gpu};
 use crate::floor::{centred_max_norm, floors, mean, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
-use crate::fused::{self, GraphLists, Resident, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX};
+use crate::fused::{self, GraphLists, GraphShare, Resident, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX};
 use crate::tuning::CudaTuning;
 use knn_core::{
     CandidateRequest, Candidates, Engine, ExactFrom, ExprPlan, FinishedRows, Kernel, KnnError,
@@ -37,6 +37,8 @@ pub struct CudaEngine {
     graph_ahead: Mutex<Option<(u64, usize)>>,
     /// Its symmetric lists, once made.
     graph: Mutex<Option<GraphLists>>,
+    /// The engines (other GPUs) this one shares graphs' pairs with, if any.
+    share: Option<GraphShare>,
     /// Graphs whose first tries were made symmetrically so far.
     graphs_made: AtomicUsize,
     /// The given base of the coming requests, copied while the host prepared.
@@ -137,6 +139,7 @@ impl CudaEngine {
             tuning: CudaTuning::default(),
             graph_ahead: Mutex::new(None),
             graph: Mutex::new(None),
+            share: None,
             graphs_made: AtomicUsize::new(0),
             prefetched: Mutex::new(None),
             fallback: None,
@@ -159,6 +162,15 @@ impl CudaEngine {
                 self.name()
             ))
         })
+    }
+
+    /// The same engine sharing the pairs of symmetric kNN graphs with the other engines of
+    /// `share` (one per GPU, see [`GraphShare`]): told of a graph (`Engine::begin_graph`), it
+    /// makes its part of the collect form's lists at once, and each of its rounds merges every
+    /// part's lists of its rows. The answer is the same as alone.
+    pub fn with_graph_share(mut self, share: GraphShare) -> Self {
+        self.share = Some(share);
+        self
     }
 
     /// The same engine with kNN graphs computed symmetrically `On`, `Off`, or where it pays
@@ -443,6 +455,7 @@ impl CudaEngine {
                         cache: &mut resident,
                         exact: exact_view(req, exact && expr.is_none()),
                         graph: symmetric.then_some(&mut *graph),
+                        share: self.share.as_ref(),
                         prefetched: &mut prefetched,
                     };
                     let finish = finish.as_mut().map(fused::Finish::reborrow);
@@ -618,6 +631,17 @@ impl Engine for CudaEngine {
     ) -> Result<()> {
         let ahead = first.base_key.map(|key| (key, first.width));
         *self.graph_ahead.lock().unwrap_or_else(|p| p.into_inner()) = ahead;
+        if let (Some(share), Some(graph)) = (&self.share, ahead) {
+            // Every part is made now, whatever finishes the rows: the other parts wait for
+            // this one's thresholds. However the attempt ends, the others learn of it.
+            let made = self.locked().and_then(|mut gpu| {
+                let info = self.base_info(first);
+                self.rows(&mut gpu, first, &info, true, None, None)
+                    .map(drop)
+            });
+            share.settle(graph);
+            return made;
+        }
         let Some((metric, k)) = finish else {
             return Ok(());
         };

@@ -6,6 +6,7 @@
 
 use super::finish::{exact_keys, launch_finish, FinishedChunk};
 use super::select::merge_runs;
+use super::share::{gather_thresholds, record, GraphShare, PartLists, Thresholds};
 use super::timing::KernelTimer;
 use super::{
     blocks_per_sm, split_count, split_width, BASE_TILE, QUERY_TILE, ROW_BUF_SMEM, SENTINEL,
@@ -15,6 +16,7 @@ use crate::device::{dev_err, Gpu};
 use crate::tuning::{CollectPlan, CudaTuning};
 use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
 use knn_core::{CandidateRequest, Kernel, KnnError, Result};
+use std::sync::Arc;
 
 /// Every row's first-try lists of a whole kNN graph, made at once with each unordered pair's
 /// key computed once (`kernels/sym.cu`), kept on the device while the graph's rounds copy their
@@ -23,10 +25,13 @@ pub(crate) struct GraphLists {
     key: u64,
     width: usize,
     kernel: String,
-    pub(super) lists: CudaSlice<u64>,
+    pub(super) lists: Arc<CudaSlice<u64>>,
     /// Per row, the smallest entry a truncated list left out (as
     /// [`Output::cut`](super::Output::cut)).
-    pub(super) cut: CudaSlice<u64>,
+    pub(super) cut: Arc<CudaSlice<u64>>,
+    /// Set when these are this GPU's part of lists whose pairs several GPUs shared (see
+    /// [`GraphShare`]): a row's lists are then the parts' merged.
+    pub(super) shared: bool,
     /// Every row finished at once (exact keys and final rows), made by the first call that
     /// finishes rows; later calls only download theirs.
     finished: std::cell::OnceCell<GraphFinished>,
@@ -100,6 +105,10 @@ pub(super) fn graph_finished<'g>(
     if let Some(f) = g.finished.get() {
         return Ok((f.k == k && f.mode == mode).then_some(f));
     }
+    // A part's lists are merged with the other parts' round by round.
+    if g.shared {
+        return Ok(None);
+    }
     let (n, w) = (g.cut.len(), g.width);
     if n * (8 * k + 16) + FINISH_ROWS * w * 8 > budget / 4 {
         return Ok(None);
@@ -160,6 +169,11 @@ impl GraphLists {
     pub(crate) fn key(&self) -> u64 {
         self.key
     }
+
+    /// The graph it belongs to: base key and width.
+    pub(super) fn graph(&self) -> (u64, usize) {
+        (self.key, self.width)
+    }
 }
 
 /// The symmetric kernel for first tries of width `w` with the built-in kernel `tag` (TF32 for
@@ -187,9 +201,11 @@ pub(super) fn list_slots(w: usize) -> usize {
 }
 
 /// The whole graph's lists for `req` (its base is the graph's points, resident at `b`, `bn`):
-/// the kept ones when they match, else made now. `None` when no symmetric kernel fits the
-/// request or its buffers do not fit `budget` (the call then runs as usual). Returns the
-/// lists and the device time spent making them.
+/// the kept ones when they match, else made now (this GPU's part of them under `share`: the
+/// collect form only). `None` when no symmetric kernel fits the request or its buffers do not
+/// fit `budget` (the call then runs as usual). Returns the lists and the device time spent
+/// making them.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn graph_lists<'g>(
     gpu: &Gpu,
     tuning: &CudaTuning,
@@ -198,6 +214,7 @@ pub(super) fn graph_lists<'g>(
     (b, bn): (u64, u64),
     slot: &'g mut Option<GraphLists>,
     budget: usize,
+    share: Option<&GraphShare>,
 ) -> Result<Option<(&'g GraphLists, f32)>> {
     let (n, d, w) = (req.base.rows(), req.base.dim(), req.width);
     let (Some(key), Some(_)) = (req.base_key, sym_kernel(tag, tf, w)) else {
@@ -214,10 +231,17 @@ pub(super) fn graph_lists<'g>(
     // which stages by cp.async: rows of a multiple of 4 floats. L1, L∞ and other d fold.
     if tf && d % 4 == 0 {
         let plan = tuning.collect.map(|p| p.valid_for(w));
-        if let Some((lists, ms)) = collected_lists(gpu, (n, d, w), tag, (b, bn), plan, budget)? {
+        let shared = share.map(|s| (s, (key, w)));
+        let made = collected_lists(gpu, (n, d, w), tag, (b, bn), plan, budget, shared)?;
+        if let Some((lists, ms)) = made {
             *slot = Some(GraphLists { key, ..lists });
             return Ok(slot.as_ref().map(|g| (g, ms)));
         }
+    }
+    // Each GPU of a share folding every pair itself would only repeat the others' work: their
+    // rows go one-sided.
+    if share.is_some() {
+        return Ok(None);
     }
     let tiles = n.div_ceil(QUERY_TILE);
     // Partner tiles per tile, its own included.
@@ -329,8 +353,9 @@ pub(super) fn graph_lists<'g>(
         key,
         width: w,
         kernel: name,
-        lists: merged.buf,
-        cut,
+        lists: Arc::new(merged.buf),
+        cut: Arc::new(cut),
+        shared: false,
     });
     Ok(slot.as_ref().map(|g| (g, ms)))
 }
@@ -378,6 +403,11 @@ impl CollectPlan {
 /// exceed, then each buffer sorted, by `plan` (`None`: the automatic one). `None` when its
 /// buffers do not fit half the `budget`. Returns the lists (`key` left 0) and their device
 /// time.
+///
+/// With `share` (and the graph's key), this GPU takes its part of the point tiles: their
+/// thresholds (published, then every part's gathered), the pairs they meet, and every point's
+/// part of the lists, published for the other parts (see [`GraphShare`]). `None` also when
+/// another part declined, or on a second attempt at the same graph.
 fn collected_lists(
     gpu: &Gpu,
     (n, d, w): (usize, usize, usize),
@@ -385,13 +415,16 @@ fn collected_lists(
     (b, bn): (u64, u64),
     plan: Option<CollectPlan>,
     budget: usize,
+    share: Option<(&GraphShare, (u64, usize))>,
 ) -> Result<Option<(GraphLists, f32)>> {
     let plan = plan.unwrap_or_else(|| CollectPlan::new(n, w));
     let CollectPlan { stride, r, cap } = plan;
-    if n * ((cap + w + 2) * 8 + d * 4) > budget / 2 {
+    if share.is_some_and(|(s, key)| s.began(key)) || n * ((cap + w + 2) * 8 + d * 4) > budget / 2 {
         return Ok(None);
     }
     let tiles = n.div_ceil(QUERY_TILE);
+    // The tiles whose thresholds and pairs this GPU computes.
+    let mine = share.map_or(0..tiles, |(s, _)| s.tiles(tiles));
     let partners = (tiles - 1) / 2 + 1;
     let nsplit = partners.min(8);
     let mut timer = KernelTimer::start(gpu)?;
@@ -405,6 +438,7 @@ fn collected_lists(
         gpu.upload(&vec![f32::INFINITY; n])?
     } else {
         let hi = gpu.alloc::<f32>(n)?;
+        let b0 = mine.start as i64;
         let f = gpu.func(&format!("{name}_thr"))?;
         let smem = TILE_SMEM_TF32 + 2 * r * QUERY_TILE * 4;
         blocks_per_sm(f, smem)?;
@@ -423,18 +457,46 @@ fn collected_lists(
             .arg(&s64)
             .arg(&r32)
             .arg(&ph)
-            .arg(&us);
+            .arg(&us)
+            .arg(&b0);
         // SAFETY: pt holds n rows of d32 words and bn n, hi n; the sample rows m·stride < n;
-        // the shared memory is the key tile and 2·r keys per row.
-        unsafe {
-            l.launch(LaunchConfig {
-                grid_dim: (tiles as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: smem as u32,
-            })
+        // the tiles from b0 on hold points < n; the shared memory is the key tile and 2·r
+        // keys per row.
+        if !mine.is_empty() {
+            unsafe {
+                l.launch(LaunchConfig {
+                    grid_dim: (mine.len() as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: smem as u32,
+                })
+            }
+            .map_err(dev_err(&name))?;
         }
-        .map_err(dev_err(&name))?;
         hi
+    };
+    let hi = Arc::new(hi);
+    // A part publishes its points' thresholds and takes every other part's.
+    let thresholds = match share {
+        Some((s, key)) => {
+            let rows = (mine.start * QUERY_TILE).min(n)..(mine.end * QUERY_TILE).min(n);
+            let (ready, ctx) = (record(gpu)?, gpu.ctx.clone());
+            let own = Arc::new(Thresholds {
+                ctx,
+                hi: hi.clone(),
+                ready,
+                rows,
+            });
+            s.publish_thresholds(key, own.clone());
+            let Some(all) = s.wait_thresholds(key) else {
+                return Ok(None);
+            };
+            gather_thresholds(gpu, &all, s.part().0, &hi)?;
+            // The others' thresholds are freed on their own streams when their last holder
+            // lets go: this one lets go of `all` only once its copies are done.
+            gpu.sync()?;
+            Some(own)
+        }
+        None => None,
     };
     timer.mark(gpu, "thresholds", profile)?;
     let cnt = gpu
@@ -446,7 +508,7 @@ fn collected_lists(
     let f = gpu.func(&name)?;
     let smem = COLLECT_SMEM;
     blocks_per_sm(f, smem)?;
-    let ns32 = nsplit as i32;
+    let (ns32, b0) = (nsplit as i32, mine.start as i64);
     let mut l = gpu.stream.launch_builder(f);
     l.arg(&pt)
         .arg(&bn)
@@ -457,17 +519,20 @@ fn collected_lists(
         .arg(&pc)
         .arg(&cap32)
         .arg(&pb)
-        .arg(&us);
-    // SAFETY: pt holds n rows of d32 words, bn, hi and cnt n, buf n×cap; the shared memory is
-    // laid out as `COLLECT_SMEM` says.
-    unsafe {
-        l.launch(LaunchConfig {
-            grid_dim: ((tiles * nsplit) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: smem as u32,
-        })
+        .arg(&us)
+        .arg(&b0);
+    // SAFETY: pt holds n rows of d32 words, bn, hi and cnt n, buf n×cap; the tiles from b0 on
+    // are tiles of the n points; the shared memory is laid out as `COLLECT_SMEM` says.
+    if !mine.is_empty() {
+        unsafe {
+            l.launch(LaunchConfig {
+                grid_dim: ((mine.len() * nsplit) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: smem as u32,
+            })
+        }
+        .map_err(dev_err(&name))?;
     }
-    .map_err(dev_err(&name))?;
     timer.mark(gpu, "pairs", profile)?;
     let lists = gpu.alloc::<u64>(n * w)?;
     let cut = gpu.alloc::<u64>(n)?;
@@ -480,6 +545,7 @@ fn collected_lists(
     }
     blocks_per_sm(f, smem)?;
     let (w32, pl, pcut) = (w as i32, gpu.ptr(&lists), gpu.ptr(&cut));
+    let part = i32::from(share.is_some());
     let mut l = gpu.stream.launch_builder(f);
     l.arg(&pb)
         .arg(&pc)
@@ -488,7 +554,8 @@ fn collected_lists(
         .arg(&w32)
         .arg(&ph)
         .arg(&pl)
-        .arg(&pcut);
+        .arg(&pcut)
+        .arg(&part);
     // SAFETY: buf n×cap, cnt and hi n, lists n×w, cut n; cap u64 of shared memory per warp.
     unsafe {
         l.launch(LaunchConfig {
@@ -506,6 +573,17 @@ fn collected_lists(
              {over} buffers overflowed, {ms:.2} ms: {parts}"
         );
     }
+    let (lists, cut) = (Arc::new(lists), Arc::new(cut));
+    if let (Some((s, key)), Some(thresholds)) = (share, thresholds) {
+        let part = PartLists {
+            ctx: gpu.ctx.clone(),
+            lists: lists.clone(),
+            cut: cut.clone(),
+            ready: record(gpu)?,
+            thresholds,
+        };
+        s.publish_lists(key, Arc::new(part));
+    }
     let lists = GraphLists {
         finished: std::cell::OnceCell::new(),
         input_abs: rounded.input_abs,
@@ -514,6 +592,7 @@ fn collected_lists(
         kernel: format!("{name}_w{w}"),
         lists,
         cut,
+        shared: share.is_some(),
     };
     Ok(Some((lists, ms)))
 }

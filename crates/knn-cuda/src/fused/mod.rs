@@ -6,11 +6,13 @@ mod finish;
 mod graph;
 mod resident;
 mod select;
+mod share;
 mod timing;
 
 pub(crate) use finish::{DeviceIo, Finish, Finished};
 pub(crate) use graph::GraphLists;
 pub(crate) use resident::{BaseView, Prefetched, Resident};
+pub use share::GraphShare;
 
 use crate::device::{dev_err, Gpu};
 use crate::tuning::CudaTuning;
@@ -494,7 +496,7 @@ pub(crate) fn run(
     let resident = held.map(|r| (&r.b, &r.bn));
     // A first try of a whole graph the engine was told of: every row's lists made at once,
     // each unordered pair once, then each call's rows copied out of them.
-    let graph = match (base.graph, resident) {
+    let mut graph = match (base.graph, resident) {
         (Some(slot), Some((b, bn)))
             if small
                 && req
@@ -510,7 +512,20 @@ pub(crate) fn run(
                 (gpu.ptr(b), gpu.ptr(bn)),
                 slot,
                 rest,
+                base.share,
             )?
+        }
+        _ => None,
+    };
+    // This GPU's part of a graph whose pairs several shared: rows are read from every part
+    // (held until the call's copies are done), or computed one-sided when one is missing.
+    let parts = match (graph, base.share) {
+        (Some((g, _)), Some(s)) if g.shared => {
+            let parts = s.lists(g.graph());
+            if parts.is_none() {
+                graph = None;
+            }
+            parts.map(|p| (p, s.part().0))
         }
         _ => None,
     };
@@ -639,7 +654,16 @@ pub(crate) fn run(
         if let Some(e) = &t0 {
             e.record(&gpu.stream).map_err(dev_err("event"))?;
         }
-        let copied = if let (Some((g, _)), Some(at)) = (graph, alias) {
+        let copied = if let (Some((g, _)), Some(at), Some((parts, own))) = (graph, alias, &parts) {
+            // The parts' lists of these rows, merged (see `share::merged_rows`).
+            let (rows, least) = share::merged_rows(gpu, parts, *own, (at, n, g.cut.len(), w))?;
+            if let Some(s) = base.share {
+                s.merged(n);
+            }
+            running = Some(rows);
+            cut = least;
+            true
+        } else if let (Some((g, _)), Some(at)) = (graph, alias) {
             // The graph's lists of these rows (the same candidates and floors as the kernels'
             // below would give: every other point was met once, by row or by column).
             let mut rows = gpu.alloc::<u64>(n * w)?;

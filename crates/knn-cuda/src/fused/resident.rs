@@ -2,7 +2,7 @@
 //! its exact keys are taken of), the view a call has of it ([`BaseView`]), rows copied ahead
 //! ([`Prefetched`]), and the uploads of base and query rows.
 
-use super::{Exact, GraphLists};
+use super::{Exact, GraphLists, GraphShare};
 use crate::device::Gpu;
 use cudarc::driver::CudaSlice;
 use knn_core::{CandidateRequest, Result};
@@ -57,6 +57,8 @@ pub(crate) struct BaseView<'a> {
     /// ([`knn_core::Engine::begin_graph`]): the symmetric lists kept for it, made on the
     /// first such request (see [`GraphLists`]).
     pub graph: Option<&'a mut Option<GraphLists>>,
+    /// The engines this one shares graphs' pairs with, if any (see [`GraphShare`]).
+    pub share: Option<&'a GraphShare>,
     /// The given base rows copied ahead (see [`Prefetched`]), taken by the upload of those rows.
     pub prefetched: &'a mut Option<Prefetched>,
 }

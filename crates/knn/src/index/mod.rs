@@ -190,6 +190,7 @@ impl Index {
         // that where they differ (the first search takes the copy). Expression metrics
         // compute on features made per call: nothing to place.
         let place = !metric.is_expr();
+        let since = std::time::Instant::now();
         let prepared = std::thread::scope(|s| {
             if place {
                 s.spawn(|| engine.prefetch_base(key, base));
@@ -200,6 +201,12 @@ impl Index {
         let engine_rows = prepared.engine_base(base);
         if place && engine_rows.as_slice().as_ptr() != base.as_slice().as_ptr() {
             engine.prefetch_base(key, engine_rows);
+        }
+        if std::env::var_os("KNN_PROFILE").is_some() {
+            eprintln!(
+                "index: base checked, prepared and placed in {:.2} ms",
+                since.elapsed().as_secs_f64() * 1e3
+            );
         }
         Ok((rounded, rounding, prepared))
     }

@@ -1,0 +1,374 @@
+//! A kNN graph's pairs shared among GPUs ([`GraphShare`]): in the collect form (see
+//! `graph::collected_lists`), GPU g of G takes a G-th of the point tiles, computes their
+//! thresholds and every pair those tiles meet, and sorts what it collected into its own part of
+//! every point's lists. A round's rows are then the G parts' lists of those rows merged by
+//! (key, id), with the least of their cuts ([`merged_rows`]).
+//!
+//! Why the merge keeps the one-GPU contract: part g's list of a point holds the W smallest
+//! composites of the pairs g computed for it that passed its threshold, and its cut bounds
+//! every composite g left out besides those above its W-th. The merged list holds the W
+//! smallest of the union, so what it leaves out lies above its W-th composite (dropped by the
+//! merge, or above a part's W-th, which is at least the merged W-th) or at least a part's cut.
+
+use super::graph::list_slots;
+use super::select::{merge_runs, Lists};
+use crate::device::{dev_err, Gpu};
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaSlice, LaunchConfig, PushKernelArg};
+use knn_core::{KnnError, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// CUDA engines (one per GPU) that share the pairs of every symmetric kNN graph whose
+/// collect form they make: give each engine of a [`MultiEngine`](knn_core::Engine::devices)
+/// the same share with its own part (see `CudaEngine::with_graph_share`), and tell all of them
+/// of each graph (`Engine::begin_graph`, at once, a thread each: each waits for the others'
+/// thresholds). An engine whose part of a graph is missing (declined, out of memory, or a
+/// later graph) computes its rows one-sided instead.
+#[derive(Clone)]
+pub struct GraphShare {
+    group: Arc<Group>,
+    part: usize,
+}
+
+impl GraphShare {
+    /// Shares for `parts` engines: part `i` of the returned list for engine `i`.
+    pub fn new(parts: usize) -> Vec<GraphShare> {
+        let group = Arc::new(Group {
+            slots: Mutex::new((0..parts).map(|_| None).collect()),
+            changed: Condvar::new(),
+            merged: AtomicUsize::new(0),
+        });
+        (0..parts)
+            .map(|part| GraphShare {
+                group: group.clone(),
+                part,
+            })
+            .collect()
+    }
+
+    /// Rows the engines of this share have read from every part's lists so far (tests,
+    /// benchmarks: the pairs were shared).
+    pub fn rows_merged(&self) -> usize {
+        self.group.merged.load(Ordering::Relaxed)
+    }
+
+    /// Counts `rows` read from every part's lists.
+    pub(crate) fn merged(&self, rows: usize) {
+        self.group.merged.fetch_add(rows, Ordering::Relaxed);
+    }
+
+    /// (this engine's part, parts).
+    pub(crate) fn part(&self) -> (usize, usize) {
+        (self.part, self.group.parts())
+    }
+
+    /// The point tiles of this part, of `tiles`: consecutive, as even as can be.
+    pub(crate) fn tiles(&self, tiles: usize) -> std::ops::Range<usize> {
+        let (g, parts) = self.part();
+        tiles * g / parts..tiles * (g + 1) / parts
+    }
+
+    /// Publishes this part's thresholds of graph `key`.
+    pub(crate) fn publish_thresholds(&self, key: GraphKey, t: Arc<Thresholds>) {
+        self.group.set(self.part, key, Stage::Thresholds(t));
+    }
+
+    /// Publishes this part's lists of graph `key`.
+    pub(crate) fn publish_lists(&self, key: GraphKey, l: Arc<PartLists>) {
+        self.group.set(self.part, key, Stage::Lists(l));
+    }
+
+    /// Says this part makes no lists of graph `key` unless it published them (called at the
+    /// end of every attempt, so that the others never wait for it in vain).
+    pub(crate) fn settle(&self, key: GraphKey) {
+        let mut slots = self.group.lock();
+        if !matches!(&slots[self.part], Some((k, Stage::Lists(_))) if *k == key) {
+            slots[self.part] = Some((key, Stage::Declined));
+            self.group.changed.notify_all();
+        }
+    }
+
+    /// Whether this part has published anything of graph `key` (a second attempt, after an
+    /// out-of-memory retry, makes none: the others may have read the first).
+    pub(crate) fn began(&self, key: GraphKey) -> bool {
+        matches!(&self.group.lock()[self.part], Some((k, _)) if *k == key)
+    }
+
+    /// Every part's thresholds of graph `key`, once every part has published them (or its
+    /// lists); `None` as soon as one part declined.
+    pub(crate) fn wait_thresholds(&self, key: GraphKey) -> Option<Vec<Arc<Thresholds>>> {
+        let mut slots = self.group.lock();
+        loop {
+            let mut all = Vec::with_capacity(slots.len());
+            for s in slots.iter() {
+                match s {
+                    Some((k, Stage::Declined)) if *k == key => return None,
+                    Some((k, Stage::Thresholds(t))) if *k == key => all.push(t.clone()),
+                    Some((k, Stage::Lists(l))) if *k == key => all.push(l.thresholds.clone()),
+                    _ => {}
+                }
+            }
+            if all.len() == slots.len() {
+                return Some(all);
+            }
+            slots = self
+                .group
+                .changed
+                .wait(slots)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Every part's lists of graph `key`, in part order, when every part has made them.
+    pub(crate) fn lists(&self, key: GraphKey) -> Option<Vec<Arc<PartLists>>> {
+        self.group
+            .lock()
+            .iter()
+            .map(|s| match s {
+                Some((k, Stage::Lists(l))) if *k == key => Some(l.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// A graph: its base key and first-try width.
+pub(crate) type GraphKey = (u64, usize);
+
+/// What the parts of a share have published, one slot per part.
+struct Group {
+    slots: Mutex<Vec<Option<(GraphKey, Stage)>>>,
+    changed: Condvar,
+    /// See [`GraphShare::rows_merged`].
+    merged: AtomicUsize,
+}
+
+impl Group {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<(GraphKey, Stage)>>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn parts(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn set(&self, part: usize, key: GraphKey, stage: Stage) {
+        self.lock()[part] = Some((key, stage));
+        self.changed.notify_all();
+    }
+}
+
+/// How far a part got with a graph.
+enum Stage {
+    Declined,
+    Thresholds(Arc<Thresholds>),
+    Lists(Arc<PartLists>),
+}
+
+/// A part's thresholds (`hi` of its points, the rows of its tiles), on its device.
+pub(crate) struct Thresholds {
+    pub ctx: Arc<CudaContext>,
+    pub hi: Arc<CudaSlice<f32>>,
+    /// Recorded behind the kernel that wrote them.
+    pub ready: CudaEvent,
+    /// The points they are of.
+    pub rows: std::ops::Range<usize>,
+}
+
+/// A part's lists of every point (`n × w`, SENTINEL after their real entries) and cuts, on its
+/// device.
+pub(crate) struct PartLists {
+    pub ctx: Arc<CudaContext>,
+    pub lists: Arc<CudaSlice<u64>>,
+    pub cut: Arc<CudaSlice<u64>>,
+    /// Recorded behind the kernel that sorted them.
+    pub ready: CudaEvent,
+    /// Kept with the lists: the thresholds stay readable while any part may still gather them.
+    pub thresholds: Arc<Thresholds>,
+}
+
+/// Lets device `reader` read the stream-ordered pool memory of `owner` (where every buffer of
+/// ours lies), once per pair and process, where the two can reach each other: copies between
+/// them then go straight over NVLink or PCIe rather than through host memory. Where they
+/// cannot, nothing changes (the copies still work).
+fn let_peer_read(owner: &CudaContext, reader: &CudaContext) {
+    static GRANTED: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+    let pair = (owner.ordinal(), reader.ordinal());
+    if pair.0 == pair.1 {
+        return;
+    }
+    let mut granted = GRANTED.lock().unwrap_or_else(|p| p.into_inner());
+    if granted.contains(&pair) {
+        return;
+    }
+    granted.push(pair);
+    // SAFETY: both devices come from live contexts; the access list is one entry.
+    unsafe {
+        let mut can = 0;
+        let ok = sys::cuDeviceCanAccessPeer(&mut can, reader.cu_device(), owner.cu_device());
+        if ok != sys::CUresult::CUDA_SUCCESS || can == 0 {
+            return;
+        }
+        let Ok(pool) = cudarc::driver::result::device::get_default_mem_pool(owner.cu_device())
+        else {
+            return;
+        };
+        let desc = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: pair.1 as i32,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // A refusal leaves the copies staged: slower, the same bytes.
+        let _ = sys::cuMemPoolSetAccess(pool, &desc, 1);
+    }
+}
+
+/// Copies `bytes` at `src` of the device of `src_ctx` to `dst` of `gpu` on its stream, after
+/// `ready`. The caller keeps the source alive until the stream has passed the copy.
+fn copy_from_peer(
+    gpu: &Gpu,
+    dst: u64,
+    (src_ctx, src, ready): (&CudaContext, u64, &CudaEvent),
+    bytes: usize,
+) -> Result<()> {
+    let_peer_read(src_ctx, &gpu.ctx);
+    gpu.stream
+        .wait(ready)
+        .map_err(dev_err("waiting for a GPU"))?;
+    // SAFETY: both ranges hold `bytes` on their devices (the caller's buffers), the source
+    // kept alive by the caller until the stream passed the copy.
+    unsafe {
+        cudarc::driver::result::memcpy_peer_async(
+            gpu.ctx.cu_ctx(),
+            dst,
+            src_ctx.cu_ctx(),
+            src,
+            bytes,
+            gpu.stream.cu_stream(),
+        )
+    }
+    .map_err(dev_err("copying between GPUs"))
+}
+
+/// Every point's threshold into `hi` (n floats on `gpu`): each part's rows from its device
+/// (this part's are in place already).
+pub(crate) fn gather_thresholds(
+    gpu: &Gpu,
+    all: &[Arc<Thresholds>],
+    own: usize,
+    hi: &CudaSlice<f32>,
+) -> Result<()> {
+    for (g, t) in all.iter().enumerate() {
+        if g == own || t.rows.is_empty() {
+            continue;
+        }
+        let at = (t.rows.start * 4) as u64;
+        let src = (&*t.ctx, gpu.ptr(&t.hi) + at, &t.ready);
+        copy_from_peer(gpu, gpu.ptr(hi) + at, src, t.rows.len() * 4)?;
+    }
+    Ok(())
+}
+
+/// Rows `at..at + rows` of a graph of `n` points whose parts are `parts` (this GPU's is
+/// `own`): the parts' lists of those rows merged by (key, id), each `w` wide, filled up where
+/// short of `w` (see `sym_fill`), and the least of the parts' cuts. The parts must stay alive
+/// until the stream has passed these copies (the caller's downloads of the rows wait for it).
+pub(super) fn merged_rows(
+    gpu: &Gpu,
+    parts: &[Arc<PartLists>],
+    own: usize,
+    (at, rows, n, w): (usize, usize, usize, usize),
+) -> Result<(Lists, CudaSlice<u64>)> {
+    if w > 128 {
+        return Err(KnnError::Device(format!(
+            "shared graph lists of {w} exceed 128"
+        )));
+    }
+    let slots = 32 * list_slots(w);
+    let mine = &parts[own];
+    let mut lists: Option<Lists> = None;
+    let mut cut: Option<Lists> = None;
+    let peer_rows = gpu.alloc::<u64>(rows * w)?;
+    let peer_cut = gpu.alloc::<u64>(rows)?;
+    for (g, p) in parts.iter().enumerate() {
+        if g == own {
+            continue;
+        }
+        let src = (&*p.ctx, gpu.ptr(&p.lists) + (at * w * 8) as u64, &p.ready);
+        copy_from_peer(gpu, gpu.ptr(&peer_rows), src, rows * w * 8)?;
+        let src = (&*p.ctx, gpu.ptr(&p.cut) + (at * 8) as u64, &p.ready);
+        copy_from_peer(gpu, gpu.ptr(&peer_cut), src, rows * 8)?;
+        // The first merge reads this part's rows where they lie; the merges are on this
+        // stream, so the next copy waits for the one before to be read.
+        let a = lists
+            .as_ref()
+            .map_or(gpu.ptr(&mine.lists) + (at * w * 8) as u64, |l| {
+                gpu.ptr(&l.buf)
+            });
+        lists = Some(merge_runs(
+            gpu,
+            rows,
+            w,
+            slots,
+            (a, 1),
+            gpu.ptr(&peer_rows),
+        )?);
+        let c = cut
+            .as_ref()
+            .map_or(gpu.ptr(&mine.cut) + (at * 8) as u64, |l| gpu.ptr(&l.buf));
+        cut = Some(merge_runs(gpu, rows, 1, 32, (c, 1), gpu.ptr(&peer_cut))?);
+    }
+    // One part: its rows as they are.
+    let lists = match lists {
+        Some(l) => l,
+        None => merge_runs(
+            gpu,
+            rows,
+            w,
+            slots,
+            (gpu.ptr(&mine.lists) + (at * w * 8) as u64, 1),
+            0,
+        )?,
+    };
+    let cut = match cut {
+        Some(c) => c,
+        None => merge_runs(
+            gpu,
+            rows,
+            1,
+            32,
+            (gpu.ptr(&mine.cut) + (at * 8) as u64, 1),
+            0,
+        )?,
+    };
+    let f = gpu.func("sym_fill")?;
+    let (pl, r64, p064, n64, w32) = (
+        gpu.ptr(&lists.buf),
+        rows as i64,
+        at as i64,
+        n as i64,
+        w as i32,
+    );
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&pl).arg(&r64).arg(&p064).arg(&n64).arg(&w32);
+    // SAFETY: lists holds rows × w composites (w ≤ 128); eight warps per block, each with
+    // its 128 u64 of the kernel's static shared memory.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid_dim: (rows.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+    .map_err(dev_err("sym_fill"))?;
+    Ok((lists, cut.buf))
+}
+
+/// An event recorded on `gpu`'s stream now.
+pub(crate) fn record(gpu: &Gpu) -> Result<CudaEvent> {
+    gpu.stream
+        .record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+        .map_err(dev_err("recording an event"))
+}
