@@ -42,8 +42,8 @@ class Index:
     device : str, default "auto"
         ``"auto"`` (a usable NVIDIA GPU, else the CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``;
         several GPUs as ``"cuda:0,1"`` or ``"cuda:all"`` (searches of a base from 256 MiB
-        give each GPU a part of the base, graphs and smaller bases give each GPU rounds of
-        queries; the answer is the same as on one). The same wheel runs with or without a
+        give each GPU a part of the base, symmetric graphs a share of their pairs, anything
+        else rounds of queries; the answer is the same as on one). The same wheel runs with or without a
         GPU; CUDA is loaded at run time.
     metric_expr : str, optional
         A distance of your own instead of ``metric``: a per-coordinate accumulation over

@@ -55,8 +55,9 @@ pub struct EngineArgs {
     pub method: String,
     /// Several GPUs at once: all, or CUDA ordinals such as 0,2,3. A search of a base from
     /// 256 MiB gives each GPU a part of the base (every query is searched in every part, the
-    /// lists merged); graphs and smaller bases give each GPU rounds of queries. The answer is
-    /// identical to one GPU's.
+    /// lists merged); a graph computed symmetrically gives each GPU a share of its pairs (every
+    /// point's lists merged from the GPUs' parts); anything else gives each GPU rounds of
+    /// queries. The answer is identical to one GPU's.
     #[arg(long, conflicts_with = "device")]
     pub devices: Option<String>,
     /// Cap on the GPU memory used for tiles, e.g. 2GiB, 512MiB, 1e9 (default: 70 % of free

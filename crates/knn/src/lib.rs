@@ -177,7 +177,8 @@ pub struct Options {
     /// Several GPUs at once (CUDA ordinals; [`parse_gpus`] reads them as users write them).
     /// Searches of a base from 256 MiB split the base (each GPU holds a part and searches
     /// every query in it, the lists merged); graphs and smaller bases give each GPU rounds of
-    /// queries. Empty: the single `device`. The answer is identical to one GPU's (every row is
+    /// queries, and the pairs of a graph computed symmetrically are shared among the GPUs
+    /// (`knn_cuda::GraphShare`). Empty: the single `device`. The answer is identical to one GPU's (every row is
     /// re-ranked exactly and ordered by (distance, id)).
     pub gpus: Vec<usize>,
     /// kNN graphs: compute each unordered pair's key once and fold it into both

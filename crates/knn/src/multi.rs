@@ -18,7 +18,8 @@ use std::sync::Mutex;
 ///   every GPU is what held back the query split on large bases: 4 H200s, 10⁷ × 128 base,
 ///   4 × 5.12 GB shared the host's copy bandwidth for 1.1 s of a 2.5 s search.
 /// - Otherwise (graphs, smaller bases) the pipeline hands whole rounds of queries to each engine
-///   ([`Engine::devices`]); a request that reaches this engine directly is cut into query tiles
+///   ([`Engine::devices`]; a symmetric graph's first tries then come from the pairs the engines
+///   shared, see below); a request that reaches this engine directly is cut into query tiles
 ///   taken from a shared queue, one host thread per engine, each tile's rows back in place.
 /// - Every engine is told of a whole graph ([`Engine::begin_graph`]) at once, a thread each:
 ///   CUDA engines that share graphs' pairs (`knn_cuda::GraphShare`) each make their part then.

@@ -187,44 +187,6 @@ pub(crate) struct PartLists {
     pub thresholds: Arc<Thresholds>,
 }
 
-/// Lets device `reader` read the stream-ordered pool memory of `owner` (where every buffer of
-/// ours lies), once per pair and process, where the two can reach each other: copies between
-/// them then go straight over NVLink or PCIe rather than through host memory. Where they
-/// cannot, nothing changes (the copies still work).
-fn let_peer_read(owner: &CudaContext, reader: &CudaContext) {
-    static GRANTED: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
-    let pair = (owner.ordinal(), reader.ordinal());
-    if pair.0 == pair.1 {
-        return;
-    }
-    let mut granted = GRANTED.lock().unwrap_or_else(|p| p.into_inner());
-    if granted.contains(&pair) {
-        return;
-    }
-    granted.push(pair);
-    // SAFETY: both devices come from live contexts; the access list is one entry.
-    unsafe {
-        let mut can = 0;
-        let ok = sys::cuDeviceCanAccessPeer(&mut can, reader.cu_device(), owner.cu_device());
-        if ok != sys::CUresult::CUDA_SUCCESS || can == 0 {
-            return;
-        }
-        let Ok(pool) = cudarc::driver::result::device::get_default_mem_pool(owner.cu_device())
-        else {
-            return;
-        };
-        let desc = sys::CUmemAccessDesc {
-            location: sys::CUmemLocation {
-                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: pair.1 as i32,
-            },
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // A refusal leaves the copies staged: slower, the same bytes.
-        let _ = sys::cuMemPoolSetAccess(pool, &desc, 1);
-    }
-}
-
 /// Copies `bytes` at `src` of the device of `src_ctx` to `dst` of `gpu` on its stream, after
 /// `ready`. The caller keeps the source alive until the stream has passed the copy.
 fn copy_from_peer(
@@ -233,7 +195,6 @@ fn copy_from_peer(
     (src_ctx, src, ready): (&CudaContext, u64, &CudaEvent),
     bytes: usize,
 ) -> Result<()> {
-    let_peer_read(src_ctx, &gpu.ctx);
     gpu.stream
         .wait(ready)
         .map_err(dev_err("waiting for a GPU"))?;
