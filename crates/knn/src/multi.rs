@@ -654,27 +654,34 @@ mod tests {
         }
     }
 
-    /// Two CUDA engines on one device, each holding half the base: the answer of the CPU
-    /// engine alone (skipped without a GPU, a failure then with `KNN_REQUIRE_GPU=1`).
-    #[test]
-    fn cuda_engines_split_the_base() {
+    /// A maker of fused CUDA engines on device 0 (the CPU engine their fallback), or `None`
+    /// without a usable device: the test is skipped then, and fails with `KNN_REQUIRE_GPU=1`.
+    fn cuda_engine() -> Option<impl Fn() -> knn_cuda::CudaEngine> {
         if !knn_cuda::CudaEngine::available() {
             assert!(
                 std::env::var_os("KNN_REQUIRE_GPU").is_none(),
                 "KNN_REQUIRE_GPU is set but no CUDA device is usable"
             );
             eprintln!("skipped: no CUDA device");
-            return;
+            return None;
         }
-        let gpu = || -> Box<dyn Engine + Send> {
+        Some(|| {
             let fallback = Box::new(knn_cpu::CpuEngine::new(None).unwrap());
-            Box::new(
-                knn_cuda::CudaEngine::new(0, knn_cuda::Method::Fused)
-                    .unwrap()
-                    .with_fallback(fallback),
-            )
+            knn_cuda::CudaEngine::new(0, knn_cuda::Method::Fused)
+                .unwrap()
+                .with_fallback(fallback)
+        })
+    }
+
+    /// Two CUDA engines on one device, each holding half the base: the answer of the CPU
+    /// engine alone (skipped without a GPU, a failure then with `KNN_REQUIRE_GPU=1`).
+    #[test]
+    fn cuda_engines_split_the_base() {
+        let Some(gpu) = cuda_engine() else {
+            return;
         };
-        let split = MultiEngine::new(vec![gpu(), gpu()]).splitting_bases_from(0);
+        let split =
+            MultiEngine::new(vec![Box::new(gpu()), Box::new(gpu())]).splitting_bases_from(0);
         let one = knn_cpu::CpuEngine::new(None).unwrap();
         let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
         for (nb, d) in [(20_001, 64), (4099, 3)] {
@@ -708,25 +715,17 @@ mod tests {
     /// (skipped without a GPU, a failure then with `KNN_REQUIRE_GPU=1`).
     #[test]
     fn cuda_engines_share_graph_pairs() {
-        if !knn_cuda::CudaEngine::available() {
-            assert!(
-                std::env::var_os("KNN_REQUIRE_GPU").is_none(),
-                "KNN_REQUIRE_GPU is set but no CUDA device is usable"
-            );
-            eprintln!("skipped: no CUDA device");
+        let Some(gpu) = cuda_engine() else {
             return;
-        }
+        };
         let shares = knn_cuda::GraphShare::new(3);
         let watch = shares[0].clone();
         let engines = shares
             .into_iter()
             .map(|share| -> Box<dyn Engine + Send> {
-                let fallback = Box::new(knn_cpu::CpuEngine::new(None).unwrap());
                 Box::new(
-                    knn_cuda::CudaEngine::new(0, knn_cuda::Method::Fused)
-                        .unwrap()
+                    gpu()
                         .with_symmetry(knn_core::Symmetry::On)
-                        .with_fallback(fallback)
                         .with_graph_share(share),
                 )
             })
