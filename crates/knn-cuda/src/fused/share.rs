@@ -9,6 +9,8 @@
 //! every composite g left out besides those above its W-th. The merged list holds the W
 //! smallest of the union, so what it leaves out lies above its W-th composite (dropped by the
 //! merge, or above a part's W-th, which is at least the merged W-th) or at least a part's cut.
+//! Every part rounds the same points with the same scale (`rounded_points`), so the merged keys
+//! carry one part's input rounding, and every part filters by the same gathered thresholds.
 
 use super::graph::list_slots;
 use super::select::{merge_runs, Lists};
@@ -19,11 +21,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 /// CUDA engines (one per GPU) that share the pairs of every symmetric kNN graph whose
-/// collect form they make: give each engine of a [`MultiEngine`](knn_core::Engine::devices)
-/// the same share with its own part (see `CudaEngine::with_graph_share`), and tell all of them
-/// of each graph (`Engine::begin_graph`, at once, a thread each: each waits for the others'
-/// thresholds). An engine whose part of a graph is missing (declined, out of memory, or a
-/// later graph) computes its rows one-sided instead.
+/// collect form they make: give the engines behind one multi-GPU engine (`knn`'s) the shares of
+/// one [`GraphShare::new`], each its own (`CudaEngine::with_graph_share`), and tell all of them
+/// of each graph at once (`Engine::begin_graph`, a thread each: each waits for the others'
+/// thresholds). When a part of a graph is missing (declined, out of memory, replaced by a
+/// later graph), the graph's rows are computed one-sided instead.
 #[derive(Clone)]
 pub struct GraphShare {
     group: Arc<Group>,
