@@ -1,9 +1,9 @@
-//! The kernel sources, their NVRTC compilation (PTX cached on disk under the source's hash)
-//! and the loaded modules' kernels by name.
+//! The kernel sources, their NVRTC compilation (the device's machine code, cached on disk under
+//! the source's hash) and the loaded modules' kernels by name.
 
 use super::dev_err;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
-use cudarc::nvrtc::{CompileOptions, Ptx};
+use cudarc::nvrtc::Ptx;
 use knn_core::{KnnError, Result};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -36,15 +36,14 @@ pub(super) type Names = Vec<(String, String)>;
 type Kernels = Arc<HashMap<String, CudaFunction>>;
 
 /// The kernels of module `tag` on device `ordinal`, loaded on first use by any engine of this
-/// process and shared from then on. Loading JIT-compiles the whole PTX for the device, hundreds
-/// of milliseconds for the main module, which every index built on the device (a Dask worker
-/// builds one per base chunk) would otherwise pay again. Contexts are the device's primary one,
+/// process and shared from then on (every index built on the device, a Dask worker builds one
+/// per base chunk, would otherwise load it again). Contexts are the device's primary one,
 /// so the functions are valid in every engine's context; each keeps its module alive.
 pub(super) fn loaded(
     ctx: &Arc<CudaContext>,
     ordinal: usize,
     tag: &str,
-    compile: impl FnOnce() -> Result<(Ptx, Names)>,
+    compile: impl FnOnce() -> Result<(Vec<u8>, Names)>,
 ) -> Result<Kernels> {
     static LOADED: OnceLock<Mutex<HashMap<(usize, String), Kernels>>> = OnceLock::new();
     // Held while compiling, so that two engines opening at once compile and load only once.
@@ -55,9 +54,9 @@ pub(super) fn loaded(
     if let Some(k) = all.get(&(ordinal, tag.to_string())) {
         return Ok(k.clone());
     }
-    let (ptx, names) = compile()?;
+    let (image, names) = compile()?;
     let module: Arc<CudaModule> = ctx
-        .load_module(ptx)
+        .load_module(Ptx::from_binary(image))
         .map_err(dev_err("loading the kernels"))?;
     let mut kernels = HashMap::new();
     for (name, call) in names {
@@ -163,14 +162,14 @@ pub(super) fn nvrtc_version() -> Result<(i32, i32)> {
     }
 }
 
-/// The PTX of all kernels for compute capability `major.minor`, from the disk cache or NVRTC.
-pub(super) fn compiled_ptx(major: i32, minor: i32) -> Result<Ptx> {
+/// The module of all kernels for compute capability `major.minor`, from the disk cache or NVRTC.
+pub(super) fn compiled_main(major: i32, minor: i32) -> Result<Vec<u8>> {
     compiled(&SOURCES.concat(), major, minor, &[])
 }
 
-/// The PTX of an expression module: the fused kernels with the generated `prelude` (see
+/// An expression module: the fused kernels with the generated `prelude` (see
 /// `kernels/expr.cu`), only the expression kernels instantiated.
-pub(super) fn compiled_expr_ptx(prelude: &str, major: i32, minor: i32) -> Result<Ptx> {
+pub(super) fn compiled_expr(prelude: &str, major: i32, minor: i32) -> Result<Vec<u8>> {
     let src = [COMMON, prelude, TILES, FUSED, EXPR].concat();
     let only = [
         "-DKNN_MODULE_ONLY".to_string(),
@@ -179,16 +178,18 @@ pub(super) fn compiled_expr_ptx(prelude: &str, major: i32, minor: i32) -> Result
     compiled(&src, major, minor, &only)
 }
 
-/// The PTX of the symmetric self-join module: the fused kernels' parts and `kernels/sym.cu`,
+/// The symmetric self-join module: the fused kernels' parts and `kernels/sym.cu`,
 /// only the symmetric kernels instantiated.
-pub(super) fn compiled_sym_ptx(major: i32, minor: i32) -> Result<Ptx> {
+pub(super) fn compiled_sym(major: i32, minor: i32) -> Result<Vec<u8>> {
     let src = [COMMON, TILES, FUSED, SYM].concat();
     compiled(&src, major, minor, &["-DKNN_MODULE_ONLY".to_string()])
 }
 
 /// `src` compiled for compute capability `major.minor` with `extra` options, from the disk
-/// cache or NVRTC.
-pub(super) fn compiled(src: &str, major: i32, minor: i32, extra: &[String]) -> Result<Ptx> {
+/// cache or NVRTC: the device's machine code (SASS in a CUBIN), which the driver loads as it
+/// is. PTX made the driver compile it again at every load: 62 s for all modules in the first
+/// process on a fresh 4-H100 machine, hundreds of milliseconds in each later one.
+pub(super) fn compiled(src: &str, major: i32, minor: i32, extra: &[String]) -> Result<Vec<u8>> {
     let (vmaj, vmin) = nvrtc_version()?;
     let arch = format!("sm_{major}{minor}");
     let defines = extra.to_vec();
@@ -198,43 +199,79 @@ pub(super) fn compiled(src: &str, major: i32, minor: i32, extra: &[String]) -> R
         format!("{vmaj}.{vmin}").as_bytes(),
         defines.concat().as_bytes(),
     ]);
-    let file = cache_dir().map(|d| d.join(format!("kernels-{arch}-{key:016x}.ptx")));
+    let file = cache_dir().map(|d| d.join(format!("kernels-{arch}-{key:016x}.cubin")));
     if let Some(f) = &file {
-        if let Ok(text) = std::fs::read_to_string(f) {
-            if text.contains(".entry") {
-                return Ok(Ptx::from_src(text));
+        if let Ok(image) = std::fs::read(f) {
+            // An ELF image (a file cut short by a full disk is compiled again).
+            if image.len() > 64 && image.starts_with(b"\x7fELF") {
+                return Ok(image);
             }
         }
     }
-    let opts = CompileOptions {
-        options: vec![
-            format!("--gpu-architecture={arch}"),
-            "--std=c++17".into(),
-            "-lineinfo".into(),
-        ]
-        .into_iter()
-        .chain(defines)
-        .collect(),
-        ..Default::default()
-    };
-    let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(src, opts))
+    let options: Vec<String> = [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "-lineinfo".into(),
+    ]
+    .into_iter()
+    .chain(defines)
+    .collect();
+    let image = std::panic::catch_unwind(|| nvrtc_cubin(src, &options))
         .map_err(|_| KnnError::Device("NVRTC panicked while compiling the kernels".into()))?
-        .map_err(|e| match e {
-            cudarc::nvrtc::CompileError::CompileError { log, .. } => KnnError::Device(format!(
-                "NVRTC failed to compile the kernels for {arch}:\n{}",
-                log.to_string_lossy()
-            )),
-            other => KnnError::Device(format!("NVRTC: {other}")),
+        .map_err(|log| {
+            KnnError::Device(format!(
+                "NVRTC failed to compile the kernels for {arch}:\n{log}"
+            ))
         })?;
     if let Some(f) = &file {
         // A cache write failure only costs a recompile next time.
         if let Some(dir) = f.parent() {
             let _ = std::fs::create_dir_all(dir);
             let tmp = f.with_extension(format!("tmp{}", std::process::id()));
-            if std::fs::write(&tmp, ptx.to_src()).is_ok() {
+            if std::fs::write(&tmp, &image).is_ok() {
                 let _ = std::fs::rename(&tmp, f);
             }
         }
     }
-    Ok(ptx)
+    Ok(image)
+}
+
+/// `src` compiled by NVRTC with `options` (a real `--gpu-architecture=sm_XY`) to a CUBIN image;
+/// the compiler's log on failure.
+fn nvrtc_cubin(src: &str, options: &[String]) -> std::result::Result<Vec<u8>, String> {
+    use cudarc::nvrtc::{result, sys};
+    let code = std::ffi::CString::new(src).map_err(|_| "a NUL byte in the source".to_string())?;
+    let prog = result::create_program(&code, None).map_err(|e| format!("NVRTC: {e:?}"))?;
+    // SAFETY: `prog` is a live program until destroyed below; the buffers are sized by NVRTC.
+    let out = unsafe {
+        match result::compile_program(prog, options) {
+            Err(e) => {
+                let log = result::get_program_log(prog)
+                    .map(|l| {
+                        std::ffi::CStr::from_ptr(l.as_ptr())
+                            .to_string_lossy()
+                            .into_owned()
+                    })
+                    .unwrap_or_default();
+                Err(format!("{e:?}\n{log}"))
+            }
+            Ok(()) => {
+                let mut size = 0usize;
+                if sys::nvrtcGetCUBINSize(prog, &mut size) != sys::nvrtcResult::NVRTC_SUCCESS
+                    || size == 0
+                {
+                    Err("NVRTC made no CUBIN (the architecture must be a real sm_XY)".into())
+                } else {
+                    let mut image = vec![0u8; size];
+                    match sys::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast()) {
+                        sys::nvrtcResult::NVRTC_SUCCESS => Ok(image),
+                        e => Err(format!("NVRTC: getting the CUBIN: {e:?}")),
+                    }
+                }
+            }
+        }
+    };
+    // SAFETY: destroyed once, after its last use.
+    let _ = unsafe { result::destroy_program(prog) };
+    out
 }

@@ -1,11 +1,10 @@
-//! Device state: context, stream, the NVRTC-compiled modules (PTX cached on disk, loaded once
+//! Device state: context, stream, the NVRTC-compiled modules (machine code cached on disk, loaded once
 //! per device and process) and their functions.
 
 use crate::staging::{bytes_of, bytes_of_mut, Staging};
 use cudarc::driver::{
     sys, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError,
 };
-use cudarc::nvrtc::Ptx;
 use knn_core::{KnnError, Result};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -15,8 +14,8 @@ mod discovery;
 mod pins;
 
 use compile::{
-    compiled_expr_ptx, compiled_ptx, compiled_sym_ptx, fnv1a, kernel_names, loaded, Names, EXPR,
-    SOURCES, SYM,
+    compiled_expr, compiled_main, compiled_sym, fnv1a, kernel_names, loaded, Names, EXPR, SOURCES,
+    SYM,
 };
 pub(crate) use discovery::driver_device_count;
 pub use discovery::{devices, DeviceInfo};
@@ -92,9 +91,9 @@ impl Gpu {
         let pool = keep_pool_memory(&ctx);
         let stream = ctx.default_stream();
         let functions = (*loaded(&ctx, ordinal, "main", || {
-            let ptx = compiled_ptx(major, minor)?;
+            let image = compiled_main(major, minor)?;
             Ok((
-                ptx,
+                image,
                 SOURCES
                     .iter()
                     .flat_map(|s| kernel_names(s))
@@ -134,10 +133,10 @@ impl Gpu {
         let tag = format!("expr_{:016x}", fnv1a(&[prelude.as_bytes()]));
         let (major, minor) = self.arch;
         self.load(&tag, || {
-            let ptx = compiled_expr_ptx(&prelude, major, minor)?;
+            let image = compiled_expr(&prelude, major, minor)?;
             let names = kernel_names(EXPR).into_iter();
             Ok((
-                ptx,
+                image,
                 names
                     .map(|n| (n.clone(), n.replacen("expr", &tag, 1)))
                     .collect(),
@@ -151,9 +150,9 @@ impl Gpu {
     pub fn sym_kernels(&mut self) -> Result<()> {
         let (major, minor) = self.arch;
         self.load("sym", || {
-            let ptx = compiled_sym_ptx(major, minor)?;
+            let image = compiled_sym(major, minor)?;
             Ok((
-                ptx,
+                image,
                 kernel_names(SYM)
                     .into_iter()
                     .map(|n| (n.clone(), n))
@@ -163,7 +162,11 @@ impl Gpu {
     }
 
     /// Adds the kernels of module `tag` (see [`loaded`]) to this device's functions.
-    fn load(&mut self, tag: &str, compile: impl FnOnce() -> Result<(Ptx, Names)>) -> Result<()> {
+    fn load(
+        &mut self,
+        tag: &str,
+        compile: impl FnOnce() -> Result<(Vec<u8>, Names)>,
+    ) -> Result<()> {
         if !self.modules.contains(tag) {
             let ordinal = self.ctx.ordinal();
             let kernels = loaded(&self.ctx, ordinal, tag, compile)?;

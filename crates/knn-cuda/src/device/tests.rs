@@ -58,13 +58,28 @@ fn finds_every_kernel_name() {
 /// Kernels of the symmetric module (`kernels/sym.cu`).
 const SYM_KERNELS: usize = 21;
 
+/// The kernels a CUBIN image holds: its `.text.NAME` sections.
+fn entries(image: &[u8]) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = image;
+    while let Some(at) = rest.windows(6).position(|w| w == b".text.") {
+        let tail = &rest[at + 6..];
+        let end = tail.iter().position(|&b| b == 0).unwrap_or(tail.len());
+        names.push(String::from_utf8_lossy(&tail[..end]).into_owned());
+        rest = &tail[end..];
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
 /// Compiles every kernel for sm_90 with NVRTC when the library can be loaded (no GPU
 /// needed: `LD_LIBRARY_PATH` pointing at a `libnvrtc.so` is enough); skips otherwise.
-/// The PTX stays in the disk cache's layout under `nvrtc-ptx/` beside the test binary
-/// (`target/release/deps/nvrtc-ptx/knn/`), e.g. for `ptxas -arch=sm_90 -v` (registers and
-/// spills without a GPU) or to copy to a device's cache (`$XDG_CACHE_HOME/knn/`) ahead of
-/// a run. Modules already there (same source, architecture and NVRTC) are not compiled
-/// again: NVRTC compiled that very source before.
+/// The CUBIN images stay in the disk cache's layout under `nvrtc-cubin/` beside the test
+/// binary (`target/release/deps/nvrtc-cubin/knn/`), e.g. for `cuobjdump -res-usage`
+/// (registers and spills without a GPU) or to copy to a device's cache
+/// (`$XDG_CACHE_HOME/knn/`) ahead of a run. Modules already there (same source, architecture
+/// and NVRTC) are not compiled again: NVRTC compiled that very source before.
 #[test]
 fn kernels_compile_with_nvrtc() {
     if nvrtc_version().is_err() {
@@ -75,18 +90,14 @@ fn kernels_compile_with_nvrtc() {
     let dir = exe
         .parent()
         .map_or_else(std::env::temp_dir, std::path::Path::to_path_buf)
-        .join("nvrtc-ptx");
+        .join("nvrtc-cubin");
     std::env::set_var("XDG_CACHE_HOME", &dir);
-    let ptx = compiled_ptx(9, 0).expect("kernels compile");
-    let text = ptx.to_src();
+    let main = entries(&compiled_main(9, 0).expect("kernels compile"));
     for n in SOURCES.iter().flat_map(|s| kernel_names(s)) {
-        assert!(
-            text.contains(&format!(".entry {n}(")),
-            "{n} missing from the PTX"
-        );
+        assert!(main.contains(&n), "{n} missing from the module");
     }
     assert!(
-        !text.contains("_expr"),
+        !main.iter().any(|n| n.contains("_expr")),
         "expression kernels belong to their own modules"
     );
     // Expression modules: one channel, features, several channels with every function,
@@ -108,31 +119,26 @@ fn kernels_compile_with_nvrtc() {
         let prep = knn_core::prepare::prepare(&m, b, None).unwrap();
         let plan = prep.expr.as_ref().unwrap();
         let prelude = crate::expr::prelude(plan.program(), d * plan.program().stride);
-        let ptx =
-            compiled_expr_ptx(&prelude, 9, 0).unwrap_or_else(|e| panic!("{expr}: {e}\n{prelude}"));
-        let text = ptx.to_src();
+        let image =
+            compiled_expr(&prelude, 9, 0).unwrap_or_else(|e| panic!("{expr}: {e}\n{prelude}"));
+        let names = entries(&image);
         for n in kernel_names(EXPR) {
-            assert!(
-                text.contains(&format!(".entry {n}(")),
-                "{expr}: {n} missing"
-            );
+            assert!(names.contains(&n), "{expr}: {n} missing");
         }
         assert!(
-            !text.contains(".entry fused_l1_w32("),
+            !names.iter().any(|n| n == "fused_l1_w32"),
             "{expr}: built-ins compiled"
         );
     }
-    let text = compiled_sym_ptx(9, 0)
-        .expect("symmetric kernels compile")
-        .to_src();
+    let sym = entries(&compiled_sym(9, 0).expect("symmetric kernels compile"));
     let names = kernel_names(SYM);
     assert_eq!(names.len(), SYM_KERNELS, "{names:?}");
     for n in names {
-        assert!(text.contains(&format!(".entry {n}(")), "{n} missing");
+        assert!(sym.contains(&n), "{n} missing");
     }
     assert!(
-        !text.contains(".entry fused_l1_w32("),
+        !sym.iter().any(|n| n == "fused_l1_w32"),
         "symmetric module: built-ins compiled"
     );
-    eprintln!("PTX kept in {}", dir.join("knn").display());
+    eprintln!("CUBIN images kept in {}", dir.join("knn").display());
 }
