@@ -80,6 +80,28 @@ impl MultiEngine {
                 >= req.width
     }
 
+    /// `f(g, engine g)` for every engine at once, a host thread each; every answer, or the
+    /// first error (a thread's panic as one).
+    fn on_every_engine<T: Send>(
+        &self,
+        f: impl Fn(usize, &(dyn Engine + Send)) -> Result<T> + Sync,
+    ) -> Result<Vec<T>> {
+        std::thread::scope(|s| {
+            let f = &f;
+            let threads: Vec<_> = (self.engines.iter().enumerate())
+                .map(|(g, e)| s.spawn(move || f(g, e.as_ref())))
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| {
+                    t.join().unwrap_or_else(|_| {
+                        Err(KnnError::Device("an engine's thread panicked".into()))
+                    })
+                })
+                .collect()
+        })
+    }
+
     /// The base rows each engine holds: consecutive, as even as can be.
     fn parts(&self, rows: usize) -> Vec<std::ops::Range<usize>> {
         let g = self.engines.len();
@@ -136,21 +158,8 @@ impl Engine for MultiEngine {
         finish: Option<(&Metric, usize)>,
     ) -> Result<()> {
         let _one = self.graph_begun.lock().unwrap_or_else(|p| p.into_inner());
-        std::thread::scope(|s| {
-            let told: Vec<_> = self
-                .engines
-                .iter()
-                .map(|e| s.spawn(move || e.begin_graph(first, finish)))
-                .collect();
-            told.into_iter()
-                .map(|t| {
-                    t.join().unwrap_or_else(|_| {
-                        Err(KnnError::Device("an engine's thread panicked".into()))
-                    })
-                })
-                .collect::<Result<Vec<()>>>()
-                .map(drop)
-        })
+        self.on_every_engine(|_, e| e.begin_graph(first, finish))
+            .map(drop)
     }
 
     fn concurrent_rounds(&self) -> usize {
@@ -222,65 +231,46 @@ impl MultiEngine {
     ) -> Result<(Candidates, Option<Vec<f64>>)> {
         req.check_width()?;
         let parts = self.parts(req.base.rows());
-        let answers: Vec<Result<Part>> = std::thread::scope(|s| {
-            let handles: Vec<_> = self
-                .engines
-                .iter()
-                .zip(&parts)
-                .enumerate()
-                .map(|(g, (e, r))| {
-                    let sub = CandidateRequest {
-                        base: req.base.slice_rows(r.start, r.end),
-                        width: part_width(req.width, r.len()),
-                        base_key: req.base_key.map(|k| part_key(k, g)),
-                        exact_from: req.exact_from.map(|ExactFrom::Hellinger { base, queries }| {
-                            ExactFrom::Hellinger {
-                                base: base.slice_rows(r.start, r.end),
-                                queries,
-                            }
-                        }),
-                        ..*req
-                    };
-                    let offset = r.start as u32;
-                    s.spawn(move || {
-                        let (cand, exact) = match keys {
-                            Keys::Kernel => e.candidates_with_exact(&sub)?,
-                            Keys::Expr(plan) => (e.candidates_expr(&sub, plan)?, None),
-                        };
-                        let rows = sub.queries.rows();
-                        let exact = exact.filter(|x| x.len() == cand.ids.len());
-                        if cand.width != sub.width
-                            || cand.floor.len() != rows
-                            || cand.ids.len() != rows * cand.width
-                            || cand.keys.len() != cand.ids.len()
-                        {
-                            return Err(KnnError::Device(format!(
-                                "engine {} returned {} floors and {} ids of width {} for {rows} queries of width {}",
-                                e.name(),
-                                cand.floor.len(),
-                                cand.ids.len(),
-                                cand.width,
-                                sub.width
-                            )));
-                        }
-                        Ok(Part {
-                            cand,
-                            exact,
-                            offset,
-                        })
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(KnnError::Device("an engine's thread panicked".into()))
-                    })
-                })
-                .collect()
-        });
-        let parts = answers.into_iter().collect::<Result<Vec<_>>>()?;
+        let parts = self.on_every_engine(|g, e| {
+            let r = &parts[g];
+            let sub = CandidateRequest {
+                base: req.base.slice_rows(r.start, r.end),
+                width: part_width(req.width, r.len()),
+                base_key: req.base_key.map(|k| part_key(k, g)),
+                exact_from: req.exact_from.map(|ExactFrom::Hellinger { base, queries }| {
+                    ExactFrom::Hellinger {
+                        base: base.slice_rows(r.start, r.end),
+                        queries,
+                    }
+                }),
+                ..*req
+            };
+            let (cand, exact) = match keys {
+                Keys::Kernel => e.candidates_with_exact(&sub)?,
+                Keys::Expr(plan) => (e.candidates_expr(&sub, plan)?, None),
+            };
+            let rows = sub.queries.rows();
+            let exact = exact.filter(|x| x.len() == cand.ids.len());
+            if cand.width != sub.width
+                || cand.floor.len() != rows
+                || cand.ids.len() != rows * cand.width
+                || cand.keys.len() != cand.ids.len()
+            {
+                return Err(KnnError::Device(format!(
+                    "engine {} returned {} floors and {} ids of width {} for {rows} queries of width {}",
+                    e.name(),
+                    cand.floor.len(),
+                    cand.ids.len(),
+                    cand.width,
+                    sub.width
+                )));
+            }
+            Ok(Part {
+                cand,
+                exact,
+                offset: r.start as u32,
+            })
+        })?;
         Ok(merge_parts(req, &parts, keys))
     }
 }
