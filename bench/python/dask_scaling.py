@@ -6,7 +6,9 @@
        4 query blocks; bar: at least 3.2x from 1 to 4 workers. knn.search in one process on
        every core is printed beside it, and every answer must equal its answer byte for byte.
   GPU: one worker holding the GPU (device="cuda"), base in 4 chunks and in one, against
-       knn.search on the same GPU in this process; bar: at most 1.3x its time.
+       knn.search on the same GPU in this process; bar: at most 1.3x its time. Then the
+       same with the indexes kept: knn.dask.NearestNeighbors fitted once and kneighbors timed,
+       against knn.Index built once in this process and searched.
 
 Each time is one run of the whole computation after the inputs are on the workers (indexes
 built inside it, as knn.search builds its own), on standard-normal float32 data; on the GPU, the
@@ -14,7 +16,7 @@ median of 3 runs on both sides (a worker's first large index also sizes its devi
 and page-locked staging buffers, which knn.search's warm-up has done in this process).
 
   python3 bench/python/dask_scaling.py [--n 1e6] [--m 1e4] [--d 128] [--k 10]
-      [--threads 4] [--workers 1,2,4] [--no-gpu]
+      [--threads 4] [--workers 1,2,4] [--no-gpu] [--profile]
 """
 
 from __future__ import annotations
@@ -34,9 +36,14 @@ def timed(f):
     return out, time.perf_counter() - t
 
 
-def on_cluster(base, queries, k, workers, threads, device, base_chunks=4, repeat=1):
+def on_cluster(base, queries, k, workers, threads, device, base_chunks=4, repeat=1,
+               profile=False, fitted=False):
+    """knn.dask.search on a fresh LocalCluster (inputs persisted on the workers first), or with
+    ``fitted`` a NearestNeighbors fitted once (its indexes kept) and its kneighbors timed."""
+    import contextlib
+
     import dask.array as da
-    from distributed import Client, LocalCluster, wait
+    from distributed import Client, LocalCluster, get_task_stream, wait
 
     nb, d = base.shape
     opts = dict(device=device) if device != "cpu" else dict(device="cpu", threads=threads)
@@ -51,13 +58,72 @@ def on_cluster(base, queries, k, workers, threads, device, base_chunks=4, repeat
         small = da.from_array(base[:1000], chunks=(250, d))
         client.compute(kd.search(small, small[:10], 1, **opts), sync=True)
         before = sum(client.run(index_moves).values())
-        runs = [timed(lambda: client.compute(kd.search(b, q, k, **opts), sync=True))
-                for _ in range(repeat)]
+        if fitted:
+            nn = kd.NearestNeighbors(n_neighbors=k, **opts).fit(b)
+
+            def job():
+                return client.compute(nn.kneighbors(q), sync=True)
+        else:
+            def job():
+                return client.compute(kd.search(b, q, k, **opts), sync=True)
+        runs = []
+        for _ in range(repeat):
+            with (get_task_stream(client) if profile else contextlib.nullcontext()) as ts:
+                runs.append(timed(job))
+            if profile:
+                print(task_profile(ts.data, runs[-1][1]), flush=True)
+        if profile:
+            # The same search in a worker, outside Dask's tasks: what the worker's process
+            # itself costs against this one.
+            print("  knn.search inside the worker (base and queries there, median of 3): "
+                  + ", ".join(f"{t:.3f} s" for t in client.run(
+                search_here, b.__dask_keys__(), q.__dask_keys__(), k, opts)
+                              .values()), flush=True)
         moved = sum(client.run(index_moves).values()) - before
         holders = [ws[0] for ws in client.who_has(b).values() if ws]
         spread = sorted((holders.count(a) for a in set(holders)), reverse=True)
     (dist, ids), t = runs[0][0], sorted(r[1] for r in runs)[len(runs) // 2]
     return dist, ids, t, f"{moved} index(es) moved between workers, base chunks per worker {spread}"
+
+
+def task_profile(tasks, wall):
+    """One line: the job's wall time, the time its tasks spanned and how much of it no task
+    ran, and the workers' busy time per task kind (compute and transfers)."""
+    import collections
+
+    per = collections.Counter()
+    spans = sorted((ss["start"], ss["stop"]) for t in tasks for ss in t["startstops"])
+    for t in tasks:
+        kind = str(t["key"]).strip("('\"").split("-")[0]
+        for ss in t["startstops"]:
+            per[f"{kind} {ss['action']}"] += ss["stop"] - ss["start"]
+    # Time no task ran between the first start and the last end (the scheduler's round trips
+    # between dependent tasks, with one worker thread).
+    idle, end = 0.0, spans[0][0]
+    for a, b in spans:
+        idle += max(0.0, a - end)
+        end = max(end, b)
+    busy = " ".join(f"{k} {v * 1e3:.1f}" for k, v in per.most_common())
+    return (f"  job {wall * 1e3:.1f} ms, first task start to last task end "
+            f"{(end - spans[0][0]) * 1e3:.1f} ms, no task running {idle * 1e3:.1f} ms of it; "
+            f"task time (ms): {busy}")
+
+
+def search_here(bkeys, qkeys, k, opts, dask_worker=None):
+    """knn.search timed in a worker that holds every chunk (median of 3 after one)."""
+    import time as t
+
+    def held(keys):
+        return np.concatenate([dask_worker.data[tuple(key)] for (key,) in keys])
+
+    base, queries = held(bkeys), held(qkeys)
+    knn.search(base, queries, k, **opts)
+    times = []
+    for _ in range(3):
+        s = t.perf_counter()
+        knn.search(base, queries, k, **opts)
+        times.append(t.perf_counter() - s)
+    return sorted(times)[1]
 
 
 def index_moves(dask_worker):
@@ -75,6 +141,8 @@ def main():
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--workers", default="1,2,4")
     p.add_argument("--no-gpu", action="store_true")
+    p.add_argument("--profile", action="store_true",
+                   help="print each job's task times by kind, and knn.search timed in a worker")
     a = p.parse_args()
     rng = np.random.default_rng(0)
     base = rng.standard_normal((int(a.n), a.d), dtype=np.float32)
@@ -90,7 +158,8 @@ def main():
               f"{few / one:.2f}x faster", flush=True)
     times = {}
     for w in workers:
-        dist, ids, t, moves = on_cluster(base, queries, a.k, w, a.threads, "cpu")
+        dist, ids, t, moves = on_cluster(base, queries, a.k, w, a.threads, "cpu",
+                                         profile=a.profile)
         same = dist.tobytes() == want_d.tobytes() and ids.tobytes() == want_i.tobytes()
         times[w] = t
         print(f"knn.dask.search, {w} worker(s) x {a.threads} threads (CPU): {t:.2f} s, "
@@ -108,11 +177,26 @@ def main():
     (gd, gi), one_gpu = runs[0][0], sorted(r[1] for r in runs)[1]  # the median of 3
     # Base in 4 chunks (as the CPU runs), and in one chunk: the index a GPU worker holds.
     for chunks in (4, 1):
-        dist, ids, t, _ = on_cluster(base, queries, a.k, 1, 1, "cuda", chunks, repeat=3)
+        dist, ids, t, _ = on_cluster(base, queries, a.k, 1, 1, "cuda", chunks, repeat=3,
+                                     profile=a.profile)
         same = dist.tobytes() == gd.tobytes() and ids.tobytes() == gi.tobytes()
         print(f"GPU: knn.search {one_gpu:.3f} s, knn.dask.search on one GPU worker, base in "
               f"{chunks} chunk(s), 4 query blocks: {t:.3f} s: {t / one_gpu:.2f}x (bar at most "
               f"1.3x); answers {'same' if same else 'DIFFERENT'}", flush=True)
+    # Indexes kept: knn.dask.NearestNeighbors fitted once, kneighbors timed, against an index
+    # built once in this process and searched.
+    index = knn.Index(base, device="cuda")
+    runs = [timed(lambda: index.search(queries, a.k)) for _ in range(3)]
+    one_index = sorted(r[1] for r in runs)[1]
+    del index
+    for chunks in (4, 1):
+        dist, ids, t, _ = on_cluster(base, queries, a.k, 1, 1, "cuda", chunks, repeat=3,
+                                     profile=a.profile, fitted=True)
+        same = dist.tobytes() == gd.tobytes() and ids.tobytes() == gi.tobytes()
+        print(f"GPU, indexes kept: knn.Index.search {one_index:.3f} s, knn.dask.NearestNeighbors"
+              f".kneighbors on one GPU worker, fitted in {chunks} chunk(s), 4 query blocks: "
+              f"{t:.3f} s: {t / one_index:.2f}x; answers {'same' if same else 'DIFFERENT'}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -4,28 +4,32 @@
 accepted and chunked) and return lazy ``(distances, ids)`` Dask arrays chunked like the queries,
 distances in the queries' precision as ``knn.search`` gives them (float64 for float64 queries).
 Every query block is searched against every base chunk; partials carry global ids (chunk offset
-+ local id) and are merged pairwise in a tree, ordered by (distance, id) -- smaller id first on
-ties, as ``knn.search``.
++ local id) and are merged in a tree (up to ``_FAN_IN`` partials a merge), ordered by
+(distance, id) -- smaller id first on ties, as ``knn.search``.
 
 The task graph keeps each base chunk's searches with its index, so that nothing moves an index:
 
-- one ``_build`` task per base chunk: its ``knn.Index`` (a delayed object, built once and shared
-  by the chunk's searches; Dask recomputes it if its worker is lost);
 - the query blocks cut into groups of consecutive blocks whose rows and partial output (rows x
   k x (distance + id) bytes) stay within ``_GROUP_BYTES`` (256 MiB); one ``_search_group`` task
-  per (base chunk, group) takes the index and the group's blocks and returns each block's
-  partial;
-- one small ``getitem`` per (base chunk, query block) picks a block's partial out of its group's
-  result, and one merge tree per query block (``_merge``, base chunk order) gives its answer.
+  per (base chunk, group) takes the chunk's index and the group's blocks, searches them in one
+  call (a graph's own block apart) and returns each block's partial;
+- the chunk's ``knn.Index`` is built inside its search when one group searches it (the usual
+  case), else by one ``_build`` task per base chunk (a delayed object shared by the chunk's
+  searches); either way Dask recomputes it if its worker is lost;
+- one merge tree per query block (``_merge``, base chunk order, each merge picking its inputs
+  out of the group searches' tuples) gives its answer, and each output block (distances, ids)
+  is one task reading its field from it.
 
-4 base chunks x 4 small query blocks: 4 builds, 4 group searches, 16 getitems, 12 merges. The
-scheduler places a group search where its index is (the index weighs its rows' bytes, a query
-block a few MB), and with as many base chunks as workers each worker has its one search and
+4 base chunks x 4 small query blocks: 4 group searches (each building its index), 4 merges, 8
+output blocks. The scheduler places a group search where its index or base chunk is (an index
+weighs its rows' bytes, a query block a few MB), and with as many base chunks as workers each worker has its one search and
 nothing to steal. The former graph had one search task per (query block, base chunk): Dask's
 work stealing moved them, with their index, to idle workers (an index pickles its rows and is
 built again there: 5-7 rebuilds per job of 4 x 4 on 4 workers), and 16 unequal tasks spread
-unevenly. The index stays a task of its own rather than being built inside the search task: a
-huge query set makes several groups per base chunk, which share one build.
+unevenly. Where a huge query set makes several groups per base chunk, they share one build.
+Each level of tasks costs a round trip through the scheduler (about 10 ms per level on one GPU
+worker, more than the merges): hence the builds inside the searches, merges of up to 8
+partials, and output blocks read straight from the last merge.
 
 Validation (shapes, k against the total number of points, metric) runs eagerly before anything
 is scheduled; NaN checks run lazily inside the chunk tasks (the engine's own message).
@@ -51,6 +55,11 @@ __all__ = ["search", "graph", "NearestNeighbors"]
 # become one task of many GB per base chunk. 256 MiB is 424 000 float32 queries at d = 128,
 # k = 10 (2.2 million by the partials alone).
 _GROUP_BYTES = 256 << 20
+
+# Partials merged by one task (a block's partials are k x its rows each): each level of the
+# tree is a round trip through the scheduler, which cost more than the merges on one GPU
+# worker; 8 keeps a merge's input under 8 partials' size.
+_FAN_IN = 8
 
 
 def _as_dask(x, chunks=None):
@@ -86,13 +95,14 @@ except ImportError:  # Dask is imported (and its absence reported) when a functi
     pass
 
 
-def _build(rows, args):
-    return Index(rows, **args)
-
-
-def _partial(index, queries, k, offset):
-    d, i = index.search(queries, k)
-    return d, i + offset
+def _build(rows, args, offset):
+    """The ``Index`` of the base chunk whose first row is ``offset``; its errors say which
+    chunk (the engine numbers rows within it)."""
+    try:
+        return Index(rows, **args)
+    except ValueError as e:
+        raise ValueError(f"base chunk of rows {offset} to {offset + len(rows) - 1} (rows "
+                         f"numbered within it): {e}") from None
 
 
 def _partial_self(index, queries, k, offset, qstart):
@@ -106,13 +116,32 @@ def _partial_self(index, queries, k, offset, qstart):
     return d[keep].reshape(m, k), i[keep].reshape(m, k) + offset
 
 
-def _search_group(index, blocks, ks, offset, own):
+def _search_group(index, args, blocks, ks, offset, own):
     """One base chunk's partials for a group of query blocks: ``blocks[j]`` searched for
     ``ks[j]`` neighbours; ``blocks[own]`` (a graph's own chunk, else ``own`` is -1) without each
-    row's own id. A tuple, one (distances, global ids) per block."""
-    return tuple(_partial_self(index, q, kc, offset, 0) if j == own else
-                 _partial(index, q, kc, offset)
-                 for j, (q, kc) in enumerate(zip(blocks, ks)))
+    row's own id. A tuple, one (distances, global ids) per block. ``index``: the chunk's
+    ``Index`` (a ``_build`` task's), or its rows, indexed here with ``args``.
+
+    The other blocks are searched as one: a row's answer does not depend on the rows searched
+    with it, and one call pays the engine's fixed cost (a GPU's uploads, launches and
+    downloads) once rather than per block. Each block takes the first ``ks[j]`` of the largest
+    k asked: rows come in (distance, id) order, so those are its ``ks[j]`` best."""
+    if not isinstance(index, Index):
+        index = _build(index, args, offset)
+    out = [None] * len(blocks)
+    if 0 <= own:
+        out[own] = _partial_self(index, blocks[own], ks[own], offset, 0)
+    rest = [j for j in range(len(blocks)) if j != own]
+    if rest:
+        queries = blocks[rest[0]] if len(rest) == 1 else np.concatenate([blocks[j] for j in rest])
+        d, i = index.search(queries, max(ks[j] for j in rest))
+        i += offset
+        start = 0
+        for j in rest:
+            end = start + blocks[j].shape[0]
+            out[j] = d[start:end, :ks[j]], i[start:end, :ks[j]]
+            start = end
+    return tuple(out)
 
 
 def _groups(rows, row_bytes, cap):
@@ -131,40 +160,62 @@ def _groups(rows, row_bytes, cap):
     return groups
 
 
-def _merge(a, b, k):
-    """The k best of two partials by (distance, id). Each row of a partial is in that order, and
-    every id of `a` is below every id of `b` (adjacent base ranges, in order), so a stable sort
-    by distance alone keeps ties in id order (half the time of a two-key lexsort)."""
-    d = np.concatenate([a[0], b[0]], axis=1)
-    i = np.concatenate([a[1], b[1]], axis=1)
+def _pick(x, j):
+    """A query block's partial: ``x[j]`` of a group search's tuple, or ``x`` (a merge's)
+    when ``j`` is None."""
+    return x if j is None else x[j]
+
+
+def _merge(k, *parts):
+    """The k best of several partials by (distance, id); ``parts`` alternate a task's result
+    and the ``j`` that ``_pick`` reads it with. Each row of a partial is in that order, and the
+    partials come in base chunk order (every id of one below every id of the next), so a stable
+    sort by distance alone keeps ties in id order (half the time of a two-key lexsort)."""
+    parts = [_pick(parts[p], parts[p + 1]) for p in range(0, len(parts), 2)]
+    d = np.concatenate([x[0] for x in parts], axis=1)
+    i = np.concatenate([x[1] for x in parts], axis=1)
     order = np.argsort(d, axis=1, kind="stable")[:, :k]
     return np.take_along_axis(d, order, 1), np.take_along_axis(i, order, 1)
 
 
+def _field(x, j, f):
+    """Field ``f`` (0: distances, 1: ids) of a query block's answer (see ``_pick``)."""
+    return _pick(x, j)[f]
+
+
 def _tree(parts, k):
+    """One query block's answer from its partials, each (task, j) as ``_pick`` reads it: a
+    tree of merges of up to ``_FAN_IN`` partials each, in base chunk order."""
     from dask import delayed
 
     while len(parts) > 1:
-        nxt = [delayed(_merge, pure=True)(parts[j], parts[j + 1], k)
-               for j in range(0, len(parts) - 1, 2)]
-        if len(parts) % 2:
-            nxt.append(parts[-1])
-        parts = nxt
+        parts = [(delayed(_merge, pure=True)(k, *(x for p in few for x in p)), None)
+                 if len(few) > 1 else few[0]
+                 for few in (parts[j:j + _FAN_IN] for j in range(0, len(parts), _FAN_IN))]
     return parts[0]
 
 
-def _run(base, queries, k, self_graph, args, group_bytes=_GROUP_BYTES):
+def _run(base, queries, k, self_graph, args, group_bytes=_GROUP_BYTES, indexes=None):
+    """``(distances, ids)`` of every query block against every base chunk; ``indexes``: the
+    chunks' indexes already built (``NearestNeighbors.fit``'s), else built in the job."""
     import dask.array as da
     from dask import delayed
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
 
     starts = np.cumsum((0,) + base.chunks[0])
-    indexes = [delayed(_build, pure=True)(b, args) for b in base.to_delayed().ravel()]
     qblocks = queries.to_delayed().ravel()
     dtype = precision(queries.dtype)
+    row_bytes = queries.shape[1] * queries.dtype.itemsize + k * (np.dtype(dtype).itemsize + 8)
+    groups = _groups(queries.chunks[0], row_bytes, group_bytes)
+    # A chunk searched by one group builds its index in that search (one task and one round
+    # trip through the scheduler less); several groups share a `_build` task's.
+    if indexes is None:
+        indexes = [b if len(groups) == 1 else delayed(_build, pure=True)(b, args, int(start))
+                   for b, start in zip(base.to_delayed().ravel(), starts)]
     # parts[qi]: query block qi's partials, one per base chunk that has neighbours for it.
     parts = [[] for _ in qblocks]
-    row_bytes = queries.shape[1] * queries.dtype.itemsize + k * (np.dtype(dtype).itemsize + 8)
-    for group in _groups(queries.chunks[0], row_bytes, group_bytes):
+    for group in groups:
         for bi, idx in enumerate(indexes):
             size = int(starts[bi + 1] - starts[bi])
             # (query block, k for it) of this group; a graph's own chunk excludes each point
@@ -176,15 +227,22 @@ def _run(base, queries, k, self_graph, args, group_bytes=_GROUP_BYTES):
                 continue
             own = next((j for j, (qi, _) in enumerate(todo) if self_graph and qi == bi), -1)
             res = delayed(_search_group, pure=True)(
-                idx, [qblocks[qi] for qi, _ in todo], [kc for _, kc in todo], int(starts[bi]), own)
+                idx, args, [qblocks[qi] for qi, _ in todo], [kc for _, kc in todo],
+                int(starts[bi]), own)
             for j, (qi, _) in enumerate(todo):
-                parts[qi].append(res[j])
-    dist_blocks, id_blocks = [], []
-    for qi, m in enumerate(queries.chunks[0]):
-        res = _tree(parts[qi], k)
-        dist_blocks.append(da.from_delayed(res[0], (m, k), dtype=dtype))
-        id_blocks.append(da.from_delayed(res[1], (m, k), dtype=np.int64))
-    return da.concatenate(dist_blocks, axis=0), da.concatenate(id_blocks, axis=0)
+                parts[qi].append((res, j))
+    # Each output block is one task reading its field straight from the block's last merge or
+    # search (no getitem, from_delayed or concatenate tasks between: on one GPU worker those
+    # tiny tasks cost more than the merges).
+    ends = [_tree(p, k) for p in parts]
+    token = tokenize([(x.key, j) for x, j in ends], k)
+    out = []
+    for f, (what, dt) in enumerate((("distances", dtype), ("ids", np.int64))):
+        name = f"knn-{what}-{token}"
+        layer = {(name, qi, 0): (_field, x.key, j, f) for qi, (x, j) in enumerate(ends)}
+        graph = HighLevelGraph.from_collections(name, layer, dependencies=[x for x, _ in ends])
+        out.append(da.Array(graph, name, chunks=(queries.chunks[0], (k,)), dtype=dt))
+    return tuple(out)
 
 
 def _check_k(k, n, graph):
@@ -198,13 +256,17 @@ def _check_k(k, n, graph):
         raise ValueError(f"k={k} is larger than the {n} points available")
 
 
+def _check_dims(base, queries):
+    if base.shape[1] != queries.shape[1]:
+        raise ValueError(f"dimension mismatch: base has d={base.shape[1]}, "
+                         f"queries have d={queries.shape[1]}")
+
+
 def search(base, queries, k, metric="l2", device="auto", *, chunks=None, **options):
     """Lazy exact kNN of every query row among the base rows; see ``knn.search``."""
     base = _as_dask(base, chunks)
     queries = _as_dask(queries, chunks)
-    if base.shape[1] != queries.shape[1]:
-        raise ValueError(f"dimension mismatch: base has d={base.shape[1]}, "
-                         f"queries have d={queries.shape[1]}")
+    _check_dims(base, queries)
     _check_k(k, base.shape[0], False)
     return _run(base, queries, int(k), False, dict(metric=metric, device=device, **options))
 
@@ -217,20 +279,54 @@ def graph(points, k, metric="l2", device="auto", *, chunks=None, **options):
 
 
 class NearestNeighbors:
-    """Dask counterpart of ``knn.sklearn.NearestNeighbors`` (as cuML's dask estimator)."""
+    """Dask counterpart of ``knn.sklearn.NearestNeighbors`` (as cuML's dask estimator).
+
+    ``fit`` indexes each chunk of the data on the worker that holds it (on its GPU when it has
+    one) and keeps the indexes there (persisted): every later ``kneighbors`` searches them,
+    and only the query blocks and the partial results move. ``kneighbors()`` without queries
+    is the kNN graph of the fitted points (each point's own id left out). Answers are those of
+    ``knn.search`` / ``knn.graph`` on the whole data in one process, ties included."""
 
     def __init__(self, n_neighbors=5, metric="l2", device="auto", **options):
         self.n_neighbors, self.metric, self.device, self.options = (
             n_neighbors, metric, device, options)
 
+    def _args(self):
+        return dict(metric=self.metric, device=self.device, **self.options)
+
     def fit(self, X, y=None):
-        self._fit_X = _as_dask(X)
+        import dask
+        from dask import delayed
+
+        X = _as_dask(X)
+        args = self._args()
+        starts = np.cumsum((0,) + X.chunks[0])
+        builds = [delayed(_build, pure=True)(b, args, int(start))
+                  for b, start in zip(X.to_delayed().ravel(), starts)]
+        self._indexes = list(dask.persist(*builds))
+        self._fit_X = X
+        try:
+            from distributed import futures_of, wait
+        except ImportError:  # no cluster: the local scheduler built them already
+            return self
+        # Built before fit returns, as scikit-learn's: bad data raises here (the engine's
+        # message, from the first chunk that failed), and kneighbors only searches.
+        futures = futures_of(self._indexes)
+        wait(futures)
+        for f in futures:
+            if f.status == "error":
+                f.result()
         return self
 
     def kneighbors(self, X=None, n_neighbors=None, return_distance=True):
-        k = n_neighbors or self.n_neighbors
+        k = int(n_neighbors or self.n_neighbors)
+        base = self._fit_X
         if X is None:
-            d, i = graph(self._fit_X, k, self.metric, self.device, **self.options)
+            _check_k(k, base.shape[0], True)
+            d, i = _run(base, base, k, True, self._args(), indexes=self._indexes)
         else:
-            d, i = search(self._fit_X, X, k, self.metric, self.device, **self.options)
+            X = _as_dask(X)
+            _check_dims(base, X)
+            _check_k(k, base.shape[0], False)
+            d, i = _run(base, X, k, False, self._args(), indexes=self._indexes)
         return (d, i) if return_distance else i

@@ -49,11 +49,17 @@ def _tasks(lazy, name):
 
 def test_one_search_per_base_chunk_and_group():
     # Each base chunk's searches are one task holding its index (none to steal from its worker):
-    # 4 base chunks x 4 query blocks are 4 builds and 4 searches, not 16 searches.
+    # 4 base chunks x 4 query blocks (one group) are 4 searches, each building its index, not
+    # 16 searches; each block's 4 partials are one merge, each output block one task.
     b, q = _data("random", 1000, 8, 7), _data("random", 1000, 8, 8)
     lazy = kd.search(da.from_array(b, chunks=(250, 8)), da.from_array(q, chunks=(250, 8)), 10)
-    assert len(_tasks(lazy, "_build")) == 4 and len(_tasks(lazy, "_search_group")) == 4
-    assert not _tasks(lazy, "_partial")
+    assert not _tasks(lazy, "_build") and len(_tasks(lazy, "_search_group")) == 4
+    assert len(_tasks(lazy, "_merge")) == 4
+    out = [key for x in lazy for key in x.__dask_graph__() if str(key).startswith("('knn-")]
+    assert len(set(out)) == 8
+    # 20 base chunks: a tree of merges of at most 8 (3 + 1 per block)
+    lazy = kd.search(da.from_array(b, chunks=(50, 8)), da.from_array(q, chunks=(250, 8)), 10)
+    assert len(_tasks(lazy, "_merge")) == 4 * 4
     assert len(_tasks(kd.graph(da.from_array(b, chunks=(250, 8)), 10), "_search_group")) == 4
     # Many small query blocks: groups of consecutive blocks while their rows and output (rows x
     # (d x item size + k x (distance + id) bytes)) stay within the cap; one search per (base
@@ -69,7 +75,7 @@ def test_one_search_per_base_chunk_and_group():
         queries = da.from_array(q[:60].astype(dtype), chunks=(5, 8))
         lazy = kd._run(base, queries, 4, False, args, group_bytes=1300)
         assert len(_tasks(lazy, "_search_group")) == 3 * groups
-        assert len(_tasks(lazy, "_build")) == 3
+        assert len(_tasks(lazy, "_build")) == 3  # several groups share each chunk's build
     # the default cap: 12 blocks of 5 rows are one group, one search per base chunk
     lazy = kd.search(base, da.from_array(q[:60], chunks=(5, 8)), 4)
     assert len(_tasks(lazy, "_search_group")) == 3
@@ -116,15 +122,45 @@ def test_numpy_input_and_laziness(client):
     assert np.array_equal(client.compute(i, sync=True), I)
 
 
+def test_nearest_neighbors_keeps_its_indexes(client):
+    # fit builds one index per chunk on the workers and keeps it: later kneighbors calls (with
+    # queries, or the graph of the fitted points) take those (finished futures in their graph,
+    # nothing to build), and the workers still hold them afterwards. (The scheduler may also
+    # copy a small index to an idle worker for a search: a copy, the original stays.)
+    b, q = _data("ties", 300, 6, 11), _data("ties", 40, 6, 12)
+    nn = kd.NearestNeighbors(n_neighbors=7, device="cpu").fit(da.from_array(b, chunks=(75, 6)))
+
+    def held(dask_worker):  # the knn.Index objects a worker holds, by identity
+        return sorted(id(v) for v in dask_worker.data.values() if isinstance(v, knn.Index))
+
+    before = client.run(held)
+    assert sum(len(v) for v in before.values()) == 4
+    builds = [v for key, v in nn.kneighbors(q)[0].__dask_graph__().items() if "_build" in str(key)]
+    assert len(builds) == 4 and all(isinstance(f, distributed.Future) and f.done() for f in builds)
+    for _ in range(2):
+        d, i = client.compute(nn.kneighbors(da.from_array(q, chunks=(15, 6))), sync=True)
+        D, I = knn.search(b, q, 7, device="cpu")
+        assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+        d, i = client.compute(nn.kneighbors(n_neighbors=5), sync=True)
+        D, I = knn.graph(b, 5, device="cpu")
+        assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+    after = client.run(held)
+    assert all(set(before[w]) <= set(after[w]) for w in before)
+    with pytest.raises(ValueError, match="dimension mismatch"):
+        nn.kneighbors(q[:, :5])
+    b[123, 4] = np.nan  # the engine's message, raised by fit
+    with pytest.raises(ValueError, match="chunk of rows 75 to 149 .*row 48, column 4 is NaN"):
+        kd.NearestNeighbors(device="cpu").fit(da.from_array(b, chunks=(75, 6)))
+
+
 def test_worker_lost_mid_job(client):
     b, q = _data("ties", 4000, 16, 4), _data("ties", 1000, 16, 5)
     lazy = kd.search(da.from_array(b, chunks=(100, 16)), da.from_array(q, chunks=(50, 16)), 9)
     futs = client.compute(list(lazy))
 
-    def held(dask_scheduler):  # workers holding a built chunk index
+    def held(dask_scheduler):  # workers holding a chunk's partials (its index built there)
         return sorted({ws.address for ts in dask_scheduler.tasks.values()
-                       if str(ts.key).startswith("('_build") or "_build" in str(ts.key)
-                       for ws in (ts.who_has or ())})
+                       if "_search_group" in str(ts.key) for ws in (ts.who_has or ())})
 
     for _ in range(500):
         victims = client.run_on_scheduler(held)

@@ -385,6 +385,29 @@ def test_unaligned_and_big_endian_arrays(rng):
     np.testing.assert_array_equal(got[1], want[1])
 
 
+def test_large_copies_made_in_pieces_keep_every_value(rng):
+    # Copies from 32 MiB on are made in pieces of rows on several threads: a misaligned
+    # float32 array (as Dask workers receive chunks), a Fortran-order one, float64 kept in
+    # float32, big-endian; pieces of 8 MiB and of 3 rows (a short last piece).
+    from knn._arrays import _contiguous
+
+    base = rng.standard_normal((66_001, 128)).astype(np.float32)  # 33.8 MB
+    raw = np.frombuffer(b"\0" + base.tobytes(), np.float32, offset=1).reshape(base.shape)
+    assert not raw.flags.aligned
+    cases = [(raw, np.float32), (np.asfortranarray(base), np.float32),
+             (base.astype(np.float64), np.float32), (base.astype(">f4"), np.float32),
+             (base.astype(np.float64)[::-1], np.float64)]
+    for a, dtype in cases:
+        for piece in (8 << 20, 3 * 128 * 4):
+            got = _contiguous(a, dtype, piece)
+            assert got.dtype == dtype and got.flags.c_contiguous and got.flags.aligned
+            np.testing.assert_array_equal(got, np.require(a, dtype, ["C_CONTIGUOUS"]))
+    assert _contiguous(base, np.float32) is base
+    want = knn.search(base, base[:5], 3, device="cpu")
+    got = knn.search(raw, base[:5], 3, device="cpu")
+    assert want[0].tobytes() == got[0].tobytes() and want[1].tobytes() == got[1].tobytes()
+
+
 def test_huge_k_is_an_error_not_a_crash(rng):
     index = knn.Index(rng.random((20000, 64)), device="cpu")
     queries = rng.random((20000, 64))  # searched in pieces
