@@ -156,16 +156,15 @@ impl Candidates {
 }
 
 /// Where [`Engine::finish_rows`] writes final rows: `rows × k` ids and distances, laid out as
-/// [`crate::Neighbors`], and one flag per row.
+/// [`crate::Neighbors`] (see [`OutputRows`]), and one flag per row.
 pub struct FinishedRows<'a> {
     /// The metric whose distances are written.
     pub metric: &'a Metric,
     /// Neighbours per row.
     pub k: usize,
-    /// `rows·k` base ids.
-    pub ids: &'a mut [u32],
-    /// `rows·k` distances ([`Metric::distance_from_key`] of the exact keys).
-    pub distances: &'a mut [f32],
+    /// The rows' `rows·k` base ids and distances ([`Metric::distance_from_key`] of the exact
+    /// keys).
+    pub out: &'a mut dyn OutputRows,
     /// One per row: `true` when the row is final.
     pub proven: &'a mut [bool],
     /// A row is final when its k-th exact key times this lies below its floor (the engine
@@ -176,8 +175,37 @@ pub struct FinishedRows<'a> {
 impl FinishedRows<'_> {
     /// Whether the buffers hold `rows` rows of `k` neighbours (ids, distances) and their flags.
     pub fn holds(&self, rows: usize) -> bool {
-        let n = rows * self.k;
-        self.ids.len() == n && self.distances.len() == n && self.proven.len() == rows
+        self.out.rows() == rows && self.proven.len() == rows
+    }
+}
+
+/// The buffers a round's rows are written into: `rows × k` ids and distances. They may still be
+/// in the making (their pages made and page-locked on another thread) when the round starts:
+/// an engine asks for them ([`OutputRows::buffers`]) once its work for the round is queued on
+/// its device, so that this work overlaps their making.
+pub trait OutputRows {
+    /// The rows they hold.
+    fn rows(&self) -> usize;
+    /// `(ids, distances)`, `rows × k` each, waiting the first time until they exist.
+    fn buffers(&mut self) -> (&mut [u32], &mut [f32]);
+}
+
+/// [`OutputRows`] that exist already: `ids` and `distances`, `k` per row.
+pub struct RowSlices<'a> {
+    /// `rows·k` ids.
+    pub ids: &'a mut [u32],
+    /// `rows·k` distances.
+    pub distances: &'a mut [f32],
+    /// Neighbours per row (at least 1).
+    pub k: usize,
+}
+
+impl OutputRows for RowSlices<'_> {
+    fn rows(&self) -> usize {
+        self.ids.len() / self.k.max(1)
+    }
+    fn buffers(&mut self) -> (&mut [u32], &mut [f32]) {
+        (&mut *self.ids, &mut *self.distances)
     }
 }
 

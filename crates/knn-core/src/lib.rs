@@ -31,7 +31,7 @@ mod validate;
 
 pub use engine::{
     base_key, part_key, CandidateRequest, CandidateRows, Candidates, Engine, ExactFrom,
-    FinishedRows, GraphRequest, PinnedOutput, RowSink, Symmetry,
+    FinishedRows, GraphRequest, OutputRows, PinnedOutput, RowSink, RowSlices, Symmetry,
 };
 pub use error::{KnnError, Result};
 pub use expr::{EngineProgram, ExprError, ExprPlan, MetricExpr};

@@ -449,8 +449,9 @@ mod tests {
             self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let c = AllPoints.candidates(req)?;
             let w = c.width;
+            let (all_ids, all_dists) = out.out.buffers();
             for i in 0..req.queries.rows() {
-                let (ids, dists) = (&mut out.ids[i * k..][..k], &mut out.distances[i * k..][..k]);
+                let (ids, dists) = (&mut all_ids[i * k..][..k], &mut all_dists[i * k..][..k]);
                 if i % 2 == 1 {
                     ids.fill(u32::MAX);
                     dists.fill(-1.0);

@@ -6,7 +6,9 @@ use super::rerank::{
     as_atomic, as_atomic_f32, exact_scan, exact_scan_given, finish_row, hand_over, BaseAux,
     Collector, Rerank,
 };
-use crate::engine::{CandidateRequest, Engine, ExactFrom, FinishedRows, GraphRequest};
+use crate::engine::{
+    CandidateRequest, Engine, ExactFrom, FinishedRows, GraphRequest, OutputRows, RowSlices,
+};
 use crate::error::{KnnError, Result};
 use crate::matrix::{Matrix, MatrixRef};
 use crate::metric::Metric;
@@ -138,7 +140,8 @@ impl Run<'_> {
 
     /// Queries `start..end` to the end: first try, exact re-rank, wider retries of the rows
     /// whose floor does not prove them, and a direct scan past the widest engine call. Writes
-    /// rows `start..end` into `ids` / `dists` (`k` per row).
+    /// rows `start..end` into `out` (`k` per row), asking for its buffers only after the
+    /// engine's first try (which, finishing the rows itself, overlaps their making).
     ///
     /// A round may hold more rows than [`Run::candidate_rows`] when the engine is to finish
     /// them itself (their candidates never come to the host); if it does not, the round's
@@ -149,8 +152,7 @@ impl Run<'_> {
         engine: &dyn Engine,
         start: usize,
         end: usize,
-        ids_out: &mut [u32],
-        dists_out: &mut [f32],
+        out: &mut dyn OutputRows,
         may_finish: bool,
     ) -> Result<()> {
         let (k, available) = (self.k, self.available);
@@ -189,21 +191,22 @@ impl Run<'_> {
                     FinishedRows {
                         metric: self.metric,
                         k,
-                        ids: &mut *ids_out,
-                        distances: &mut *dists_out,
+                        out: &mut *out,
                         proven: &mut proven,
                         key_scale: self.key_scale,
                     },
                 )?;
+            let (ids_out, dists_out) = out.buffers();
             if !finished && first_try.is_none() && contiguous && end - start > self.candidate_rows {
                 // Not finished by the engine after all: candidates in pieces within the budget.
                 let mut pieces = ids_out
                     .chunks_mut(self.candidate_rows * k)
                     .zip(dists_out.chunks_mut(self.candidate_rows * k));
                 for s in (start..end).step_by(self.candidate_rows) {
-                    let (ids, dists) = pieces.next().expect("one piece per step");
+                    let (ids, distances) = pieces.next().expect("one piece per step");
                     let e = (s + self.candidate_rows).min(end);
-                    self.round(engine, s, e, ids, dists, false)?;
+                    let mut piece = RowSlices { ids, distances, k };
+                    self.round(engine, s, e, &mut piece, false)?;
                 }
                 return Ok(());
             }

@@ -6,7 +6,7 @@ use super::finish::norm_bounds;
 use super::{CudaEngine, Method};
 use crate::fused::DeviceIo;
 use crate::staging::{bytes_of, bytes_of_mut};
-use knn_core::{CandidateRequest, Metric, Result};
+use knn_core::{CandidateRequest, Metric, Result, RowSlices};
 
 /// Queries in this GPU's memory: `rows × d` f32 values, row-major and contiguous, at device
 /// address `ptr` (memory of the device's primary context, where PyTorch and CuPy allocate).
@@ -88,8 +88,14 @@ impl CudaEngine {
             ids: out.ids,
             dists: out.distances,
         };
+        // The rows go to device memory: no host rows.
+        let mut no_host = RowSlices {
+            ids: &mut [],
+            distances: &mut [],
+            k,
+        };
         let Some(done) =
-            self.finish_on_device(req, metric, k, key_scale, (&mut [], &mut []), Some(io))?
+            self.finish_on_device(req, metric, k, key_scale, &mut no_host, Some(io))?
         else {
             return Ok(None);
         };

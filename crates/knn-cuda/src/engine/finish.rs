@@ -4,7 +4,7 @@
 use super::CudaEngine;
 use crate::floor::{floors, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
 use crate::fused;
-use knn_core::{CandidateRequest, Metric, Result};
+use knn_core::{CandidateRequest, Metric, OutputRows, Result};
 
 /// Rows finished by [`CudaEngine::finish_on_device`].
 pub(super) struct FinishedOnDevice {
@@ -19,7 +19,7 @@ pub(super) struct FinishedOnDevice {
 
 impl CudaEngine {
     /// `req`'s rows finished on the device for `k` neighbours under `metric` (see
-    /// `Engine::finish_rows`), into `host` (ids, distances), or with `device` into device
+    /// `Engine::finish_rows`), into `host` (ids, distances; asked for once the work is queued), or with `device` into device
     /// memory (queries read from there too); `None` when this engine does not finish them
     /// (method, metric, width, or a base that is not resident).
     pub(super) fn finish_on_device(
@@ -28,7 +28,7 @@ impl CudaEngine {
         metric: &Metric,
         k: usize,
         key_scale: f64,
-        host: (&mut [u32], &mut [f32]),
+        host: &mut dyn OutputRows,
         device: Option<fused::DeviceIo>,
     ) -> Result<Option<FinishedOnDevice>> {
         let Some(mode) = self.finish_mode(req, metric, k) else {
@@ -44,8 +44,7 @@ impl CudaEngine {
             let finish = fused::Finish {
                 k,
                 mode,
-                ids: host.0,
-                dists: host.1,
+                host,
                 device,
             };
             let rows = self.rows(&mut gpu, req, &info, true, None, Some(finish))?;

@@ -13,7 +13,7 @@ use crate::fused::{self, GraphLists, GraphShare, Resident, SELECT_WIDTH_MAX, SMA
 use crate::tuning::CudaTuning;
 use knn_core::{
     CandidateRequest, Candidates, Engine, ExactFrom, ExprPlan, FinishedRows, Kernel, KnnError,
-    MatrixRef, Metric, PinnedOutput, Result, Symmetry,
+    MatrixRef, Metric, PinnedOutput, Result, RowSlices, Symmetry,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -654,8 +654,11 @@ impl Engine for CudaEngine {
             let finish = fused::Finish {
                 k,
                 mode,
-                ids: &mut [],
-                dists: &mut [],
+                host: &mut RowSlices {
+                    ids: &mut [],
+                    distances: &mut [],
+                    k,
+                },
                 device: None,
             };
             self.rows(&mut gpu, first, &info, true, None, Some(finish))?;
@@ -680,8 +683,7 @@ impl Engine for CudaEngine {
         if nq == 0 || !out.holds(nq) {
             return Ok(false);
         }
-        let host = (&mut *out.ids, &mut *out.distances);
-        match self.finish_on_device(req, out.metric, out.k, out.key_scale, host, None)? {
+        match self.finish_on_device(req, out.metric, out.k, out.key_scale, out.out, None)? {
             Some(done) => {
                 out.proven.copy_from_slice(&done.proven);
                 Ok(true)

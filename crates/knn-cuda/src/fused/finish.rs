@@ -3,17 +3,17 @@
 
 use crate::device::{dev_err, Gpu};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use knn_core::{Kernel, Result};
+use knn_core::{Kernel, OutputRows, Result};
 
 /// Rows to finish on the device (see `knn_core::Engine::finish_rows`): the `k` best of each
 /// row's candidates by exact key, as distances of `mode` (see `finish_lists` in
-/// `common.cuh`), written into `ids` and `dists` (`nq × k`), or with `device`, read from and
-/// written to device memory (`ids` and `dists` then empty).
+/// `common.cuh`), written into `host` (`nq × k` ids and distances, asked for only once the
+/// rows' launches are queued), or with `device`, read from and written to device memory
+/// (`host` then unused).
 pub(crate) struct Finish<'a> {
     pub k: usize,
     pub mode: i32,
-    pub ids: &'a mut [u32],
-    pub dists: &'a mut [f32],
+    pub host: &'a mut dyn OutputRows,
     pub device: Option<DeviceIo>,
 }
 
@@ -34,8 +34,7 @@ impl Finish<'_> {
         Finish {
             k: self.k,
             mode: self.mode,
-            ids: self.ids,
-            dists: self.dists,
+            host: &mut *self.host,
             device: self.device,
         }
     }
@@ -57,19 +56,22 @@ pub(super) struct FinishedChunk<'a> {
 }
 
 /// Launches `finish_lists` on the chunk's candidate lists (`lists`: composites, exact keys,
-/// width) and downloads its rows into `out`, or with `on_device` (device addresses of the
-/// chunk's ids and distances) writes them there and downloads only `kth` and `last`.
+/// width) and downloads its rows into entries `host.1` of `host.0` (asked for once the launch
+/// is queued), or with `on_device` (device addresses of the chunk's ids and distances) writes
+/// them there; downloads the rows' k-th keys and W-th composites into `kth` and `last`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn finish_lists(
     gpu: &Gpu,
     lists: (&CudaSlice<u64>, &CudaSlice<f64>, usize),
     (k, mode): (usize, i32),
     (nb, excl): (usize, u64),
     bad: u64,
-    out: FinishedChunk<'_>,
+    host: (&mut dyn OutputRows, std::ops::Range<usize>),
+    (kth_out, last_out): (&mut [f64], &mut [u64]),
     on_device: Option<(u64, u64)>,
 ) -> Result<()> {
     let (comps, exact, w) = lists;
-    let n = out.kth.len();
+    let n = kth_out.len();
     let (own, (ids, dists)) = match on_device {
         Some(to) => (None, to),
         None => {
@@ -84,11 +86,13 @@ pub(super) fn finish_lists(
     let lists = (gpu.ptr(comps), gpu.ptr(exact), w);
     launch_finish(gpu, lists, (k, mode), (nb, excl), bad, rows, n)?;
     if let Some((ids, dists)) = &own {
-        gpu.download_into(ids, out.ids)?;
-        gpu.download_into(dists, out.dists)?;
+        let (rows, r) = host;
+        let (host_ids, host_dists) = rows.buffers();
+        gpu.download_into(ids, &mut host_ids[r.clone()])?;
+        gpu.download_into(dists, &mut host_dists[r])?;
     }
-    gpu.download_into(&kth, out.kth)?;
-    gpu.download_into(&last, out.last)?;
+    gpu.download_into(&kth, kth_out)?;
+    gpu.download_into(&last, last_out)?;
     Ok(())
 }
 

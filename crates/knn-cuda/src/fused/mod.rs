@@ -628,9 +628,10 @@ pub(crate) fn run(
             let given = (exact_kind, gpu.ptr(gb), d);
             if let Some(all) = graph_finished(gpu, g, (f.k, f.mode), given, rest)? {
                 let k = f.k;
+                let (ids, dists) = f.host.buffers();
                 let rows = FinishedChunk {
-                    ids: &mut f.ids[qs * k..qe * k],
-                    dists: &mut f.dists[qs * k..qe * k],
+                    ids: &mut ids[qs * k..qe * k],
+                    dists: &mut dists[qs * k..qe * k],
                     kth: &mut done.kth[qs..qe],
                     last: &mut done.last[qs..qe],
                 };
@@ -764,24 +765,8 @@ pub(crate) fn run(
             let keys = exact_keys(gpu, exact_kind, (q_given, n), (gb, nb), rb, w, d)?;
             phases.lap(gpu, "exact keys");
             if let (Some(f), Some(done)) = (finish.as_mut(), finished.as_mut()) {
-                let k = f.k;
+                let (k, mode) = (f.k, f.mode);
                 let lists = (&r.buf, &keys, w);
-                // Rows finished into device memory have no host slices.
-                let host = f.device.is_none();
-                let rows = FinishedChunk {
-                    ids: if host {
-                        &mut f.ids[qs * k..qe * k]
-                    } else {
-                        &mut []
-                    },
-                    dists: if host {
-                        &mut f.dists[qs * k..qe * k]
-                    } else {
-                        &mut []
-                    },
-                    kth: &mut done.kth[qs..qe],
-                    last: &mut done.last[qs..qe],
-                };
                 let on_device = f.device.map(|io| {
                     let at = (qs * k * 4) as u64;
                     (io.ids + at, io.dists + at)
@@ -790,10 +775,11 @@ pub(crate) fn run(
                 finish_lists(
                     gpu,
                     lists,
-                    (k, f.mode),
+                    (k, mode),
                     flags,
                     gpu.ptr(&bad),
-                    rows,
+                    (&mut *f.host, qs * k..qe * k),
+                    (&mut done.kth[qs..qe], &mut done.last[qs..qe]),
                     on_device,
                 )?;
                 bad_flagged = true;

@@ -731,8 +731,9 @@ impl State {
         let st = self.gpu.staging()?;
         let result = match out {
             Output::Finish { rows, .. } => {
-                st.download_into(&self.gpu, ids, bytes_of_mut(rows.ids))?;
-                st.download_into(&self.gpu, keys, bytes_of_mut(rows.distances))?;
+                let (host_ids, host_dists) = rows.out.buffers();
+                st.download_into(&self.gpu, ids, bytes_of_mut(host_ids))?;
+                st.download_into(&self.gpu, keys, bytes_of_mut(host_dists))?;
                 let flags_out = rows.proven;
                 st.download(&self.gpu, proven, nq, |off, b| {
                     flags_out[off..off + b.len()]
