@@ -17,10 +17,14 @@ import knn
 import knn.dask as kd
 
 
-def index_moves(dask_worker):
-    """Chunk indexes this worker received from another (each is built again from its rows)."""
-    return sum(str(key).startswith("_build") for e in dask_worker.transfer_incoming_log
-               for key in e["keys"])
+def index_moves(dask_worker, base_name=None):
+    """Chunk indexes (`_build` results) and base chunks (keys of the array named `base_name`)
+    this worker received from another: where one group searches a chunk, its index is built in
+    the search task, so moving that search moves its base chunk (and builds the index there)."""
+    def moved(key):
+        return str(key).startswith("_build") or (isinstance(key, tuple) and key[0] == base_name)
+
+    return sum(moved(key) for e in dask_worker.transfer_incoming_log for key in e["keys"])
 
 
 def main():
@@ -62,12 +66,12 @@ def main():
         merge = busy.get("_merge", 0.0)
         incoming = client.run(lambda dask_worker: sum(
             e.get("total", 0) for e in dask_worker.transfer_incoming_log))
-        moved = client.run(index_moves)
+        moved = client.run(index_moves, base_name=b.name)
         holders = [ws[0] for ws in client.who_has(b).values() if ws]
         chunks_at = sorted((holders.count(a) for a in set(holders)), reverse=True)
     print(f"{nb} x {nq}, d={d}, k={k}, {w} workers: knn.search {one:.3f} s, knn.dask.search "
           f"{dask_t:.3f} s, ratio {dask_t / one:.2f}x; bytes between workers "
-          f"{sum(incoming.values())}; indexes moved {sum(moved.values())}; merge {merge:.3f} s "
+          f"{sum(incoming.values())}; indexes or base chunks moved {sum(moved.values())}; merge {merge:.3f} s "
           f"= {100 * merge / total:.1f} % of task time; base chunks per worker {chunks_at}; task "
           f"time by worker {sorted((round(v, 2) for v in by_worker.values()), reverse=True)}; "
           f"by kind {dict((n, round(v, 3)) for n, v in busy.items())}")
