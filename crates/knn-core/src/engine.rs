@@ -142,6 +142,27 @@ impl Candidates {
         }
     }
 
+    /// Every row handed to `sink` in batches of consecutive rows, in parallel (`exact`: the
+    /// candidates' exact keys, laid out as `ids`).
+    pub fn hand_over(&self, exact: Option<&[f64]>, sink: &dyn RowSink) {
+        /// Rows per batch.
+        const BATCH: usize = 256;
+        let (n, w) = (self.floor.len(), self.width);
+        let rows: Vec<u32> = (0..n as u32).collect();
+        rows.par_chunks(BATCH).enumerate().for_each(|(i, r)| {
+            let (a, b) = (i * BATCH, i * BATCH + r.len());
+            sink.take(CandidateRows {
+                rows: r,
+                width: w,
+                ids: &self.ids[a * w..b * w],
+                keys: &self.keys[a * w..b * w],
+                floor: &self.floor[a..b],
+                floor_bounds_rounding: self.floor_bounds_rounding,
+                exact: exact.map(|e| &e[a * w..b * w]),
+            })
+        });
+    }
+
     /// Rows `start..end` as their own candidate lists.
     pub fn rows(&self, start: usize, end: usize) -> Candidates {
         let w = self.width;
@@ -448,8 +469,6 @@ pub trait Engine: Sync {
         want_exact: bool,
         sink: &dyn RowSink,
     ) -> Result<()> {
-        /// Rows per batch of the default.
-        const BATCH: usize = 256;
         let (cand, exact) = if want_exact {
             self.candidates_with_exact(req)?
         } else {
@@ -465,19 +484,7 @@ pub trait Engine: Sync {
             )));
         }
         let exact = exact.filter(|e| e.len() == cand.ids.len());
-        let rows: Vec<u32> = (0..n as u32).collect();
-        rows.par_chunks(BATCH).enumerate().for_each(|(i, r)| {
-            let (a, b) = (i * BATCH, i * BATCH + r.len());
-            sink.take(CandidateRows {
-                rows: r,
-                width: w,
-                ids: &cand.ids[a * w..b * w],
-                keys: &cand.keys[a * w..b * w],
-                floor: &cand.floor[a..b],
-                floor_bounds_rounding: cand.floor_bounds_rounding,
-                exact: exact.as_ref().map(|e| &e[a * w..b * w]),
-            })
-        });
+        cand.hand_over(exact.as_deref(), sink);
         Ok(())
     }
 }

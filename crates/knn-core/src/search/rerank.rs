@@ -1,11 +1,10 @@
 //! The exact re-rank: each candidate's key in f64 from the exact-space rows, the k smallest by
 //! (key, id), and whether the row's floor proves them complete.
 
-use crate::engine::{CandidateRows, Candidates, RowSink};
+use crate::engine::{CandidateRows, RowSink};
 use crate::given::{lower_floor, GivenRows, Real, RowsFn};
 use crate::matrix::MatrixRef;
 use crate::metric::Metric;
-use rayon::prelude::*;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, OnceLock};
@@ -455,25 +454,6 @@ impl RowSink for Collector<'_> {
         }
         self.handed.fetch_add(b.rows.len(), Relaxed);
     }
-}
-
-/// Candidate lists already computed, handed to `sink` in batches of consecutive rows.
-pub(super) fn hand_over(cand: &Candidates, exact: Option<&[f64]>, sink: &dyn RowSink) {
-    const BATCH: usize = 256;
-    let (n, w) = (cand.floor.len(), cand.width);
-    let rows: Vec<u32> = (0..n as u32).collect();
-    rows.par_chunks(BATCH).enumerate().for_each(|(i, r)| {
-        let (a, b) = (i * BATCH, i * BATCH + r.len());
-        sink.take(CandidateRows {
-            rows: r,
-            width: w,
-            ids: &cand.ids[a * w..b * w],
-            keys: &cand.keys[a * w..b * w],
-            floor: &cand.floor[a..b],
-            floor_bounds_rounding: cand.floor_bounds_rounding,
-            exact: exact.map(|e| &e[a * w..b * w]),
-        })
-    });
 }
 
 /// The chosen k (selected by exact f64 key, sorted by (key, id)) as reported, into `ids` and

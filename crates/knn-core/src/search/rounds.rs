@@ -3,8 +3,7 @@
 //! keys after a fast first try, then four times wider, then an exact scan.
 
 use super::rerank::{
-    as_atomic, as_atomic_f32, exact_scan, exact_scan_given, finish_row, hand_over, BaseAux,
-    Collector, Rerank,
+    as_atomic, as_atomic_f32, exact_scan, exact_scan_given, finish_row, BaseAux, Collector, Rerank,
 };
 use crate::engine::{
     CandidateRequest, Engine, ExactFrom, FinishedRows, GraphRequest, OutputRows, RowSlices,
@@ -249,9 +248,9 @@ impl Run<'_> {
                     .extend((0..requested as u32).filter(|&j| !proven[j as usize]));
                 sink.handed.store(requested, Relaxed);
             } else if let Some(all) = first_try {
-                hand_over(&all.rows(start, end), None, &sink);
+                all.rows(start, end).hand_over(None, &sink);
             } else if let Some(plan) = self.expr {
-                hand_over(&engine.candidates_expr(&req, plan)?, None, &sink);
+                engine.candidates_expr(&req, plan)?.hand_over(None, &sink);
             } else {
                 let want_exact = self.same_space || req.exact_from.is_some();
                 engine.candidate_rows(&req, want_exact, &sink)?;
