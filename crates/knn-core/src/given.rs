@@ -89,17 +89,7 @@ impl Given<'_> {
 /// engines compute on. NaN and ±inf are refused as [`crate::MatrixRef::new`] refuses them, and
 /// so are finite values beyond f32's range, which have no f32 rounding.
 pub fn round_to_f32(what: &str, data: &[f64], dim: usize) -> Result<Vec<f32>> {
-    if dim == 0 {
-        return Err(KnnError::ZeroDim { what: what.into() });
-    }
-    if !data.len().is_multiple_of(dim) {
-        return Err(KnnError::Shape {
-            what: what.into(),
-            len: data.len(),
-            rows: data.len() / dim + 1,
-            dim,
-        });
-    }
+    crate::matrix::check_shape(what, data.len(), dim)?;
     let out: Vec<f32> = data.par_iter().map(|&v| v as f32).collect();
     // A value out of range rounds to ±inf, as NaN stays NaN: one scan of the rounding finds both.
     if let Some(i) = out.par_iter().position_first(|v| !v.is_finite()) {

@@ -133,17 +133,7 @@ impl<'a> MatrixRef<'a> {
     /// Like [`MatrixRef::new`] but trusts that every value is finite (already checked:
     /// for data derived from validated inputs).
     pub fn new_unchecked_values(what: &str, data: &'a [f32], dim: usize) -> Result<Self> {
-        if dim == 0 {
-            return Err(KnnError::ZeroDim { what: what.into() });
-        }
-        if !data.len().is_multiple_of(dim) {
-            return Err(KnnError::Shape {
-                what: what.into(),
-                len: data.len(),
-                rows: data.len() / dim + 1,
-                dim,
-            });
-        }
+        check_shape(what, data.len(), dim)?;
         Ok(Self {
             src: Src::Values(data),
             rows: data.len() / dim,
@@ -305,6 +295,23 @@ impl Matrix {
     pub fn into_vec(self) -> Vec<f32> {
         self.data
     }
+}
+
+/// Whether `len` values make whole rows of dimension `dim`: a clear error (naming `what`) for a
+/// zero dimension or a ragged last row.
+pub(crate) fn check_shape(what: &str, len: usize, dim: usize) -> Result<()> {
+    if dim == 0 {
+        return Err(KnnError::ZeroDim { what: what.into() });
+    }
+    if !len.is_multiple_of(dim) {
+        return Err(KnnError::Shape {
+            what: what.into(),
+            len,
+            rows: len / dim + 1,
+            dim,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
