@@ -22,8 +22,8 @@ The task graph keeps each base chunk's searches with its index, so that nothing 
 
 4 base chunks x 4 small query blocks: 4 group searches (each building its index), 4 merges, 8
 output blocks. The scheduler places a group search where its index or base chunk is (an index
-weighs its rows' bytes, a query block a few MB), and with as many base chunks as workers each worker has its one search and
-nothing to steal. The former graph had one search task per (query block, base chunk): Dask's
+weighs its rows' bytes, a query block a few MB), and with as many base chunks as workers each
+worker has its one search and nothing to steal. The former graph had one search task per (query block, base chunk): Dask's
 work stealing moved them, with their index, to idle workers (an index pickles its rows and is
 built again there: 5-7 rebuilds per job of 4 x 4 on 4 workers), and 16 unequal tasks spread
 unevenly. Where a huge query set makes several groups per base chunk, they share one build.
@@ -31,8 +31,12 @@ Each level of tasks costs a round trip through the scheduler (about 10 ms per le
 worker, more than the merges): hence the builds inside the searches, merges of up to 8
 partials, and output blocks read straight from the last merge.
 
+``NearestNeighbors.fit`` builds the chunks' indexes once and keeps them on their workers
+(persisted); its ``kneighbors`` graphs take them instead of building.
+
 Validation (shapes, k against the total number of points, metric) runs eagerly before anything
-is scheduled; NaN checks run lazily inside the chunk tasks (the engine's own message).
+is scheduled; NaN checks run lazily inside the chunk tasks (the engine's own message, prefixed
+with the chunk's rows).
 Tested on a 2-process LocalCluster (python/tests/test_dask.py): byte-equal to one process,
 ties, k larger than a chunk, a worker lost mid-job, bad input, the graph's shape.
 """
