@@ -28,6 +28,7 @@ import numpy as np
 
 import knn
 import knn.dask as kd
+from dask_overhead import index_moves  # this folder's other Dask bench
 
 
 def timed(f):
@@ -124,16 +125,6 @@ def search_here(bkeys, qkeys, k, opts, dask_worker=None):
         knn.search(base, queries, k, **opts)
         times.append(t.perf_counter() - s)
     return sorted(times)[1]
-
-
-def index_moves(dask_worker, base_name=None):
-    """Chunk indexes (`_build` results) and base chunks (keys of the array named `base_name`)
-    this worker received from another: where one group searches a chunk, its index is built in
-    the search task, so moving that search moves its base chunk (and builds the index there)."""
-    def moved(key):
-        return str(key).startswith("_build") or (isinstance(key, tuple) and key[0] == base_name)
-
-    return sum(moved(key) for e in dask_worker.transfer_incoming_log for key in e["keys"])
 
 
 def main():
