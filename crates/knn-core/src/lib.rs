@@ -36,7 +36,7 @@ pub use engine::{
 pub use error::{KnnError, Result};
 pub use expr::{EngineProgram, ExprError, ExprPlan, MetricExpr};
 pub use matrix::{CentredRoots, Matrix, MatrixRef, RootsView};
-pub use metric::{Covariance, Kernel, Metric};
+pub use metric::{Covariance, ErrorBounds, Kernel, Metric};
 pub use neighbors::Neighbors;
 pub use oracle::{check, check_with_truth, id_recall, oracle, CheckReport, DEFAULT_TOLERANCE};
 pub use prepare::PreparedBase;

@@ -140,23 +140,32 @@ pub fn floors(
     if w >= req.available() {
         return vec![f32::INFINITY; nq];
     }
-    (0..nq)
-        .into_par_iter()
-        .map(|i| {
-            let kth = keys[i * stride + stride - 1].min(cut[i]);
-            let qn = match (req.kernel, qn) {
-                (Kernel::SqL2 | Kernel::NegDot, Some(n)) => n[i],
-                (Kernel::SqL2 | Kernel::NegDot, None) => norm(req.queries.row(i), centre),
-                _ => 0.0,
-            };
-            let bound = req.kernel.error_bound(d, qn, bn_max, kth, u, u_in) as f64
-                + input_abs_bound(req.kernel, d, (qn, bn_max), (u, u_in, eta));
-            let f = round_down(kth as f64 - bound);
-            if f.is_nan() {
-                f32::NEG_INFINITY
-            } else {
-                f
-            }
-        })
-        .collect()
+    let bounds = req.kernel.error_bounds(d, u, u_in);
+    let floor = |i: usize, qn: f32| {
+        let kth = keys[i * stride + stride - 1].min(cut[i]);
+        let bound = bounds.of(qn, bn_max, kth) as f64
+            + input_abs_bound(req.kernel, d, (qn, bn_max), (u, u_in, eta));
+        let f = round_down(kth as f64 - bound);
+        if f.is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            f
+        }
+    };
+    // Rows whose norm is known cost a few operations each, on this thread: a parallel pass
+    // costs more to start (about 0.1 ms on the 16-core GPU machine) than 4096 of them.
+    match (req.kernel.is_gemm(), qn) {
+        (true, Some(n)) => (0..nq).map(|i| floor(i, n[i])).collect(),
+        (false, _) => (0..nq).map(|i| floor(i, 0.0)).collect(),
+        (true, None) if nq * d < SERIAL_WORK => (0..nq)
+            .map(|i| floor(i, norm(req.queries.row(i), centre)))
+            .collect(),
+        (true, None) => (0..nq)
+            .into_par_iter()
+            .map(|i| floor(i, norm(req.queries.row(i), centre)))
+            .collect(),
+    }
 }
+
+/// Values read below which the floors take the rows' norms on one thread.
+const SERIAL_WORK: usize = 1 << 16;
