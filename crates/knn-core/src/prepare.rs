@@ -460,21 +460,11 @@ impl Transform {
 }
 
 /// Largest magnitude, compared as bits (those of non-negative floats order like them; NaN
-/// ignored), block by block: this vectorises, where a per-element parallel fold costs more
-/// than the rest of the preparation.
+/// ignored).
 fn max_abs(m: MatrixRef<'_>) -> f32 {
-    let bits = m
-        .as_slice()
-        .par_chunks(1 << 16)
-        .map(|c| {
-            c.iter().fold(0u32, |a, v| {
-                let b = v.to_bits() & 0x7fff_ffff;
-                a.max(if b > 0x7f80_0000 { 0 } else { b })
-            })
-        })
-        .max()
-        .unwrap_or(0);
-    f32::from_bits(bits)
+    use crate::matrix::{max_magnitude_bits, INFINITY_BITS};
+    let bits = max_magnitude_bits(m.as_slice(), |b| if b > INFINITY_BITS { 0 } else { b });
+    f32::from_bits(bits as u32)
 }
 
 /// The power of two engine rows are scaled by when their largest magnitude `top` would let
