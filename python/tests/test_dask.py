@@ -125,16 +125,16 @@ def test_numpy_input_and_laziness(client):
 def test_nearest_neighbors_keeps_its_indexes(client):
     # fit builds one index per chunk on the workers and keeps it: later kneighbors calls (with
     # queries, or the graph of the fitted points) take those (finished futures in their graph,
-    # nothing to build), and the workers still hold them afterwards. (The scheduler may also
-    # copy a small index to an idle worker for a search: a copy, the original stays.)
+    # nothing to build), and the workers still hold them afterwards. (The scheduler may copy a
+    # small index to an idle worker for a search, and Dask's memory manager may then drop either
+    # replica: which worker holds it may change, that one does not.)
     b, q = _data("ties", 300, 6, 11), _data("ties", 40, 6, 12)
     nn = kd.NearestNeighbors(n_neighbors=7, device="cpu").fit(da.from_array(b, chunks=(75, 6)))
 
-    def held(dask_worker):  # the knn.Index objects a worker holds, by identity
-        return sorted(id(v) for v in dask_worker.data.values() if isinstance(v, knn.Index))
+    def held(dask_worker):  # how many knn.Index objects a worker holds
+        return sum(isinstance(v, knn.Index) for v in dask_worker.data.values())
 
-    before = client.run(held)
-    assert sum(len(v) for v in before.values()) == 4
+    assert sum(client.run(held).values()) == 4
     builds = [v for key, v in nn.kneighbors(q)[0].__dask_graph__().items() if "_build" in str(key)]
     assert len(builds) == 4 and all(isinstance(f, distributed.Future) and f.done() for f in builds)
     for _ in range(2):
@@ -144,8 +144,8 @@ def test_nearest_neighbors_keeps_its_indexes(client):
         d, i = client.compute(nn.kneighbors(n_neighbors=5), sync=True)
         D, I = knn.graph(b, 5, device="cpu")
         assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
-    after = client.run(held)
-    assert all(set(before[w]) <= set(after[w]) for w in before)
+    who = client.who_has(builds)
+    assert all(who[f.key] for f in builds) and all(f.status == "finished" for f in builds)
     with pytest.raises(ValueError, match="dimension mismatch"):
         nn.kneighbors(q[:, :5])
     b[123, 4] = np.nan  # the engine's message, raised by fit
