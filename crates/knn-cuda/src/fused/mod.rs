@@ -254,8 +254,9 @@ pub(crate) struct Output {
     /// `GraphLists::input_abs`), for the floors.
     pub input_abs: f64,
     /// For queries in device memory ([`DeviceIo`]) or rows finished on the device (none of
-    /// them rows of the resident base): each one's squared norm as the kernels use it (of the centred row, f32, error at most γ_d of the exact value); NaN or ∞ when
-    /// the row holds a value that is not finite.
+    /// them rows of the resident base): each one's squared norm as the kernels use it (of the
+    /// centred row, f32, error at most γ_d of the exact value); NaN or ∞ when the row holds a
+    /// value that is not finite.
     pub query_sq_norms: Option<Vec<f32>>,
 }
 
@@ -544,9 +545,8 @@ pub(crate) fn run(
         last: vec![0; nq],
     });
     // The queries' squared norms as the kernels use them, for rows read from device memory or
-    // finished here: their floors then need no pass over the rows on the host (0.2 ms of
-    // 4096 × 128 f64 norms, more than the kernels' own work on them). `None` once a chunk's
-    // queries are rows of the resident base, whose norms the engine keeps.
+    // finished here: their floors then need no f64 pass over the rows on the host. `None` once
+    // a chunk's queries are rows of the resident base, whose norms the engine keeps.
     let mut query_sq_norms = (device_io.is_some() || finish.is_some()).then(|| vec![0.0f32; nq]);
     let mut bad_flagged = false;
     let bad = gpu
