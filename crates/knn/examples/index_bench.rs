@@ -161,16 +161,7 @@ fn device_search(
     };
     // SAFETY: the buffers hold nq × d queries and nq × k results on this device.
     let run = || unsafe { index.search_device(rows, k, out) }.expect("device search");
-    for _ in 0..3 {
-        run();
-    }
-    let times: Vec<f64> = (0..repeat)
-        .map(|_| {
-            let t = Instant::now();
-            run();
-            t.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
+    let device_ms = median_ms(repeat, run);
     // Host queries in, host results out, through the device path: the queries uploaded (from
     // pageable memory), searched on the device, the results downloaded.
     let mut qd = stream.alloc_zeros::<f32>(queries.len()).expect("alloc");
@@ -179,37 +170,46 @@ fn device_search(
         ptr: qd.device_ptr(&stream).0,
         ..rows
     };
-    let mut via = |qd: &mut cudarc::driver::CudaSlice<f32>| {
-        stream.memcpy_htod(queries, qd).expect("upload");
+    let via_ms = median_ms(repeat, || {
+        stream.memcpy_htod(queries, &mut qd).expect("upload");
         // SAFETY: `qd` holds nq × d queries on this device.
         unsafe { index.search_device(via_rows, k, out) }.expect("device search");
         stream.memcpy_dtoh(&ids, &mut hi).expect("download");
         stream.memcpy_dtoh(&dists, &mut hd).expect("download");
-    };
-    for _ in 0..3 {
-        via(&mut qd);
-    }
-    let via_times: Vec<f64> = (0..repeat)
-        .map(|_| {
-            let t = Instant::now();
-            via(&mut qd);
-            t.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    let via_same = hi == want.ids && hd == want.distances;
-    println!(
-        "via device: upload + search_device + download median {:.3} ms; answers {}",
-        median(via_times),
-        if via_same { "same" } else { "DIFFERENT" }
+    });
+    answers(
+        &format!("via device: upload + search_device + download median {via_ms:.3} ms"),
+        hi == want.ids && hd == want.distances,
     );
-    if !via_same {
-        std::process::exit(1);
+    answers(
+        &format!(
+            "device: search_device median {device_ms:.3} ms (queries and results in GPU memory)"
+        ),
+        stream.clone_dtoh(&ids).expect("download") == want.ids
+            && stream.clone_dtoh(&dists).expect("download") == want.distances,
+    );
+}
+
+/// Median wall time in ms of `repeat` runs of `f` after three warm-up runs.
+fn median_ms(repeat: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..3 {
+        f();
     }
-    let same = stream.clone_dtoh(&ids).expect("download") == want.ids
-        && stream.clone_dtoh(&dists).expect("download") == want.distances;
+    median(
+        (0..repeat)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect(),
+    )
+}
+
+/// Prints `line` with whether the answers are the host search's; exits with 1 when not.
+fn answers(line: &str, same: bool) {
     println!(
-        "device: search_device median {:.3} ms (queries and results in GPU memory); answers {}",
-        median(times),
+        "{line}; answers {}",
         if same { "same" } else { "DIFFERENT" }
     );
     if !same {
