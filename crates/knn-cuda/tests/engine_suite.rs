@@ -289,6 +289,24 @@ fn symmetric_graphs() {
     assert!(made >= graphs / 2, "{made} of {graphs}");
 }
 
+/// A graph asked for again on the same engine and points is computed again (the first call's
+/// lists are not its answer), and is the same graph.
+#[test]
+fn repeated_graphs_are_made_again() {
+    if !kit::gpu_available_or_skip(CudaEngine::available(), "repeated_graphs_are_made_again") {
+        return;
+    }
+    let e = cuda(Method::Fused).unwrap().with_symmetry(Symmetry::On);
+    let points = uniform(3000, 32, 11);
+    for metric in [Metric::SqL2, Metric::Hellinger] {
+        let first = graph(&e, points.view(), 10, &metric).unwrap();
+        let made = e.symmetric_graphs();
+        let again = graph(&e, points.view(), 10, &metric).unwrap();
+        assert_eq!(first, again, "{metric}");
+        assert_eq!(e.symmetric_graphs(), made + 1, "{metric}: not made again");
+    }
+}
+
 /// Fixed splits, whole (untruncated) split lists, wider first tries and one copy thread: the
 /// same answers as the automatic tuning (the CPU engine's), for searches and graphs.
 #[test]

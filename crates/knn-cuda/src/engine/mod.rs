@@ -631,6 +631,18 @@ impl Engine for CudaEngine {
     ) -> Result<()> {
         let ahead = first.base_key.map(|key| (key, first.width));
         *self.graph_ahead.lock().unwrap_or_else(|p| p.into_inner()) = ahead;
+        // Each graph is computed anew: lists (and finished rows) kept from an earlier graph of
+        // the same base would answer this one from that call's work, which is not what a
+        // caller times or what a peer recomputing its graph is compared with.
+        // Device memory is freed with its context bound to the thread (cudarc's drop does not
+        // bind it).
+        {
+            let _gpu = self.locked()?;
+            *self.graph.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            if let Some(share) = &self.share {
+                share.restart();
+            }
+        }
         if let (Some(share), Some(graph)) = (&self.share, ahead) {
             // Every part is made now, whatever finishes the rows: the other parts wait for
             // this one's thresholds. However the attempt ends, the others learn of it.

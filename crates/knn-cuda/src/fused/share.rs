@@ -80,6 +80,15 @@ impl GraphShare {
         self.group.set(self.part, key, Stage::Lists(l));
     }
 
+    /// Forgets what this part published of earlier graphs: a graph begun again (the same
+    /// points and width) is made anew, not taken as a second attempt at the last one (see
+    /// [`GraphShare::began`]). The other parts' slots may still hold that graph's thresholds or
+    /// lists until they restart too: they are of the same points, width and plan, so equal.
+    pub(crate) fn restart(&self) {
+        self.group.lock()[self.part] = None;
+        self.group.changed.notify_all();
+    }
+
     /// Says this part makes no lists of graph `key` unless it published them (called at the
     /// end of every attempt, so that the others never wait for it in vain).
     pub(crate) fn settle(&self, key: GraphKey) {
