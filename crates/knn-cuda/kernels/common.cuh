@@ -82,32 +82,41 @@ extern "C" __global__ void fill_u64(u64* __restrict__ p, long long n, u64 v) {
 // Exact f64 keys of candidate lists, bit for bit as the host's `Kernel::exact`: per pair, eight
 // accumulators over blocks of eight coordinates, summed in order, then the remainder; explicit
 // _rn operations so nothing is contracted into an FMA. kind: 0 squared L2, 1 negated inner
-// product, 2 L1, 3 L-infinity. One thread per (row, slot); ids at or past nb give NaN.
+// product, 2 L1, 3 L-infinity. Eight lanes per (row, slot), lane l holding accumulator l (so
+// the eight read 32 contiguous bytes of the row at a time, where one thread walking a row read
+// 32 rows per warp at once); lane 0 sums them and the remainder. Ids at or past nb give NaN.
 extern "C" __global__ void exact_keys(const float* __restrict__ q, const float* __restrict__ b,
                                       long long nb, const u64* __restrict__ comps, long long n,
                                       int w, int d, int kind, double* __restrict__ out) {
-    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n * (long long)w) return;
-    long long row = t / w;
-    u32 id = (u32)(comps[t] & 0xffffffffu);
-    if (id >= nb) { out[t] = __longlong_as_double(0x7ff8000000000000ll); return; }
+    long long t = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 3;
+    int l = threadIdx.x & 7;
+    // Every lane stays to the shuffles, live or not.
+    bool live = t < n * (long long)w;
+    long long row = live ? t / w : 0;
+    u32 id = live ? (u32)(comps[t] & 0xffffffffu) : 0u;
+    bool valid = live && id < nb;
     const float* x = q + row * (long long)d;
-    const float* y = b + (long long)id * d;
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const float* y = b + (long long)(valid ? id : 0u) * d;
     int full = d / 8 * 8;
-    for (int j = 0; j < full; j += 8) {
-#pragma unroll
-        for (int l = 0; l < 8; ++l) {
-            double a = x[j + l], c = y[j + l];
+    double acc = 0.0;
+    if (valid) {
+        for (int j = l; j < full; j += 8) {
+            double a = x[j], c = y[j];
             double v;
             if (kind == 1) v = __dmul_rn(a, c);
             else { double e = __dsub_rn(a, c); v = kind == 0 ? __dmul_rn(e, e) : fabs(e); }
-            acc[l] = kind == 3 ? fmax(acc[l], v) : __dadd_rn(acc[l], v);
+            acc = kind == 3 ? fmax(acc, v) : __dadd_rn(acc, v);
         }
     }
     double s = 0.0;
+    int group = (threadIdx.x & 31) & ~7;
 #pragma unroll
-    for (int l = 0; l < 8; ++l) s = kind == 3 ? fmax(s, acc[l]) : __dadd_rn(s, acc[l]);
+    for (int m = 0; m < 8; ++m) {
+        double v = __shfl_sync(0xffffffffu, acc, group | m);
+        s = kind == 3 ? fmax(s, v) : __dadd_rn(s, v);
+    }
+    if (l != 0 || !live) return;
+    if (!valid) { out[t] = __longlong_as_double(0x7ff8000000000000ll); return; }
     for (int j = full; j < d; ++j) {
         double a = x[j], c = y[j];
         double v;

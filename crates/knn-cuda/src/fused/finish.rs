@@ -186,9 +186,9 @@ pub(super) fn exact_keys(
     }
     l.arg(&po);
     let cfg = if kind.is_some() {
-        // One thread per (row, slot).
+        // Eight threads per (row, slot).
         LaunchConfig {
-            grid_dim: ((n * w).div_ceil(256) as u32, 1, 1),
+            grid_dim: ((n * w).div_ceil(32) as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         }
