@@ -17,6 +17,9 @@ pub struct MatrixRef<'a> {
     src: Src<'a>,
     rows: usize,
     dim: usize,
+    /// The largest magnitude of the values, when the finite check of [`MatrixRef::new`] saw
+    /// it (the preparation then needs no second pass over them).
+    top: Option<f32>,
 }
 
 #[derive(Clone, Copy)]
@@ -62,6 +65,7 @@ impl<'a> CentredRoots<'a> {
             src: Src::Roots(self, 0),
             rows: self.given.rows(),
             dim: self.given.dim(),
+            top: None,
         }
     }
 
@@ -126,8 +130,11 @@ impl<'a> MatrixRef<'a> {
     /// ("base", "queries", a file name). Rejects NaN/±inf naming row and column.
     pub fn new(what: &str, data: &'a [f32], dim: usize) -> Result<Self> {
         let m = Self::new_unchecked_values(what, data, dim)?;
-        m.check_finite(what)?;
-        Ok(m)
+        let top = m.check_finite(what)?;
+        Ok(Self {
+            top: Some(top),
+            ..m
+        })
     }
 
     /// Like [`MatrixRef::new`] but trusts that every value is finite (already checked:
@@ -138,14 +145,17 @@ impl<'a> MatrixRef<'a> {
             src: Src::Values(data),
             rows: data.len() / dim,
             dim,
+            top: None,
         })
     }
 
-    fn check_finite(&self, what: &str) -> Result<()> {
+    /// The largest magnitude of the values, or the error naming the first NaN or infinity.
+    fn check_finite(&self, what: &str) -> Result<f32> {
         // A NaN or an infinity has the largest magnitude bits (from 0x7f80_0000); the first
         // bad value in row-major order is reported.
         let data = self.as_slice();
-        if max_magnitude_bits(data, |b| b) >= INFINITY_BITS {
+        let top = max_magnitude_bits(data, |b| b);
+        if top >= INFINITY_BITS {
             let idx = data
                 .par_iter()
                 .position_first(|v| !v.is_finite())
@@ -157,7 +167,13 @@ impl<'a> MatrixRef<'a> {
                 value: data[idx],
             });
         }
-        Ok(())
+        Ok(f32::from_bits(top as u32))
+    }
+
+    /// The largest magnitude of the values when it is known without reading them (seen by
+    /// the finite check of [`MatrixRef::new`]).
+    pub(crate) fn known_top(&self) -> Option<f32> {
+        self.top
     }
 
     /// Number of points.
@@ -209,6 +225,11 @@ impl<'a> MatrixRef<'a> {
             src,
             rows: end - start,
             dim: self.dim,
+            top: if end - start == self.rows {
+                self.top
+            } else {
+                None
+            },
         }
     }
     /// Appends point `i` to `out`; rows of derived values not made yet are derived alone.
@@ -280,6 +301,7 @@ impl Matrix {
             src: Src::Values(&self.data),
             rows: self.data.len() / self.dim,
             dim: self.dim,
+            top: None,
         }
     }
     /// Number of points.
@@ -367,6 +389,11 @@ mod tests {
                 w[at] = -9e30;
                 let got = max_magnitude_bits(&w, |b| b);
                 assert_eq!(f32::from_bits(got as u32), 9e30, "{len} {at}");
+                // The checked matrix keeps what its check saw; a part of it does not.
+                let m = MatrixRef::new("w", &w, 1).unwrap();
+                assert_eq!(m.known_top(), Some(9e30), "{len} {at}");
+                assert_eq!(m.slice_rows(0, len).known_top(), Some(9e30));
+                assert_eq!(m.slice_rows(0, len - 1).known_top(), None);
                 for bad in [f32::NAN, f32::NEG_INFINITY] {
                     let mut x = w.clone();
                     x[at] = bad;

@@ -460,9 +460,12 @@ impl Transform {
 }
 
 /// Largest magnitude, compared as bits (those of non-negative floats order like them; NaN
-/// ignored).
+/// ignored); the finite check's when it saw it.
 fn max_abs(m: MatrixRef<'_>) -> f32 {
     use crate::matrix::{max_magnitude_bits, INFINITY_BITS};
+    if let Some(top) = m.known_top() {
+        return top;
+    }
     let bits = max_magnitude_bits(m.as_slice(), |b| if b > INFINITY_BITS { 0 } else { b });
     f32::from_bits(bits as u32)
 }

@@ -128,16 +128,13 @@ impl NativeIndex {
         let dim = queries.dim();
         Ok(match queries.given()? {
             Given::F32(values) => {
-                let all = py
-                    .detach(|| MatrixRef::new("queries", values, dim).map(|q| q.rows()))
+                // Checked once; a piece that is the whole keeps what the check saw.
+                let checked = py
+                    .detach(|| MatrixRef::new("queries", values, dim))
                     .map_err(to_py)?;
+                let all = checked.rows();
                 let nn = in_pieces(py, &index, self.piece_work, (all, dim, k), |start, end| {
-                    let q = MatrixRef::new_unchecked_values(
-                        "queries",
-                        &values[start * dim..end * dim],
-                        dim,
-                    )?;
-                    index.search(q, k)
+                    index.search(checked.slice_rows(start, end), k)
                 })?;
                 to_numpy(py, nn)
             }
