@@ -35,8 +35,9 @@ grid() {
 # Median ms of the library call (`--timing-json`), one run each: the runs take seconds.
 ms() { python3 -c "import json; print(round(json.load(open('$1'))['median_ms'], 1))"; }
 
-# One run per process: a repeated graph on the same index reuses its kept lists (KNN_PROFILE of a
-# run says how long opening the GPUs took: about 0.87 s on 4 H100s, in both columns).
+# One run per process: each run opens the GPUs, as a one-off `knn graph` does (KNN_PROFILE of a
+# run says how long that took: 0.26 s on 2 H200s, in both columns). Every graph is computed anew
+# (an engine keeps nothing of an earlier graph since 2a1be41).
 multi_graph() {
     gen p256.npy -n 1000000 -d 256 --seed 4
     for sym in auto off; do

@@ -6,7 +6,8 @@ PyTorch (the issue's peer): data already on the GPU, sqrt transform, then for ch
 median after warm-up; and "h2h": the same from the host array to host arrays (upload and download
 timed too, as ours is). Ours: `knn graph --metric hellinger` end to end (host arrays in, host
 results out, the exact f64 re-rank included), median of `--repeat` runs after the same two
-warm-up runs PyTorch gets (the first run of a process loads modules and grows memory pools),
+warm-up runs PyTorch gets (the first run of a process loads modules and grows memory pools;
+each run computes its whole graph: before 2a1be41 later runs reused the first run's lists),
 same .npy file; with
 `--metric-expr` too when the binary has it (same graph required, checked with cmp). Ours runs
 with `--symmetric on` (each unordered pair computed once) and `--symmetric off` (every row
