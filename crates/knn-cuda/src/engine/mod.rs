@@ -502,6 +502,10 @@ impl CudaEngine {
                     let _ = gpu.sync();
                     *resident = None;
                     *graph = None;
+                    // The share would keep this part's lists alive.
+                    if let (Some(share), Some(key)) = (&self.share, ahead) {
+                        share.withdraw(key);
+                    }
                     if budget / 2 < MIN_BUDGET {
                         let d = req.base.dim();
                         return Err(KnnError::OutOfMemory {

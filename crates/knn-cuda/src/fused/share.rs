@@ -99,6 +99,20 @@ impl GraphShare {
         }
     }
 
+    /// Withdraws this part's lists of graph `key` (its engine ran out of memory and drops
+    /// what it holds): the share lets go of them, so that the retry finds the memory, and the
+    /// other parts send that graph's rows one-sided; no second attempt is made ([`began`]
+    /// stays true).
+    ///
+    /// [`began`]: GraphShare::began
+    pub(crate) fn withdraw(&self, key: GraphKey) {
+        let mut slots = self.group.lock();
+        if matches!(&slots[self.part], Some((k, _)) if *k == key) {
+            slots[self.part] = Some((key, Stage::Declined));
+            self.group.changed.notify_all();
+        }
+    }
+
     /// Whether this part has published anything of graph `key` (a second attempt, after an
     /// out-of-memory retry, makes none: the others may have read the first).
     pub(crate) fn began(&self, key: GraphKey) -> bool {
