@@ -209,7 +209,10 @@ impl CudaEngine {
     /// symmetric, same graphs): collect form, d = 256, k = 100: Hellinger 1.08× at n = 10 000,
     /// 1.18× at 20 000, 1.25× at 40 000, 1.32× at 80 000; L2 1.40×, cosine 1.04× at 80 000;
     /// d = 128, n = 80 000: L2 k = 10 1.38×, k = 30 1.38×. Fold: L1 d = 128, k = 10, n =
-    /// 80 000 1.37×; Hellinger d = 256, k = 100: 0.89× at 10 000, 1.07× at 40 000.
+    /// 80 000 1.37×; Hellinger d = 256, k = 100: 0.89× at 10 000, 1.07× at 40 000. Those runs
+    /// may have reused the first graph's lists (see NOTES.md, "Graphs computed anew"); each
+    /// graph computed anew on an H200: collect form, Hellinger d = 256, k = 100 1.17× at 10 000,
+    /// 2.01× at 20 000, 2.52× at 40 000; L2 d = 128, k = 10 1.00× at 10 000, 1.35× at 20 000.
     pub fn pays_symmetric(&self, n: usize, d: usize, kernel: Kernel, width: usize) -> bool {
         if kernel.is_gemm() && d.is_multiple_of(4) {
             n >= COLLECT_MIN_POINTS
