@@ -238,6 +238,9 @@ impl GemmPlan {
     }
 }
 
+/// Largest dimension whose f32 squared-L2 keys take the direct `Dot` form instead of a GEMM.
+const DOT_MAX_DIM: usize = 24;
+
 fn candidates(req: &CandidateRequest<'_>, bf16: bool, int8: bool) -> Candidates {
     let (nq, nb, d) = (req.queries.rows(), req.base.rows(), req.base.dim());
     let width = req.width;
@@ -250,7 +253,14 @@ fn candidates(req: &CandidateRequest<'_>, bf16: bool, int8: bool) -> Candidates 
     .then(|| crate::int8::Plan::new(req.base))
     .flatten();
     let plan = (req.kernel.is_gemm() && int8.is_none()).then(|| GemmPlan::new(req, bf16));
-    let direct = (!req.kernel.is_gemm()).then(|| crate::direct::DirectPlan::new(req));
+    let direct = match &plan {
+        None => (!req.kernel.is_gemm()).then(|| crate::direct::DirectPlan::new(req)),
+        // Squared L2 at small d in f32: the products stay in registers (see `DirectOp::Dot`).
+        Some(p) if !p.bf16 && req.kernel == Kernel::SqL2 && d <= DOT_MAX_DIM => {
+            Some(crate::direct::DirectPlan::dot(p.norms.sq.clone()))
+        }
+        Some(_) => None,
+    };
     // The fast paths pack each block once per unit: larger query tiles amortise it.
     let q_tile = if int8.is_some() || plan.as_ref().is_some_and(|p| p.bf16) {
         2 * QUERY_TILE
@@ -267,8 +277,8 @@ fn candidates(req: &CandidateRequest<'_>, bf16: bool, int8: bool) -> Candidates 
                     crate::int8::fold_unit(req, int8.as_ref().expect("checked"), qr, br, tops)
                 }
                 Some(p) if p.bf16 => crate::bf16::fold_unit(req, p, qr, br, tops),
-                Some(p) => crate::gemm::fold_unit(req, &p.norms, qr, br, tops),
-                None => crate::direct::fold_unit(
+                Some(p) if direct.is_none() => crate::gemm::fold_unit(req, &p.norms, qr, br, tops),
+                _ => crate::direct::fold_unit(
                     req,
                     direct.as_ref().expect("a direct kernel has a plan"),
                     qr,

@@ -62,12 +62,18 @@ pub(crate) enum DirectOp {
     MinNonNegative,
     /// L∞: `acc = max(acc, |q − b|)`.
     MaxAbsDiff,
+    /// Squared L2 in the GEMM form at small `d`: `acc += q·b` (FMAs), key `‖b‖² − 2·acc`
+    /// (`base_sums` hold `‖b‖²`; the query's `‖q‖²` is added later, as for the GEMM path's
+    /// keys, and the GEMM plan's bound holds: it covers any summation order). The products
+    /// never leave the registers, where a GEMM of depth `d` writes and rereads every key.
+    Dot,
 }
 
 const OP_ABS_DIFF: u8 = 0;
 const OP_MIN: u8 = 1;
 const OP_MAX_ABS_DIFF: u8 = 2;
 const OP_MIN_NON_NEGATIVE: u8 = 3;
+const OP_DOT: u8 = 4;
 
 /// Per-request choices of the direct path and what its floors need.
 pub(crate) struct DirectPlan {
@@ -116,6 +122,16 @@ impl DirectPlan {
         }
     }
 
+    /// The `Dot` form over a base whose squared norms are `base_sq` (the GEMM plan's, which
+    /// also bounds its keys).
+    pub(crate) fn dot(base_sq: Vec<f32>) -> Self {
+        DirectPlan {
+            op: DirectOp::Dot,
+            base_sums: base_sq,
+            max_base_abs: 0.0,
+        }
+    }
+
     /// `|computed key − exact key| ≤ bound` for query `q` and every base point whose computed
     /// key is at most `worst_key`.
     ///
@@ -146,6 +162,8 @@ impl DirectPlan {
             DirectOp::AbsDiff | DirectOp::MaxAbsDiff => {
                 kernel.error_bound(d, 0.0, 0.0, worst_key, F32_UNIT, 0.0)
             }
+            // Not reached: the engine bounds these keys with its GEMM plan (the norms).
+            DirectOp::Dot => f32::INFINITY,
         }
     }
 }
@@ -280,7 +298,9 @@ unsafe fn fold<S: Simd, const QV: usize, const NR: usize>(unit: &Unit<'_, '_>, t
                 for (j, &v) in q.iter().enumerate() {
                     packed[j * width + l] = v;
                 }
-                sums[l] = sums_f64(q).0 as f32;
+                if unit.plan.op != DirectOp::Dot {
+                    sums[l] = sums_f64(q).0 as f32;
+                }
                 thr[l] = tops[first - unit.qr.start + l].threshold();
                 skip[l] = req.exclude.map_or(u32::MAX, |e| e[first + l]);
             }
@@ -325,6 +345,9 @@ unsafe fn fold<S: Simd, const QV: usize, const NR: usize>(unit: &Unit<'_, '_>, t
                         unit.plan,
                         tops,
                     ),
+                    DirectOp::Dot => {
+                        fold_group::<S, OP_DOT, QV, NR>(g, base, d, b0..b1, unit.plan, tops)
+                    }
                 }
             }
         }
@@ -376,7 +399,8 @@ unsafe fn micro<S: Simd, const OP: u8, const QV: usize, const NR: usize>(
     // group's `thr`/`sums` hold `width` values.
     unsafe {
         let acc = accumulate::<S, OP, QV, NR>(qp, width, rows, d);
-        let min_form = OP == OP_MIN || OP == OP_MIN_NON_NEGATIVE;
+        // `Dot` shares the `Min` form's finish, its query sums zero: `‖b‖² − 2·acc`.
+        let min_form = OP == OP_MIN || OP == OP_MIN_NON_NEGATIVE || OP == OP_DOT;
         let sums: [S::V; QV] = std::array::from_fn(|v| {
             if min_form {
                 S::load(g.sums.as_ptr().add(v * lanes))
@@ -450,6 +474,7 @@ unsafe fn accumulate<S: Simd, const OP: u8, const QV: usize, const NR: usize>(
                         OP_MIN if v % 2 == 0 => S::add_on_fma(*a, S::min(q[v], b)),
                         OP_MIN => S::add(*a, S::min(q[v], b)),
                         OP_MAX_ABS_DIFF => S::max_bits(*a, S::abs(S::sub(q[v], b))),
+                        OP_DOT => S::mul_add(q[v], b, *a),
                         _ => S::add_on_fma(*a, S::abs(S::sub(q[v], b))),
                     };
                 }
@@ -540,6 +565,71 @@ mod tests {
                                 assert!(seen.iter().all(|&s| s));
                             }
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The `Dot` form's keys, with `‖q‖²` added as the engine adds it, are within the GEMM
+    /// plan's bound of the exact squared distance, on every instruction set, and every point
+    /// reaches the lists.
+    #[test]
+    fn dot_keys_within_the_gemm_bound() {
+        for &(nq, nb, d) in &[
+            (1, 1, 1),
+            (33, 45, 3),
+            (17, 9, 16),
+            (40, 37, 17),
+            (21, 70, 24),
+        ] {
+            for (lo, span) in [(0.0, 1.0), (-3.0, 6.0), (1000.0, 1.0), (-1e5, 3e5)] {
+                let q = values(nq * d, 1 + d as u64, lo, span);
+                let b = values(nb * d, 2 + nb as u64, lo, span);
+                let req = CandidateRequest {
+                    base: MatrixRef::new("b", &b, d).unwrap(),
+                    queries: MatrixRef::new("q", &q, d).unwrap(),
+                    kernel: Kernel::SqL2,
+                    width: nb,
+                    exclude: None,
+                    precise: false,
+                    base_key: None,
+                    exact_data: false,
+                    exact_from: None,
+                };
+                let norms = crate::gemm::sq_norms(req.base, None);
+                let plan = DirectPlan::dot(norms.sq.clone());
+                for isa in Isa::available() {
+                    let mut tops = vec![TopK::new(nb); nq];
+                    let unit = Unit {
+                        req: &req,
+                        plan: &plan,
+                        qr: 0..nq,
+                        br: 0..nb,
+                    };
+                    fold_with(isa, &unit, &mut tops);
+                    let (mut keys, mut ids) = (vec![0.0; nb], vec![0u32; nb]);
+                    for (i, t) in tops.iter_mut().enumerate() {
+                        assert_eq!(t.len(), nb);
+                        t.drain_sorted_into(&mut keys, &mut ids);
+                        let qi = req.queries.row(i);
+                        let shift = crate::gemm::sq_norm(qi);
+                        let qn = (crate::gemm::sq_norm_f64(qi, None).sqrt() * (1.0 + 1e-6)) as f32;
+                        let worst = keys[nb - 1] + shift;
+                        let bound =
+                            Kernel::SqL2.error_bound(d, qn, norms.max_norm, worst, F32_UNIT, 0.0)
+                                as f64;
+                        let mut seen = vec![false; nb];
+                        for (&k, &id) in keys.iter().zip(&ids) {
+                            seen[id as usize] = true;
+                            let exact = Kernel::SqL2.exact(qi, req.base.row(id as usize));
+                            let k = (k + shift) as f64;
+                            assert!(
+                                (k - exact).abs() <= bound,
+                                "{isa:?} d={d} lo={lo}: key {k} exact {exact} bound {bound}"
+                            );
+                        }
+                        assert!(seen.iter().all(|&s| s));
                     }
                 }
             }

@@ -113,6 +113,8 @@ pub(super) unsafe fn fold_pair_with<S: Simd, const QV: usize, const NR: usize>(
             DirectOp::Min => fold_pair_op::<S, OP_MIN, QV, NR>(pair, sides),
             DirectOp::MinNonNegative => fold_pair_op::<S, OP_MIN_NON_NEGATIVE, QV, NR>(pair, sides),
             DirectOp::MaxAbsDiff => fold_pair_op::<S, OP_MAX_ABS_DIFF, QV, NR>(pair, sides),
+            // Self-joins of squared L2 take the GEMM form's pairs (`gemm::fold_pair`).
+            DirectOp::Dot => unreachable!("the Dot form folds queries against a base only"),
         }
     }
 }

@@ -21,6 +21,8 @@ pub(super) trait Simd {
     /// `a + x` computed by a fused multiply-add `x·1 + a` (the same single rounding as an
     /// addition), which runs on the FMA pipes and leaves the adder pipes to `min`/`sub`.
     unsafe fn add_on_fma(a: Self::V, x: Self::V) -> Self::V;
+    /// `a·b + c` (one rounding where the CPU fuses it; two for the scalar fallback).
+    unsafe fn mul_add(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// `min` of the lanes read as signed 32-bit integers: the float minimum when neither is
     /// negative (`−0.0` included).
     unsafe fn min_bits(a: Self::V, b: Self::V) -> Self::V;
@@ -76,6 +78,10 @@ impl Simd for Scalar {
     #[inline(always)]
     unsafe fn add_on_fma(a: f32, x: f32) -> f32 {
         a + x
+    }
+    #[inline(always)]
+    unsafe fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
     }
     #[inline(always)]
     unsafe fn min_bits(a: f32, b: f32) -> f32 {
@@ -150,6 +156,10 @@ pub(super) mod x86 {
             unsafe { _mm512_fmadd_ps(x, _mm512_set1_ps(1.0), a) }
         }
         #[inline(always)]
+        unsafe fn mul_add(a: __m512, b: __m512, c: __m512) -> __m512 {
+            unsafe { _mm512_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
         unsafe fn min_bits(a: __m512, b: __m512) -> __m512 {
             unsafe {
                 _mm512_castsi512_ps(_mm512_min_epi32(
@@ -215,6 +225,10 @@ pub(super) mod x86 {
         #[inline(always)]
         unsafe fn add_on_fma(a: __m256, x: __m256) -> __m256 {
             unsafe { _mm256_fmadd_ps(x, _mm256_set1_ps(1.0), a) }
+        }
+        #[inline(always)]
+        unsafe fn mul_add(a: __m256, b: __m256, c: __m256) -> __m256 {
+            unsafe { _mm256_fmadd_ps(a, b, c) }
         }
         #[inline(always)]
         unsafe fn min_bits(a: __m256, b: __m256) -> __m256 {
