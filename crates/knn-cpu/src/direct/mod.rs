@@ -502,6 +502,68 @@ mod tests {
             .collect()
     }
 
+    /// Every base point for every query.
+    fn request<'a>(
+        b: &'a [f32],
+        q: &'a [f32],
+        d: usize,
+        kernel: Kernel,
+        precise: bool,
+    ) -> CandidateRequest<'a> {
+        let base = MatrixRef::new("b", b, d).unwrap();
+        CandidateRequest {
+            base,
+            queries: MatrixRef::new("q", q, d).unwrap(),
+            kernel,
+            width: base.rows(),
+            exclude: None,
+            precise,
+            base_key: None,
+            exact_data: false,
+            exact_from: None,
+        }
+    }
+
+    /// Checks that `plan` on `isa` lists every point for every query, with keys (plus
+    /// `shift(q)`) within `bound(q, worst key)` of the exact keys.
+    fn check_all_keys(
+        req: &CandidateRequest<'_>,
+        plan: &DirectPlan,
+        isa: Isa,
+        shift: impl Fn(&[f32]) -> f32,
+        bound: impl Fn(&[f32], f32) -> f32,
+        what: &str,
+    ) {
+        let (nq, nb) = (req.queries.rows(), req.base.rows());
+        let mut tops = vec![TopK::new(nb); nq];
+        let unit = Unit {
+            req,
+            plan,
+            qr: 0..nq,
+            br: 0..nb,
+        };
+        fold_with(isa, &unit, &mut tops);
+        let (mut keys, mut ids) = (vec![0.0; nb], vec![0u32; nb]);
+        for (i, t) in tops.iter_mut().enumerate() {
+            assert_eq!(t.len(), nb);
+            t.drain_sorted_into(&mut keys, &mut ids);
+            let qi = req.queries.row(i);
+            let s = shift(qi);
+            let bound = bound(qi, keys[nb - 1] + s) as f64;
+            let mut seen = vec![false; nb];
+            for (&k, &id) in keys.iter().zip(&ids) {
+                seen[id as usize] = true;
+                let exact = req.kernel.exact(qi, req.base.row(id as usize));
+                let k = (k + s) as f64;
+                assert!(
+                    (k - exact).abs() <= bound,
+                    "{isa:?} {what}: key {k} exact {exact} bound {bound}"
+                );
+            }
+            assert!(seen.iter().all(|&s| s));
+        }
+    }
+
     /// Every key the kernels compute (width = all points) is within the plan's bound of the
     /// exact key, for each operation, at dimensions around the vector widths and tile sizes.
     #[test]
@@ -524,46 +586,12 @@ mod tests {
                 let b = values(nb * d, 2 + nb as u64, lo, span);
                 for kernel in [Kernel::L1, Kernel::Linf] {
                     for precise in [false, true] {
-                        let req = CandidateRequest {
-                            base: MatrixRef::new("b", &b, d).unwrap(),
-                            queries: MatrixRef::new("q", &q, d).unwrap(),
-                            kernel,
-                            width: nb,
-                            exclude: None,
-                            precise,
-                            base_key: None,
-                            exact_data: false,
-                            exact_from: None,
-                        };
+                        let req = request(&b, &q, d, kernel, precise);
                         let plan = DirectPlan::new(&req);
                         for isa in Isa::available() {
-                            let mut tops = vec![TopK::new(nb); nq];
-                            let unit = Unit {
-                                req: &req,
-                                plan: &plan,
-                                qr: 0..nq,
-                                br: 0..nb,
-                            };
-                            fold_with(isa, &unit, &mut tops);
-                            let (mut keys, mut ids) = (vec![0.0; nb], vec![0u32; nb]);
-                            for (i, t) in tops.iter_mut().enumerate() {
-                                assert_eq!(t.len(), nb);
-                                t.drain_sorted_into(&mut keys, &mut ids);
-                                let qi = req.queries.row(i);
-                                let bound = plan.bound(kernel, qi, keys[nb - 1]) as f64;
-                                let mut seen = vec![false; nb];
-                                for (&k, &id) in keys.iter().zip(&ids) {
-                                    seen[id as usize] = true;
-                                    let exact = kernel.exact(qi, req.base.row(id as usize));
-                                    assert!(
-                                    (k as f64 - exact).abs() <= bound,
-                                    "{isa:?} {:?} {kernel:?} d={d} lo={lo}: key {k} exact {exact} \
-                                     bound {bound}",
-                                    plan.op
-                                );
-                                }
-                                assert!(seen.iter().all(|&s| s));
-                            }
+                            let what = format!("{:?} {kernel:?} d={d} lo={lo}", plan.op);
+                            let bound = |qi: &[f32], worst| plan.bound(kernel, qi, worst);
+                            check_all_keys(&req, &plan, isa, |_| 0.0, bound, &what);
                         }
                     }
                 }
@@ -586,51 +614,16 @@ mod tests {
             for (lo, span) in [(0.0, 1.0), (-3.0, 6.0), (1000.0, 1.0), (-1e5, 3e5)] {
                 let q = values(nq * d, 1 + d as u64, lo, span);
                 let b = values(nb * d, 2 + nb as u64, lo, span);
-                let req = CandidateRequest {
-                    base: MatrixRef::new("b", &b, d).unwrap(),
-                    queries: MatrixRef::new("q", &q, d).unwrap(),
-                    kernel: Kernel::SqL2,
-                    width: nb,
-                    exclude: None,
-                    precise: false,
-                    base_key: None,
-                    exact_data: false,
-                    exact_from: None,
-                };
+                let req = request(&b, &q, d, Kernel::SqL2, false);
                 let norms = crate::gemm::sq_norms(req.base, None);
                 let plan = DirectPlan::dot(norms.sq.clone());
+                let bound = |qi: &[f32], worst| {
+                    let qn = (crate::gemm::sq_norm_f64(qi, None).sqrt() * (1.0 + 1e-6)) as f32;
+                    Kernel::SqL2.error_bound(d, qn, norms.max_norm, worst, F32_UNIT, 0.0)
+                };
                 for isa in Isa::available() {
-                    let mut tops = vec![TopK::new(nb); nq];
-                    let unit = Unit {
-                        req: &req,
-                        plan: &plan,
-                        qr: 0..nq,
-                        br: 0..nb,
-                    };
-                    fold_with(isa, &unit, &mut tops);
-                    let (mut keys, mut ids) = (vec![0.0; nb], vec![0u32; nb]);
-                    for (i, t) in tops.iter_mut().enumerate() {
-                        assert_eq!(t.len(), nb);
-                        t.drain_sorted_into(&mut keys, &mut ids);
-                        let qi = req.queries.row(i);
-                        let shift = crate::gemm::sq_norm(qi);
-                        let qn = (crate::gemm::sq_norm_f64(qi, None).sqrt() * (1.0 + 1e-6)) as f32;
-                        let worst = keys[nb - 1] + shift;
-                        let bound =
-                            Kernel::SqL2.error_bound(d, qn, norms.max_norm, worst, F32_UNIT, 0.0)
-                                as f64;
-                        let mut seen = vec![false; nb];
-                        for (&k, &id) in keys.iter().zip(&ids) {
-                            seen[id as usize] = true;
-                            let exact = Kernel::SqL2.exact(qi, req.base.row(id as usize));
-                            let k = (k + shift) as f64;
-                            assert!(
-                                (k - exact).abs() <= bound,
-                                "{isa:?} d={d} lo={lo}: key {k} exact {exact} bound {bound}"
-                            );
-                        }
-                        assert!(seen.iter().all(|&s| s));
-                    }
+                    let what = format!("Dot d={d} lo={lo}");
+                    check_all_keys(&req, &plan, isa, crate::gemm::sq_norm, bound, &what);
                 }
             }
         }
