@@ -127,6 +127,12 @@ impl ErrorBounds {
         // Round the bound itself up a little so it stays a bound once stored in f32.
         (b * (1.0 + 1e-6) + f64::from(f32::MIN_POSITIVE)) as f32
     }
+
+    /// The two constants of [`ErrorBounds::of`], `(γ, input)`, for device kernels that
+    /// evaluate it themselves (`prove_rows` in knn-cuda's `common.cuh`).
+    pub fn constants(&self) -> (f64, f64) {
+        (self.gamma, self.input)
+    }
 }
 
 impl Kernel {

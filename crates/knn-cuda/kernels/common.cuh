@@ -274,3 +274,59 @@ extern "C" __global__ void finish_lists(const u64* __restrict__ comps,
         dists_out[row * k + j] = mode == 2 ? -s : s;
     }
 }
+
+// The verdict on rows finished on the device whose query norms the kernels measured: row i (of
+// n) is final when complete, or when its k-th exact key times key_scale lies below its floor,
+// computed as the host's `floor::floors` computes it from the same inputs (the W-th key of
+// last[i] and the cut cut[i], the query's norm bounded from its f32 squared norm qsq[i] as
+// `norm_bounds`, the error bound as `ErrorBounds::of` with the constants gamma and input,
+// rounded down to f32): the same f64 operations, each rounded as there (no contraction).
+// kind: 0 squared L2 (GEMM form), 1 negated inner product, 2 L1, 3 L∞. Writes proven[i]
+// (1 or 0); counts the rows left unproven in summary[1]; keeps the largest query norm bound's
+// bits in summary[2]; sets summary[3] when a query's norm is not finite (a value that is not).
+extern "C" __global__ void prove_rows(const double* __restrict__ kth,
+                                      const u64* __restrict__ last, const u64* __restrict__ cut,
+                                      const float* __restrict__ qsq, int n, int kind, int d,
+                                      float bn_max, double gamma, double input,
+                                      double key_scale, int complete,
+                                      unsigned char* __restrict__ proven, u32* summary) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    // `norm_bounds`: sqrt(s / (1 − γ_{d+2})) · (1 + 10⁻⁶), γ_m = m·2⁻²⁴ / (1 − m·2⁻²⁴).
+    double nu = __dmul_rn((double)(d + 2), 0x1p-24);
+    double g = __ddiv_rn(nu, __dadd_rn(1.0, -nu));
+    double root = __dsqrt_rn(__ddiv_rn((double)qsq[i], __dadd_rn(1.0, -g)));
+    float qn = __double2float_rn(__dmul_rn(root, 1.0 + 1e-6));
+    if (isfinite(qn)) {
+        atomicMax(summary + 2, __float_as_uint(qn));
+    } else {
+        atomicOr(summary + 3, 1u);
+    }
+    // The W-th key (a NaN for an unwritten slot, which `fminf` passes over) and the cut.
+    u32 o = (u32)(last[i] >> 32);
+    float wth = __uint_as_float(o & 0x80000000u ? o ^ 0x80000000u : ~o);
+    u64 c = cut[i];
+    float cut_key = __int_as_float(0x7f800000);  // +∞
+    if (c != ~0ull) {
+        u32 oc = (u32)(c >> 32);
+        cut_key = __uint_as_float(oc & 0x80000000u ? oc ^ 0x80000000u : ~oc);
+    }
+    float worst = fminf(wth, cut_key);
+    // `ErrorBounds::of` (L1 and L∞ take no norms).
+    double q = kind <= 1 ? (double)qn : 0.0, b = (double)bn_max, bound;
+    if (kind == 0) {
+        double s = __dadd_rn(q, b);
+        bound = __dadd_rn(__dmul_rn(__dmul_rn(__dmul_rn(2.0, input), q), b),
+                          __dmul_rn(__dmul_rn(gamma, s), s));
+    } else if (kind == 1) {
+        bound = __dmul_rn(__dmul_rn(__dadd_rn(input, gamma), q), b);
+    } else {
+        bound = __dmul_rn(gamma, (double)fabsf(worst));
+    }
+    float bound32 = __double2float_rn(__dadd_rn(__dmul_rn(bound, 1.0 + 1e-6), 0x1p-126));
+    float floor = __double2float_rd(__dadd_rn((double)worst, -(double)bound32));
+    if (isnan(floor)) floor = __int_as_float(0xff800000);  // −∞
+    bool ok = complete || __dmul_rn(kth[i], key_scale) < (double)floor;
+    proven[i] = ok ? 1 : 0;
+    if (!ok) atomicAdd(summary + 1, 1u);
+}

@@ -2,7 +2,6 @@
 //! with the results written to its memory: neither the queries nor the results cross the
 //! bus. The caller (`knn::Index`) redoes on the host the few rows the device does not prove.
 
-use super::finish::norm_bounds;
 use super::{CudaEngine, Method};
 use crate::fused::DeviceIo;
 use crate::staging::{bytes_of, bytes_of_mut};
@@ -101,24 +100,13 @@ impl CudaEngine {
         };
         // |q_j| ≤ |q_j − c_j| + |c_j| ≤ ‖q − c‖ + max |c| (the centred row rounded once:
         // the norm bound's margin covers it).
-        let sq = done.query_sq_norms.unwrap_or_default();
         let c_top = done
             .centre
             .as_deref()
             .map_or(0.0, |c| c.iter().fold(0.0f32, |a, &v| a.max(v.abs())));
-        let query_top = norm_bounds(&sq, req.base.dim())
-            .iter()
-            .fold(0.0f32, |a, &n| {
-                // NaN once a row's norm is not finite (`max` would drop the NaN).
-                if a.is_nan() || !n.is_finite() {
-                    f32::NAN
-                } else {
-                    a.max(n)
-                }
-            });
         Ok(Some(DeviceSearch {
             proven: done.proven,
-            query_top: query_top + c_top,
+            query_top: done.query_top.unwrap_or(f32::NAN) + c_top,
         }))
     }
 

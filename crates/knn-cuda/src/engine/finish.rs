@@ -10,9 +10,10 @@ use knn_core::{CandidateRequest, Metric, OutputRows, Result};
 pub(super) struct FinishedOnDevice {
     /// One per row: `true` when the row is final.
     pub(super) proven: Vec<bool>,
-    /// For queries in device memory: the squared norms the kernels used (see
-    /// `fused::Output::query_sq_norms`).
-    pub(super) query_sq_norms: Option<Vec<f32>>,
+    /// For queries the kernels measured (not rows of the resident base): the largest upper
+    /// bound on their norms, as the kernels used them (centred); NaN when a norm is not
+    /// finite.
+    pub(super) query_top: Option<f32>,
     /// The centre the kernels subtracted from every row, if any.
     pub(super) centre: Option<Vec<f32>>,
 }
@@ -35,7 +36,22 @@ impl CudaEngine {
             return Ok(None);
         };
         let mut info = self.base_info(req);
-        let (finished, cut, input_abs, sq_norms) = {
+        let (u, u_in) = if fused::uses_tf32(req) {
+            (TF32_ACC_UNIT, TF32_INPUT_UNIT)
+        } else {
+            (F32_UNIT, 0.0)
+        };
+        let d = req.base.dim();
+        let complete = req.width >= req.available();
+        let proof = fused::ProofPlan {
+            kernel: req.kernel,
+            d,
+            bn_max: info.bn_max,
+            bounds: req.kernel.error_bounds(d, u, u_in).constants(),
+            key_scale,
+            complete,
+        };
+        let (finished, cut, input_abs) = {
             let mut gpu = self.locked()?;
             if !self.finishes_resident(&gpu, req, &info)? {
                 // Streamed bases give no exact keys: the pipeline re-ranks on the host.
@@ -46,24 +62,25 @@ impl CudaEngine {
                 mode,
                 host,
                 device,
+                proof: Some(proof),
             };
             let rows = self.rows(&mut gpu, req, &info, true, None, Some(finish))?;
             match rows.finished {
-                Some(f) => (f, rows.cut, rows.input_abs, rows.query_sq_norms),
+                Some(f) => (f, rows.cut, rows.input_abs),
                 // Not resident after all (memory ran short): the rows are asked again.
                 None => return Ok(None),
             }
         };
-        let (u, u_in) = if fused::uses_tf32(req) {
-            (TF32_ACC_UNIT, TF32_INPUT_UNIT)
-        } else {
-            (F32_UNIT, 0.0)
-        };
+        if let Some(p) = finished.proof {
+            return Ok(Some(FinishedOnDevice {
+                proven: p.rows,
+                query_top: Some(p.query_top),
+                centre: info.centre,
+            }));
+        }
+        // Rows of the resident base: the host's floors, with the norms the engine keeps.
         let last: Vec<f32> = finished.last.iter().map(|&c| fused::decode(c).0).collect();
-        let qn = match &sq_norms {
-            Some(s) => Some(norm_bounds(s, req.base.dim())),
-            None => self.device_norms(req, &mut info),
-        };
+        let qn = self.device_norms(req, &mut info);
         let floor = floors(
             req,
             (&last, 1),
@@ -72,25 +89,13 @@ impl CudaEngine {
             info.centre.as_deref(),
             (u, u_in, input_abs),
         );
-        let complete = req.width >= req.available();
         let proven = (0..cut.len())
             .map(|i| complete || finished.kth[i] * key_scale < floor[i] as f64)
             .collect();
         Ok(Some(FinishedOnDevice {
             proven,
-            query_sq_norms: sq_norms,
+            query_top: None,
             centre: info.centre,
         }))
     }
-}
-
-/// Upper bounds on the norms whose squares a device kernel summed in f32 (`sq_norms` in
-/// `common.cuh`: error at most γ_{d+2} of the exact sum, γ_n = nu/(1 − nu), u = 2⁻²⁴), with
-/// the host's margin of `floor::norm` (1 + 10⁻⁶). NaN stays NaN.
-pub(super) fn norm_bounds(sq: &[f32], d: usize) -> Vec<f32> {
-    let nu = (d + 2) as f64 * 2f64.powi(-24);
-    let gamma = nu / (1.0 - nu);
-    sq.iter()
-        .map(|&s| ((s as f64 / (1.0 - gamma)).sqrt() * (1.0 + 1e-6)) as f32)
-        .collect()
 }

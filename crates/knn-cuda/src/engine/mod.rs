@@ -66,8 +66,6 @@ struct Rows {
     finished: Option<fused::Finished>,
     /// Absolute input rounding of the keys per coordinate (see `fused::Output::input_abs`).
     input_abs: f64,
-    /// See `fused::Output::query_sq_norms`.
-    query_sq_norms: Option<Vec<f32>>,
 }
 
 /// The exact keys the fused method gives for `req` when `wanted`: the kernel's, or Hellinger's
@@ -486,7 +484,6 @@ impl CudaEngine {
                             cut,
                             finished: out.finished,
                             input_abs: out.input_abs,
-                            query_sq_norms: out.query_sq_norms,
                         }
                     })
                 }
@@ -497,7 +494,6 @@ impl CudaEngine {
                     cut: vec![f32::INFINITY; req.queries.rows()],
                     finished: None,
                     input_abs: 0.0,
-                    query_sq_norms: None,
                 }),
             };
             match r {
@@ -679,6 +675,8 @@ impl Engine for CudaEngine {
                     k,
                 },
                 device: None,
+                // A graph's rows lie in the resident base: the host's floors prove them.
+                proof: None,
             };
             self.rows(&mut gpu, first, &info, true, None, Some(finish))?;
         }

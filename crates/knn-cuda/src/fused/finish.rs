@@ -15,6 +15,49 @@ pub(crate) struct Finish<'a> {
     pub mode: i32,
     pub host: &'a mut dyn OutputRows,
     pub device: Option<DeviceIo>,
+    /// How the device proves rows whose query norms its kernels measure (queries uploaded or
+    /// read from device memory; rows of the resident base go to the host's floors).
+    pub proof: Option<ProofPlan>,
+}
+
+/// The constants of `prove_rows` (see `common.cuh`): the floors of `crate::floor::floors`
+/// for rows whose query norms the kernels measured, and the verdict `kth · key_scale < floor`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ProofPlan {
+    pub kernel: Kernel,
+    pub d: usize,
+    /// Upper bound on the (centred) base rows' norms.
+    pub bn_max: f32,
+    /// `ErrorBounds::constants` of the kernel's units.
+    pub bounds: (f64, f64),
+    pub key_scale: f64,
+    /// The lists hold every base point: every row is final.
+    pub complete: bool,
+}
+
+/// Rows the device proved (see [`ProofPlan`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Proven {
+    /// One per row: final.
+    pub rows: Vec<bool>,
+    /// The largest upper bound on a query's norm (of the centred row, as the kernels used
+    /// it); NaN when a query's norm is not finite.
+    pub query_top: f32,
+}
+
+/// Where `finish_lists`' per-row facts go: to the host (the k-th exact key and W-th composite
+/// of each row, for its floor), or into `prove_rows` on the device.
+pub(super) enum RowFacts<'a> {
+    Host(&'a mut [f64], &'a mut [u64]),
+    /// The plan, the rows' cuts and f32 squared query norms, the verdicts' bytes and the
+    /// call's summary words (device addresses).
+    Device {
+        plan: ProofPlan,
+        cut: u64,
+        qsq: u64,
+        proven: u64,
+        summary: u64,
+    },
 }
 
 /// A call whose queries and results lie in device memory (the request's host queries are then
@@ -36,15 +79,18 @@ impl Finish<'_> {
             mode: self.mode,
             host: &mut *self.host,
             device: self.device,
+            proof: self.proof,
         }
     }
 }
 
 /// What the host needs besides the finished rows: per row, the k-th exact key and the W-th
-/// composite (whose key, with the row's `cut`, gives its floor).
+/// composite (whose key, with the row's `cut`, gives its floor), or the device's verdicts
+/// (`proof`; `kth` and `last` are then empty).
 pub(crate) struct Finished {
     pub kth: Vec<f64>,
     pub last: Vec<u64>,
+    pub proof: Option<Proven>,
 }
 
 /// One query chunk's share of the finished rows.
@@ -55,10 +101,10 @@ pub(super) struct FinishedChunk<'a> {
     pub(super) last: &'a mut [u64],
 }
 
-/// Launches `finish_lists` on the chunk's candidate lists (`lists`: composites, exact keys,
-/// width) and downloads its rows into entries `host.1` of `host.0` (asked for once the launch
-/// is queued), or with `on_device` (device addresses of the chunk's ids and distances) writes
-/// them there; downloads the rows' k-th keys and W-th composites into `kth` and `last`.
+/// Launches `finish_lists` on the chunk's `n` candidate lists (`lists`: composites, exact
+/// keys, width) and downloads its rows into entries `host.1` of `host.0` (asked for once the
+/// launch is queued), or with `on_device` (device addresses of the chunk's ids and distances)
+/// writes them there; the rows' k-th keys and W-th composites go where `facts` says.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn finish_lists(
     gpu: &Gpu,
@@ -67,11 +113,11 @@ pub(super) fn finish_lists(
     (nb, excl): (usize, u64),
     bad: u64,
     host: (&mut dyn OutputRows, std::ops::Range<usize>),
-    (kth_out, last_out): (&mut [f64], &mut [u64]),
+    facts: RowFacts<'_>,
     on_device: Option<(u64, u64)>,
+    n: usize,
 ) -> Result<()> {
     let (comps, exact, w) = lists;
-    let n = kth_out.len();
     let (own, (ids, dists)) = match on_device {
         Some(to) => (None, to),
         None => {
@@ -85,14 +131,73 @@ pub(super) fn finish_lists(
     let rows = (ids, dists, gpu.ptr(&kth), gpu.ptr(&last));
     let lists = (gpu.ptr(comps), gpu.ptr(exact), w);
     launch_finish(gpu, lists, (k, mode), (nb, excl), bad, rows, n)?;
+    if let RowFacts::Device {
+        plan,
+        cut,
+        qsq,
+        proven,
+        summary,
+    } = facts
+    {
+        let rows = (gpu.ptr(&kth), gpu.ptr(&last), cut, qsq);
+        launch_prove(gpu, plan, rows, n, (proven, summary))?;
+    }
     if let Some((ids, dists)) = &own {
         let (rows, r) = host;
         let (host_ids, host_dists) = rows.buffers();
         gpu.download_into(ids, &mut host_ids[r.clone()])?;
         gpu.download_into(dists, &mut host_dists[r])?;
     }
-    gpu.download_into(&kth, kth_out)?;
-    gpu.download_into(&last, last_out)?;
+    if let RowFacts::Host(kth_out, last_out) = facts {
+        gpu.download_into(&kth, kth_out)?;
+        gpu.download_into(&last, last_out)?;
+    }
+    Ok(())
+}
+
+/// Launches `prove_rows` (see `common.cuh`) on `n` rows: their k-th exact keys, W-th
+/// composites, cuts and f32 squared query norms at `rows`, verdicts into `proven` (n bytes),
+/// the count of rows left unproven and the largest norm bound into `summary` (words 1–3).
+pub(super) fn launch_prove(
+    gpu: &Gpu,
+    plan: ProofPlan,
+    (kth, last, cut, qsq): (u64, u64, u64, u64),
+    n: usize,
+    (proven, summary): (u64, u64),
+) -> Result<()> {
+    let f = gpu.func("prove_rows")?;
+    let kind: i32 = match plan.kernel {
+        Kernel::SqL2 => 0,
+        Kernel::NegDot => 1,
+        Kernel::L1 => 2,
+        Kernel::Linf => 3,
+    };
+    let (nn, dd, complete) = (n as i32, plan.d as i32, i32::from(plan.complete));
+    let (gamma, input) = plan.bounds;
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(&kth)
+        .arg(&last)
+        .arg(&cut)
+        .arg(&qsq)
+        .arg(&nn)
+        .arg(&kind)
+        .arg(&dd)
+        .arg(&plan.bn_max)
+        .arg(&gamma)
+        .arg(&input)
+        .arg(&plan.key_scale)
+        .arg(&complete)
+        .arg(&proven)
+        .arg(&summary);
+    // SAFETY: kth, last, cut and qsq hold n values each, proven n bytes, summary 4 words.
+    unsafe {
+        l.launch(LaunchConfig {
+            grid_dim: (n.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+    .map_err(dev_err("prove_rows"))?;
     Ok(())
 }
 
@@ -203,4 +308,180 @@ pub(super) fn exact_keys(
     // SAFETY: q holds n×d floats, b nb×d, comps and out n×w entries.
     unsafe { l.launch(cfg) }.map_err(dev_err(name))?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{launch_prove, ProofPlan};
+    use crate::device::Gpu;
+    use crate::floor::{floors, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
+    use crate::CudaEngine;
+    use knn_core::{CandidateRequest, Kernel, MatrixRef};
+
+    /// A uniform value in [lo, hi) from a SplitMix64 state.
+    fn uniform(state: &mut u64, lo: f64, hi: f64) -> f64 {
+        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        lo + (hi - lo) * (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// The composite of key `k` and id `id` (the inverse of `fused::decode`).
+    fn composite(k: f32, id: u32) -> u64 {
+        let bits = k.to_bits();
+        let ord = if bits & 0x8000_0000 == 0 {
+            bits ^ 0x8000_0000
+        } else {
+            !bits
+        };
+        (u64::from(ord) << 32) | u64::from(id)
+    }
+
+    /// An upper bound on the norm whose square the kernels summed in f32 (`sq_norms`: error at
+    /// most γ_{d+2}), with the host's margin of `floor::norm` (1 + 10⁻⁶): what `prove_rows`
+    /// takes for a query's norm.
+    fn norm_bound(s: f32, d: usize) -> f32 {
+        let nu = (d + 2) as f64 * 2f64.powi(-24);
+        let gamma = nu / (1.0 - nu);
+        ((s as f64 / (1.0 - gamma)).sqrt() * (1.0 + 1e-6)) as f32
+    }
+
+    /// `prove_rows` gives the verdicts of the host's floors (`floor::floors` and
+    /// `kth · key_scale < floor`) on every row, for every kernel and both units, with exact
+    /// keys placed just below, on and just above each floor, cuts below the W-th key or none,
+    /// unwritten W-th slots, and norms that are not finite; and the largest norm bound.
+    #[test]
+    fn device_verdicts_are_the_host_floors() {
+        if !knn_testkit::gpu_available_or_skip(CudaEngine::available(), "device_verdicts") {
+            return;
+        }
+        let gpu = Gpu::new(0).unwrap();
+        let mut rng = 7u64;
+        let (n, nb, w) = (3000usize, 400usize, 24usize);
+        for d in [3usize, 128] {
+            let base = vec![0.0f32; nb * d];
+            for kernel in [Kernel::SqL2, Kernel::NegDot, Kernel::L1, Kernel::Linf] {
+                for (u, u_in) in [(F32_UNIT, 0.0), (TF32_ACC_UNIT, TF32_INPUT_UNIT)] {
+                    for infinite in [false, true] {
+                        let sq: Vec<f32> = (0..n)
+                            .map(|i| match i % 500 {
+                                7 if infinite => f32::INFINITY,
+                                9 if infinite => f32::NAN,
+                                _ => uniform(&mut rng, 0.0, 400.0) as f32,
+                            })
+                            .collect();
+                        let last_key: Vec<f32> = (0..n)
+                            .map(|i| match i % 97 {
+                                0 => f32::NAN, // an unwritten slot
+                                _ => uniform(&mut rng, -50.0, 900.0) as f32,
+                            })
+                            .collect();
+                        let cut_key: Vec<f32> = (0..n)
+                            .map(|i| match i % 3 {
+                                0 => last_key[i] - uniform(&mut rng, 0.0, 5.0) as f32,
+                                _ => f32::INFINITY,
+                            })
+                            .collect();
+                        let last: Vec<u64> = last_key.iter().map(|&k| composite(k, 5)).collect();
+                        let cut: Vec<u64> = cut_key
+                            .iter()
+                            .map(|&k| {
+                                if k == f32::INFINITY {
+                                    u64::MAX
+                                } else {
+                                    composite(k, 9)
+                                }
+                            })
+                            .collect();
+                        let bn_max = 17.25f32;
+                        let b = MatrixRef::new("base", &base, d).unwrap();
+                        let req = CandidateRequest {
+                            base: b,
+                            queries: MatrixRef::new_unchecked_values("q", &[], d).unwrap(),
+                            kernel,
+                            width: w,
+                            exclude: None,
+                            precise: false,
+                            base_key: None,
+                            exact_data: true,
+                            exact_from: None,
+                        };
+                        let qn: Vec<f32> = sq.iter().map(|&s| norm_bound(s, d)).collect();
+                        let (cut_f, last_f): (Vec<f32>, Vec<f32>) = (cut_key, last_key);
+                        let fl = floors(
+                            &req,
+                            (&last_f, 1),
+                            &cut_f,
+                            (bn_max, Some(&qn)),
+                            None,
+                            (u, u_in, 0.0),
+                        );
+                        let key_scale = 0.5;
+                        // Exact keys a little below, on, and a little above each floor.
+                        let kth: Vec<f64> = fl
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &f)| {
+                                let at = f as f64 / key_scale;
+                                match i % 4 {
+                                    0 => at,
+                                    1 => at * (1.0 - 1e-12) - 1e-300,
+                                    2 => at * (1.0 + 1e-12) + 1e-300,
+                                    _ => at + uniform(&mut rng, -2.0, 2.0),
+                                }
+                            })
+                            .collect();
+                        let want: Vec<bool> =
+                            (0..n).map(|i| kth[i] * key_scale < fl[i] as f64).collect();
+                        let plan = ProofPlan {
+                            kernel,
+                            d,
+                            bn_max,
+                            bounds: kernel.error_bounds(d, u, u_in).constants(),
+                            key_scale,
+                            complete: false,
+                        };
+                        let (kth_d, last_d, cut_d, sq_d) = (
+                            gpu.upload(&kth).unwrap(),
+                            gpu.upload(&last).unwrap(),
+                            gpu.upload(&cut).unwrap(),
+                            gpu.upload(&sq).unwrap(),
+                        );
+                        let proven = gpu.alloc::<u8>(n).unwrap();
+                        let summary = gpu.stream.alloc_zeros::<u32>(4).unwrap();
+                        let rows = (
+                            gpu.ptr(&kth_d),
+                            gpu.ptr(&last_d),
+                            gpu.ptr(&cut_d),
+                            gpu.ptr(&sq_d),
+                        );
+                        let out = (gpu.ptr(&proven), gpu.ptr(&summary));
+                        launch_prove(&gpu, plan, rows, n, out).unwrap();
+                        let got = gpu.download(&proven, n).unwrap();
+                        let words = gpu.download(&summary, 4).unwrap();
+                        for i in 0..n {
+                            assert_eq!(
+                                got[i] != 0,
+                                want[i],
+                                "{kernel:?} d={d} u_in={u_in} row {i}: kth {} floor {}",
+                                kth[i],
+                                fl[i]
+                            );
+                        }
+                        let unproven = want.iter().filter(|&&p| !p).count();
+                        assert_eq!(words[1] as usize, unproven);
+                        assert!(unproven > n / 8 && unproven < n - n / 8, "{unproven}");
+                        assert_eq!(words[3] != 0, infinite);
+                        let top = qn
+                            .iter()
+                            .filter(|x| x.is_finite())
+                            .fold(0.0f32, |a, &x| a.max(x));
+                        assert_eq!(words[2], top.to_bits());
+                    }
+                }
+            }
+        }
+    }
 }

@@ -9,7 +9,7 @@ mod select;
 mod share;
 mod timing;
 
-pub(crate) use finish::{DeviceIo, Finish, Finished};
+pub(crate) use finish::{DeviceIo, Finish, Finished, ProofPlan, Proven};
 pub(crate) use graph::GraphLists;
 pub(crate) use resident::{BaseView, Prefetched, Resident};
 pub use share::GraphShare;
@@ -17,7 +17,7 @@ pub use share::GraphShare;
 use crate::device::{dev_err, Gpu};
 use crate::tuning::CudaTuning;
 use cudarc::driver::{sys, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
-use finish::{exact_keys, finish_lists, FinishedChunk};
+use finish::{exact_keys, finish_lists, FinishedChunk, RowFacts};
 use graph::{graph_finished, graph_lists, list_slots};
 use knn_core::{CandidateRequest, Kernel, KnnError, Result};
 use resident::{rows_within, upload_base, upload_rows};
@@ -243,7 +243,8 @@ pub(crate) enum Exact<'a> {
 pub(crate) struct Output {
     pub composites: Vec<u64>,
     /// Per row, the smallest entry a truncated split left out (SENTINEL: none): every base
-    /// point missing from the row is at least min(its W-th composite, this).
+    /// point missing from the row is at least min(its W-th composite, this). Empty when the
+    /// device proved the rows (`Finished::proof`).
     pub cut: Vec<u64>,
     pub exact: Option<Vec<f64>>,
     /// Set when the rows were finished on the device (then `composites` and `exact` are
@@ -253,11 +254,6 @@ pub(crate) struct Output {
     /// Absolute input rounding of the keys per coordinate besides the relative one (see
     /// `GraphLists::input_abs`), for the floors.
     pub input_abs: f64,
-    /// For queries in device memory ([`DeviceIo`]) or rows finished on the device (none of
-    /// them rows of the resident base): each one's squared norm as the kernels use it (of the
-    /// centred row, f32, error at most γ_d of the exact value); NaN or ∞ when the row holds a
-    /// value that is not finite.
-    pub query_sq_norms: Option<Vec<f32>>,
 }
 
 /// One query chunk against one base chunk, as device addresses.
@@ -383,8 +379,6 @@ pub(crate) fn run(
     let slots = list_slots(w);
     // Base: resident when it takes at most half the budget, else streamed in chunks.
     let row_bytes = (d + 1) * 4;
-    let centre_dev = base.centre.map(|c| gpu.upload(c)).transpose()?;
-    let centre_ptr = centre_dev.as_ref().map_or(0, |c| gpu.ptr(c));
     let cached = match (req.base_key, base.cache.as_ref()) {
         (Some(key), Some(r)) => {
             r.key == key
@@ -397,6 +391,14 @@ pub(crate) fn run(
         // Free the old copy before a new base takes its place.
         *base.cache = None;
     }
+    let mut centre_dev = match base.cache.as_ref() {
+        Some(_) => None,
+        None => base.centre.map(|c| gpu.upload(c)).transpose()?,
+    };
+    let centre_ptr = match (base.cache.as_ref(), centre_dev.as_ref()) {
+        (Some(r), _) => r.centre_dev.as_ref().map_or(0, |c| gpu.ptr(c)),
+        (None, c) => c.map_or(0, |c| gpu.ptr(c)),
+    };
     let centred = base.centre.is_some();
     let derived = req.base.centred_roots().is_some() && !centred;
     let fits = base_fits(nb, d, base.exact, (centred, derived), budget);
@@ -452,6 +454,7 @@ pub(crate) fn run(
             Resident {
                 key: req.base_key.unwrap_or(0),
                 centre: None,
+                centre_dev: None,
                 b,
                 bn,
                 orig: Some(orig),
@@ -476,6 +479,7 @@ pub(crate) fn run(
             Resident {
                 key: req.base_key.unwrap_or(0),
                 centre: base.centre.map(<[f32]>::to_vec),
+                centre_dev: centre_dev.take(),
                 b: given,
                 bn,
                 orig,
@@ -535,23 +539,29 @@ pub(crate) fn run(
     let given_base = base.exact.zip(held).and_then(|(e, r)| r.given(e));
     // Rows finish here only with exact keys at hand.
     let mut finish = finish.take().filter(|_| given_base.is_some());
+    // Finished rows whose query norms the kernels measure (not rows of the resident base,
+    // read where it lies) are proven here too: the host then reads one summary, not each
+    // row's k-th key, W-th composite, cut and norm.
+    let proof = finish.as_ref().and_then(|f| f.proof).filter(|_| {
+        device_io.is_some() || resident.is_none() || req.queries.row_offset_in(&req.base).is_none()
+    });
+    let host_facts = if proof.is_some() { 0 } else { nq };
     let lists = if finish.is_some() { 0 } else { nq * w };
     let mut exact = given_base.map(|_| vec![0.0f64; lists]);
     // Every row is written by a download below: zeroed (lazily mapped) memory, not a fill.
     let mut out = vec![0u64; lists];
-    let mut cut_all = vec![0u64; nq];
+    let mut cut_all = vec![0u64; host_facts];
     let mut finished = finish.as_ref().map(|_| Finished {
-        kth: vec![0.0; nq],
-        last: vec![0; nq],
+        kth: vec![0.0; host_facts],
+        last: vec![0; host_facts],
+        proof: None,
     });
-    // The queries' squared norms as the kernels use them, for rows read from device memory or
-    // finished here: their floors then need no f64 pass over the rows on the host. `None` once
-    // a chunk's queries are rows of the resident base, whose norms the engine keeps.
-    let mut query_sq_norms = (device_io.is_some() || finish.is_some()).then(|| vec![0.0f32; nq]);
+    let proven = proof.map(|_| gpu.alloc::<u8>(nq)).transpose()?;
     let mut bad_flagged = false;
-    let bad = gpu
+    // Word 0: a bad id in a finished row; 1–3: `prove_rows`' summary.
+    let summary = gpu
         .stream
-        .alloc_zeros::<u32>(1)
+        .alloc_zeros::<u32>(4)
         .map_err(dev_err("allocating device memory"))?;
     let mut kernel_ms = Some(graph.map_or(0.0, |g| g.1));
     // Which exact keys the given rows give: Hellinger's, or the kernel's.
@@ -574,11 +584,8 @@ pub(crate) fn run(
             Some(_) => None,
             None => resident.and_then(|_| req.queries.slice_rows(qs, qe).row_offset_in(&req.base)),
         };
-        if alias.is_some() {
-            query_sq_norms = None;
-        }
         // Buffers of this chunk's own, kept until its kernels are done.
-        let (mut q_own, mut qn_own) = (None, None);
+        let (mut q_own, mut _qn_own) = (None, None);
         let mut given_own: Option<CudaSlice<f32>> = None;
         let (q, qn) = match (alias, resident) {
             (Some(at), Some((b, bn))) => (
@@ -595,7 +602,7 @@ pub(crate) fn run(
                 };
                 let norms = gpu.alloc::<f32>(n)?;
                 let ptrs = (gpu.ptr(&own), gpu.ptr(&norms));
-                (q_own, qn_own) = (Some(own), Some(norms));
+                (q_own, _qn_own) = (Some(own), Some(norms));
                 ptrs
             }
         };
@@ -779,15 +786,26 @@ pub(crate) fn run(
                     (io.ids + at, io.dists + at)
                 });
                 let flags = (nb, excl_ptr);
+                let facts = match (proof, &proven) {
+                    (Some(plan), Some(p)) => RowFacts::Device {
+                        plan,
+                        cut: gpu.ptr(&cut),
+                        qsq: qn,
+                        proven: gpu.ptr(p) + qs as u64,
+                        summary: gpu.ptr(&summary),
+                    },
+                    _ => RowFacts::Host(&mut done.kth[qs..qe], &mut done.last[qs..qe]),
+                };
                 finish_lists(
                     gpu,
                     lists,
                     (k, mode),
                     flags,
-                    gpu.ptr(&bad),
+                    gpu.ptr(&summary),
                     (&mut *f.host, qs * k..qe * k),
-                    (&mut done.kth[qs..qe], &mut done.last[qs..qe]),
+                    facts,
                     on_device,
+                    n,
                 )?;
                 bad_flagged = true;
             } else {
@@ -798,9 +816,8 @@ pub(crate) fn run(
         if finished.is_none() {
             gpu.download_into(&r.buf, &mut out[qs * w..qe * w])?;
         }
-        gpu.download_into(&cut, &mut cut_all[qs..qe])?;
-        if let (Some(all), Some(norms)) = (query_sq_norms.as_mut(), qn_own.as_ref()) {
-            gpu.download_into(norms, &mut all[qs..qe])?;
+        if proof.is_none() {
+            gpu.download_into(&cut, &mut cut_all[qs..qe])?;
         }
         phases.lap(gpu, "downloads");
         kernel_ms = match (&t0, &t1) {
@@ -814,10 +831,27 @@ pub(crate) fn run(
     phases.print(nq);
     // (Only `finish_lists` flags it: rows from a finished graph were checked by their own
     // download, and waiting here would wait for the graph's later launches too.)
-    if bad_flagged && gpu.download(&bad, 1)?[0] != 0 {
-        return Err(KnnError::Device(
-            "a candidate list holds an unwritten slot or an excluded id".into(),
-        ));
+    if bad_flagged || proof.is_some() {
+        let words = gpu.download(&summary, 4)?;
+        if words[0] != 0 {
+            return Err(KnnError::Device(
+                "a candidate list holds an unwritten slot or an excluded id".into(),
+            ));
+        }
+        if let (Some(done), Some(p)) = (finished.as_mut(), &proven) {
+            // Every row proven (the usual case): no verdicts to read.
+            let rows = if words[1] == 0 {
+                vec![true; nq]
+            } else {
+                gpu.download(p, nq)?.into_iter().map(|b| b != 0).collect()
+            };
+            let query_top = if words[3] != 0 {
+                f32::NAN
+            } else {
+                f32::from_bits(words[2])
+            };
+            done.proof = Some(Proven { rows, query_top });
+        }
     }
     Ok(Output {
         composites: out,
@@ -826,7 +860,6 @@ pub(crate) fn run(
         finished,
         kernel_ms,
         input_abs,
-        query_sq_norms,
     })
 }
 

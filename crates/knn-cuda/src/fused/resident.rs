@@ -13,6 +13,8 @@ use knn_core::{CandidateRequest, Result};
 pub(crate) struct Resident {
     pub(crate) key: u64,
     pub(super) centre: Option<Vec<f32>>,
+    /// `centre` on the device (a call that finds this base resident uploads nothing).
+    pub(super) centre_dev: Option<CudaSlice<f32>>,
     pub(super) b: CudaSlice<f32>,
     pub(super) bn: CudaSlice<f32>,
     /// The rows exact keys are taken of, when they are not `b`: the rows as given when `b` is
