@@ -196,7 +196,7 @@ class CudaRows:
         return to_host(self.array)
 
     def empty(self, shape, dtype: str):
-        """An uninitialised array of ``dtype`` ("int32", "float32") on the rows' device."""
+        """An uninitialised array of ``dtype`` ("int64", "float32") on the rows' device."""
         if self.lib == "torch":
             import torch
 
@@ -216,17 +216,6 @@ class CudaRows:
 
         with self.array.device:
             return cupy.asarray(a)
-
-    def ids64(self, ids32):
-        """int32 ids made on the device (as unsigned 32-bit numbers) widened to int64 there."""
-        if self.lib == "torch":
-            import torch
-
-            return ids32.to(torch.int64) & 0xFFFFFFFF
-        import cupy
-
-        with self.array.device:
-            return ids32.astype(cupy.int64) & 0xFFFFFFFF
 
 
 def _is_torch_tensor(x) -> bool:

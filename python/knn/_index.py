@@ -189,13 +189,13 @@ class Index:
         if not on_gpu:
             distances, ids = self._native.search(as_matrix(rows.host(), "queries"), k)
             return rows.wrap(distances), rows.wrap(ids)
-        ids = rows.empty((rows.rows, k), "int32")
+        ids = rows.empty((rows.rows, k), "int64")
         distances = rows.empty((rows.rows, k), "float32")
         if rows.rows > 0:
             ip = ids.data_ptr() if rows.lib == "torch" else ids.data.ptr
             dp = distances.data_ptr() if rows.lib == "torch" else distances.data.ptr
             self._native.search_device(rows.ptr, rows.rows, rows.device, rows.stream, k, ip, dp)
-        return distances, rows.ids64(ids)
+        return distances, ids
 
     def graph(self, k: int, symmetric="auto"):
         """The kNN graph of the base: each point's k nearest *other* points.

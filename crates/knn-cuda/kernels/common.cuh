@@ -217,15 +217,17 @@ __device__ void bitonic_pairs(u64* key, u32* id, int p) {
 // k smallest of its w candidates by (exact key, id), as distances (mode 0: the key; 1:
 // sqrt(max(key, 0)); 2: -key, a similarity; 3: sqrt(max(key / 2, 0)), Hellinger; f64, rounded to
 // f32 once) ordered by (distance, id) (by (-distance, id) for a similarity), Rust's total order.
+// Ids are written as u32, or with ids64 as i64 (the index type of PyTorch and NumPy).
 // Also the row's k-th exact key and its w-th composite (for the host's floor). A candidate id
 // at or past nb, or equal to the row's excluded id, sets *bad. p = the power of two ≥ w, pk ≥ k;
 // shared memory: 12·(p + pk) bytes.
 extern "C" __global__ void finish_lists(const u64* __restrict__ comps,
                                         const double* __restrict__ exact, int w, int p, int k,
                                         int pk, int mode, long long nb,
-                                        const u32* __restrict__ excl, u32* __restrict__ ids_out,
+                                        const u32* __restrict__ excl, void* __restrict__ ids_out,
                                         float* __restrict__ dists_out, double* __restrict__ kth_out,
-                                        u64* __restrict__ last_out, u32* __restrict__ bad) {
+                                        u64* __restrict__ last_out, u32* __restrict__ bad,
+                                        int ids64) {
     extern __shared__ u64 fin_smem[];
     u64* key = fin_smem;
     u64* key2 = key + p;
@@ -270,7 +272,11 @@ extern "C" __global__ void finish_lists(const u64* __restrict__ comps,
         u32 o = (u32)key2[j];
         u32 b = o ^ ((o >> 31) ? 0x80000000u : 0xffffffffu);
         float s = __uint_as_float(b);
-        ids_out[row * k + j] = id2[j];
+        if (ids64) {
+            ((long long*)ids_out)[row * k + j] = (long long)id2[j];
+        } else {
+            ((u32*)ids_out)[row * k + j] = id2[j];
+        }
         dists_out[row * k + j] = mode == 2 ? -s : s;
     }
 }

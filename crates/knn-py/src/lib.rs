@@ -165,7 +165,7 @@ impl NativeIndex {
 
     /// Queries in GPU memory searched there (`knn::Index::search_device`): `rows × dim`
     /// float32 values at device address `queries` on GPU `device`, written on CUDA stream
-    /// `stream` (0: the legacy default stream); the results go to `rows × k` int32 ids at
+    /// `stream` (0: the legacy default stream); the results go to `rows × k` int64 ids at
     /// `ids` and float32 distances at `distances`. In pieces between Ctrl-C checks, with the
     /// GIL released. The Python side (`knn._arrays.CudaRows`) vouches for the addresses: live
     /// C-contiguous tensors of those shapes and types on that device.
@@ -194,10 +194,11 @@ impl NativeIndex {
                 device,
                 stream,
             };
-            let at = (start * k * 4) as u64;
+            let at = (start * k) as u64;
             let out = DeviceResults {
-                ids: ids + at,
-                distances: distances + at,
+                ids: ids + at * 8,
+                ids_i64: true,
+                distances: distances + at * 4,
             };
             // SAFETY: the addresses are of live tensors of these shapes on `device` (above).
             py.detach(|| unsafe { index.search_device(part, k, out) })

@@ -157,6 +157,7 @@ fn device_search(
     };
     let out = DeviceResults {
         ids: ip,
+        ids_i64: false,
         distances: dp,
     };
     // SAFETY: the buffers hold nq × d queries and nq × k results on this device.

@@ -1,6 +1,6 @@
 //! `Index::search_device`: queries in GPU memory, results written to GPU memory, equal bit for
 //! bit to `Index::search` of the same values, for every metric (the device's own path and the
-//! host's), adversarial data, sizes on tile edges, a stream of the caller's; bad input refused
+//! host's), adversarial data, sizes on tile edges, a stream of the caller's, ids as u32 and as i64; bad input refused
 //! with the host's messages. Skipped without a GPU (`KNN_REQUIRE_GPU=1` makes that a failure).
 
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr};
@@ -11,16 +11,19 @@ use knn::{Device, DeviceQueries, DeviceResults, Index, MatrixRef, Metric, Neighb
 use knn_testkit::all_metrics;
 use std::sync::Arc;
 
-/// `index.search_device` of `queries` (uploaded on `stream`), the results read back.
+/// `index.search_device` of `queries` (uploaded on `stream`), the results read back; ids
+/// written as i64 when `ids_i64` (each must fit a u32 then), else as u32.
 fn search_on_device(
     index: &Index,
     stream: &Arc<CudaStream>,
     queries: &[f32],
     k: usize,
+    ids_i64: bool,
 ) -> knn::Result<Neighbors> {
     let n = queries.len() / index.dim();
     let q = stream.clone_htod(queries).unwrap();
-    let ids = stream.alloc_zeros::<u32>((n * k).max(1)).unwrap();
+    // Room for i64 ids either way (u32 ids use the first half).
+    let ids = stream.alloc_zeros::<i64>((n * k).max(1)).unwrap();
     let dists = stream.alloc_zeros::<f32>((n * k).max(1)).unwrap();
     {
         let (qp, _q) = q.device_ptr(stream);
@@ -34,13 +37,30 @@ fn search_on_device(
         };
         let out = DeviceResults {
             ids: ip,
+            ids_i64,
             distances: dp,
         };
         // SAFETY: the buffers hold n × d queries and n × k results on device 0, and `stream`
         // is a live stream of its primary context.
         unsafe { index.search_device(rows, k, out)? };
     }
-    let mut ids = stream.clone_dtoh(&ids).unwrap();
+    let wide = stream.clone_dtoh(&ids).unwrap();
+    let mut ids: Vec<u32> = match ids_i64 {
+        true => wide
+            .iter()
+            .map(|&i| u32::try_from(i).expect("an i64 id fits a u32"))
+            .collect(),
+        false => wide
+            .iter()
+            .flat_map(|&w| {
+                let b = w.to_le_bytes();
+                [
+                    u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                    u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+                ]
+            })
+            .collect(),
+    };
     let mut distances = stream.clone_dtoh(&dists).unwrap();
     ids.truncate(n * k);
     distances.truncate(n * k);
@@ -76,7 +96,8 @@ fn device_queries_equal_host_queries() {
             let q = MatrixRef::new("queries", &queries, d).unwrap();
             for k in [1, 10, 33] {
                 let want = index.search(q, k).map_err(|e| e.to_string());
-                let got = search_on_device(&index, &stream, &queries, k).map_err(|e| e.to_string());
+                let got = search_on_device(&index, &stream, &queries, k, k == 10)
+                    .map_err(|e| e.to_string());
                 if got != want {
                     let what = match (&got, &want) {
                         (Err(e), _) | (_, Err(e)) => e.clone(),
@@ -116,7 +137,7 @@ fn device_queries_on_tile_edges_and_a_stream_of_the_callers() {
             let want = index
                 .search(MatrixRef::new("queries", q, d).unwrap(), k)
                 .unwrap();
-            let got = search_on_device(&index, &stream, q, k).unwrap();
+            let got = search_on_device(&index, &stream, q, k, k % 2 == 0).unwrap();
             assert!(got == want, "{metric} n={n} k={k}");
         }
     }
@@ -133,20 +154,20 @@ fn device_queries_errors_name_what_and_where() {
     let index = Index::new(uniform(300, d, 13), d, Metric::L2, &opts).unwrap();
     let mut q = uniform(40, d, 14);
     q[17 * d + 3] = f32::NAN;
-    let e = search_on_device(&index, &stream, &q, 5)
+    let e = search_on_device(&index, &stream, &q, 5, false)
         .unwrap_err()
         .to_string();
     let host = MatrixRef::new("queries", &q, d).err().unwrap().to_string();
     assert_eq!(e, host);
     assert!(e.contains("row 17") && e.contains("column 3"), "{e}");
     q[17 * d + 3] = f32::INFINITY;
-    assert!(search_on_device(&index, &stream, &q, 5).is_err());
+    assert!(search_on_device(&index, &stream, &q, 5, false).is_err());
     let q = uniform(40, d, 14);
-    let e = search_on_device(&index, &stream, &q, 301)
+    let e = search_on_device(&index, &stream, &q, 301, false)
         .unwrap_err()
         .to_string();
     assert!(e.contains("k=301"), "{e}");
-    let e = search_on_device(&index, &stream, &q, 0)
+    let e = search_on_device(&index, &stream, &q, 0, false)
         .unwrap_err()
         .to_string();
     assert!(e.contains('k'), "{e}");
@@ -156,7 +177,7 @@ fn device_queries_errors_name_what_and_where() {
         ..Options::default()
     };
     let index = Index::new(uniform(300, d, 13), d, Metric::L2, &cpu).unwrap();
-    let e = search_on_device(&index, &stream, &q, 5)
+    let e = search_on_device(&index, &stream, &q, 5, false)
         .unwrap_err()
         .to_string();
     assert!(e.contains("copy them to the host"), "{e}");

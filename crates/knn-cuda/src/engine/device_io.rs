@@ -17,14 +17,27 @@ pub struct DeviceQueries {
     pub rows: usize,
 }
 
-/// Where results go in this GPU's memory: `rows × k` u32 ids at `ids` and as many f32
-/// distances at `distances`, row-major.
+/// Where results go in this GPU's memory: `rows × k` ids at `ids` (u32, or i64 with
+/// `ids_i64`) and as many f32 distances at `distances`, row-major.
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceResults {
     /// Device address of the ids.
     pub ids: u64,
+    /// The ids are i64 (the index type of PyTorch, CuPy and NumPy), not u32.
+    pub ids_i64: bool,
     /// Device address of the distances.
     pub distances: u64,
+}
+
+impl DeviceResults {
+    /// Bytes of one id.
+    pub fn id_bytes(&self) -> usize {
+        if self.ids_i64 {
+            8
+        } else {
+            4
+        }
+    }
 }
 
 /// What [`CudaEngine::search_device`] leaves to the caller.
@@ -43,12 +56,15 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for u32 {}
+    impl Sealed for i64 {}
 }
 
-/// Plain numbers copied between host and device memory: f32 values and distances, u32 ids.
+/// Plain numbers copied between host and device memory: f32 values and distances, u32 or
+/// i64 ids.
 pub trait Plain: sealed::Sealed + Copy {}
 impl Plain for f32 {}
 impl Plain for u32 {}
+impl Plain for i64 {}
 
 impl CudaEngine {
     /// The device's ordinal (`cuda:N`).
@@ -85,6 +101,7 @@ impl CudaEngine {
             queries: queries.ptr,
             rows: queries.rows,
             ids: out.ids,
+            ids_i64: out.ids_i64,
             dists: out.distances,
         };
         // The rows go to device memory: no host rows.

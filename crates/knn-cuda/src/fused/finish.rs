@@ -61,13 +61,14 @@ pub(super) enum RowFacts<'a> {
 }
 
 /// A call whose queries and results lie in device memory (the request's host queries are then
-/// empty and unused): `rows × d` f32 queries at `queries`, rows finished into `rows × k` u32
-/// ids at `ids` and f32 distances at `dists`.
+/// empty and unused): `rows × d` f32 queries at `queries`, rows finished into `rows × k` ids
+/// at `ids` (u32, or i64 with `ids_i64`) and f32 distances at `dists`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct DeviceIo {
     pub queries: u64,
     pub rows: usize,
     pub ids: u64,
+    pub ids_i64: bool,
     pub dists: u64,
 }
 
@@ -103,8 +104,9 @@ pub(super) struct FinishedChunk<'a> {
 
 /// Launches `finish_lists` on the chunk's `n` candidate lists (`lists`: composites, exact
 /// keys, width) and downloads its rows into entries `host.1` of `host.0` (asked for once the
-/// launch is queued), or with `on_device` (device addresses of the chunk's ids and distances)
-/// writes them there; the rows' k-th keys and W-th composites go where `facts` says.
+/// launch is queued), or with `on_device` (device addresses of the chunk's ids, i64 or u32,
+/// and distances) writes them there; the rows' k-th keys and W-th composites go where `facts`
+/// says.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn finish_lists(
     gpu: &Gpu,
@@ -114,21 +116,21 @@ pub(super) fn finish_lists(
     bad: u64,
     host: (&mut dyn OutputRows, std::ops::Range<usize>),
     facts: RowFacts<'_>,
-    on_device: Option<(u64, u64)>,
+    on_device: Option<(u64, bool, u64)>,
     n: usize,
 ) -> Result<()> {
     let (comps, exact, w) = lists;
-    let (own, (ids, dists)) = match on_device {
+    let (own, (ids, ids_i64, dists)) = match on_device {
         Some(to) => (None, to),
         None => {
             let (i, d) = (gpu.alloc::<u32>(n * k)?, gpu.alloc::<f32>(n * k)?);
-            let at = (gpu.ptr(&i), gpu.ptr(&d));
+            let at = (gpu.ptr(&i), false, gpu.ptr(&d));
             (Some((i, d)), at)
         }
     };
     let kth = gpu.alloc::<f64>(n)?;
     let last = gpu.alloc::<u64>(n)?;
-    let rows = (ids, dists, gpu.ptr(&kth), gpu.ptr(&last));
+    let rows = ((ids, ids_i64), dists, gpu.ptr(&kth), gpu.ptr(&last));
     let lists = (gpu.ptr(comps), gpu.ptr(exact), w);
     launch_finish(gpu, lists, (k, mode), (nb, excl), bad, rows, n)?;
     if let RowFacts::Device {
@@ -203,19 +205,21 @@ pub(super) fn launch_prove(
 
 /// Launches `finish_lists` (see `common.cuh`) on `n` rows: composites and exact keys at
 /// `lists` (`n × w` each), the rows' excluded ids at `excl` (or 0), into the device addresses
-/// `out` (ids and distances `n × k`, k-th keys and W-th composites `n`).
+/// `out` (ids, i64 when flagged else u32, and distances `n × k`, k-th keys and W-th
+/// composites `n`).
 pub(super) fn launch_finish(
     gpu: &Gpu,
     (comps, exact, w): (u64, u64, usize),
     (k, mode): (usize, i32),
     (nb, excl): (usize, u64),
     bad: u64,
-    (ids, dists, kth, last): (u64, u64, u64, u64),
+    ((ids, ids_i64), dists, kth, last): ((u64, bool), u64, u64, u64),
     n: usize,
 ) -> Result<()> {
     let (p, pk) = (w.next_power_of_two(), k.next_power_of_two());
     let f = gpu.func("finish_lists")?;
     let (ww, pp, kk, ppk, nb64) = (w as i32, p as i32, k as i32, pk as i32, nb as i64);
+    let wide = i32::from(ids_i64);
     let mut l = gpu.stream.launch_builder(f);
     l.arg(&comps)
         .arg(&exact)
@@ -230,7 +234,8 @@ pub(super) fn launch_finish(
         .arg(&dists)
         .arg(&kth)
         .arg(&last)
-        .arg(&bad);
+        .arg(&bad)
+        .arg(&wide);
     // SAFETY: comps and exact hold n×w entries, excl n ids (or null), ids and dists n×k, kth
     // and last n, bad one word; the shared memory is the 12·(p + pk) bytes the kernel uses.
     unsafe {

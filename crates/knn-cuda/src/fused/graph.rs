@@ -135,7 +135,7 @@ pub(super) fn graph_finished<'g>(
         let q = given + (at * d * 4) as u64;
         let keys = exact_keys(gpu, kind, (q, m), (given, n), lists, w, d)?;
         let out = (
-            gpu.ptr(&f.ids) + (at * k * 4) as u64,
+            (gpu.ptr(&f.ids) + (at * k * 4) as u64, false),
             gpu.ptr(&f.dists) + (at * k * 4) as u64,
             gpu.ptr(&f.kth) + (at * 8) as u64,
             gpu.ptr(&f.last) + (at * 8) as u64,

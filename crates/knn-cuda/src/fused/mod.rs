@@ -782,8 +782,9 @@ pub(crate) fn run(
                 let (k, mode) = (f.k, f.mode);
                 let lists = (&r.buf, &keys, w);
                 let on_device = f.device.map(|io| {
-                    let at = (qs * k * 4) as u64;
-                    (io.ids + at, io.dists + at)
+                    let at = (qs * k) as u64;
+                    let id_bytes = if io.ids_i64 { 8 } else { 4 };
+                    (io.ids + at * id_bytes, io.ids_i64, io.dists + at * 4)
                 });
                 let flags = (nb, excl_ptr);
                 let facts = match (proof, &proven) {

@@ -23,7 +23,7 @@ pub struct DeviceQueries {
 
 impl Index {
     /// [`Index::search`] of queries in GPU memory, the results written to GPU memory: row i of
-    /// `out` gets query i's k nearest base points, `k` u32 ids and `k` f32 distances, ordered
+    /// `out` gets query i's k nearest base points, `k` ids (u32, or i64 with `out.ids_i64`) and `k` f32 distances, ordered
     /// by (distance, id), exactly what [`Index::search`] gives for the same values. Returns
     /// once the results are written (on the host's clock: every copy and kernel is done).
     ///
@@ -166,18 +166,31 @@ impl Index {
         let found = MatrixRef::new("queries", &host, d)
             .and_then(|q| self.search(q, k))
             .map_err(|e| e.renumber_query_rows(|i| rows[i]))?;
-        if rows.len() == queries.rows {
+        // The ids in the caller's type.
+        let wide: Vec<i64> = match out.ids_i64 {
+            true => found.ids.iter().map(|&i| i64::from(i)).collect(),
+            false => Vec::new(),
+        };
+        // Ids `from` of the found rows, to device address `to`.
+        let write_ids = |from: std::ops::Range<usize>, to: u64| -> Result<()> {
             unsafe {
-                cuda.write_device(&found.ids, out.ids)?;
-                cuda.write_device(&found.distances, out.distances)?;
+                match out.ids_i64 {
+                    true => cuda.write_device(&wide[from], to),
+                    false => cuda.write_device(&found.ids[from], to),
+                }
             }
+        };
+        if rows.len() == queries.rows {
+            write_ids(0..found.ids.len(), out.ids)?;
+            unsafe { cuda.write_device(&found.distances, out.distances)? };
         } else {
             for (i, &r) in rows.iter().enumerate() {
+                write_ids(
+                    i * k..(i + 1) * k,
+                    out.ids + (r * k * out.id_bytes()) as u64,
+                )?;
                 let at = (r * k * 4) as u64;
-                unsafe {
-                    cuda.write_device(found.ids_of(i), out.ids + at)?;
-                    cuda.write_device(found.distances_of(i), out.distances + at)?;
-                }
+                unsafe { cuda.write_device(found.distances_of(i), out.distances + at)? };
             }
         }
         Ok(())
