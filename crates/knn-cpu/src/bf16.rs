@@ -11,6 +11,8 @@
 //! SIMD conversion, no transposition) and broadcast one word at a time. The micro-kernel
 //! computes an 8-point × 32-query block of dot products in 16 zmm accumulators and folds it
 //! straight into the queries' top-k lists, comparing 16 keys with 16 thresholds at once.
+//! Where the CPU has AMX tiles (`amx.rs`), they compute 32-point × 32-query blocks of the
+//! same products instead, folded the same way.
 
 use crate::engine::{GemmPlan, BASE_TILE};
 use knn_core::{CandidateRequest, Kernel, MatrixRef, TopK};
@@ -53,9 +55,14 @@ fn pair(a: f32, b: f32) -> u32 {
 
 /// Packs queries `rows` (dim `d`), centred on `mean`, in groups of 32: word
 /// `(g·pairs + t)·32 + l` holds coordinates `2t`, `2t+1` of query `32g + l`; missing queries
-/// are zeros.
-fn pack_queries(data: &[f32], d: usize, rows: Range<usize>, mean: Option<&[f32]>) -> Vec<u32> {
-    let pairs = d.div_ceil(2);
+/// and coordinates (`pairs ≥ d.div_ceil(2)`) are zeros.
+fn pack_queries(
+    data: &[f32],
+    d: usize,
+    pairs: usize,
+    rows: Range<usize>,
+    mean: Option<&[f32]>,
+) -> Vec<u32> {
     let groups = rows.len().div_ceil(GROUP);
     let mut out = vec![0u32; groups * pairs * GROUP];
     for (i, r) in rows.enumerate() {
@@ -86,10 +93,21 @@ pub(crate) fn fold_unit(
     #[cfg(target_arch = "x86_64")]
     {
         let d = req.base.dim();
-        let pairs = d.div_ceil(2);
+        let amx = crate::amx::available();
+        // AMX tiles take 16 pairs per step.
+        let pairs = match amx {
+            true => d.div_ceil(2).next_multiple_of(crate::amx::PAIRS_PER_STEP),
+            false => d.div_ceil(2),
+        };
         let zero = vec![0.0f32; d];
         let mean = plan.mean.as_deref().unwrap_or(&zero);
-        let qpack = pack_queries(req.queries.as_slice(), d, qr.clone(), plan.mean.as_deref());
+        let qpack = pack_queries(
+            req.queries.as_slice(),
+            d,
+            pairs,
+            qr.clone(),
+            plan.mean.as_deref(),
+        );
         let nq = qr.len();
         let groups = nq.div_ceil(GROUP);
         let sql2 = req.kernel == Kernel::SqL2;
@@ -105,11 +123,24 @@ pub(crate) fn fold_unit(
                 _ => u32::MAX,
             })
             .collect();
-        let mut bpack = vec![0u32; BASE_TILE * pairs];
+        // Rows past the tile's end stay zero (AMX blocks read 32 rows).
+        let mut bpack = vec![0u32; BASE_TILE.next_multiple_of(crate::amx::BLOCK) * pairs];
+        // SAFETY: `amx` says the tiles are available and granted.
+        let tiles = amx.then(|| unsafe { crate::amx::Tiles::load() });
+        let mut block = [[0.0f32; GROUP]; crate::amx::BLOCK];
         let mut b0 = br.start;
         while b0 < br.end {
             let b1 = (b0 + BASE_TILE).min(br.end);
             let nb = b1 - b0;
+            let norm = |c: usize, points: usize| -> [f32; crate::amx::BLOCK] {
+                std::array::from_fn(|p| {
+                    if sql2 && p < points {
+                        plan.norms.sq[b0 + c + p]
+                    } else {
+                        0.0
+                    }
+                })
+            };
             // SAFETY: `available()` checked AVX-512F and AVX-512 BF16 before this path was chosen;
             // every slice passed holds the sizes documented on the called functions.
             unsafe {
@@ -118,7 +149,30 @@ pub(crate) fn fold_unit(
                     d,
                     mean,
                     &mut bpack[..nb * pairs],
+                    pairs,
                 );
+                if let Some(tiles) = &tiles {
+                    // The tile's last rows may hold an earlier tile's: zero them.
+                    bpack[nb * pairs..].fill(0);
+                    for g in 0..groups {
+                        let q = &qpack[g * pairs * GROUP..(g + 1) * pairs * GROUP];
+                        let lists = &mut tops[g * GROUP..((g + 1) * GROUP).min(nq)];
+                        let (thr, skip) = (
+                            &mut thr[g * GROUP..(g + 1) * GROUP],
+                            &skip[g * GROUP..(g + 1) * GROUP],
+                        );
+                        for c in (0..nb).step_by(crate::amx::BLOCK) {
+                            let points = (nb - c).min(crate::amx::BLOCK);
+                            let b = bpack[c * pairs..].as_ptr();
+                            tiles.dots(q.as_ptr(), b, pairs, pairs, &mut block);
+                            let add = norm(c, points);
+                            let rows = (&block[..points], &add[..points]);
+                            micro::fold_rows(rows, scale, (b0 + c) as u32, thr, skip, lists);
+                        }
+                    }
+                    b0 = b1;
+                    continue;
+                }
                 for g in 0..groups {
                     let q = &qpack[g * pairs * GROUP..(g + 1) * pairs * GROUP];
                     let lists = &mut tops[g * GROUP..((g + 1) * GROUP).min(nq)];
@@ -128,13 +182,8 @@ pub(crate) fn fold_unit(
                     );
                     for c in (0..nb).step_by(NR) {
                         let points = (nb - c).min(NR);
-                        let add: [f32; NR] = std::array::from_fn(|p| {
-                            if sql2 && p < points {
-                                plan.norms.sq[b0 + c + p]
-                            } else {
-                                0.0
-                            }
-                        });
+                        let all = norm(c, points);
+                        let add: [f32; NR] = std::array::from_fn(|p| all[p]);
                         micro::block(
                             q,
                             pairs,
@@ -174,7 +223,7 @@ impl PackedPoints {
     pub(crate) fn new(points: MatrixRef<'_>, plan: &GemmPlan) -> Self {
         let (n, d) = (points.rows(), points.dim());
         let pairs = d.div_ceil(2);
-        let queries = pack_queries(points.as_slice(), d, 0..n, plan.mean.as_deref());
+        let queries = pack_queries(points.as_slice(), d, pairs, 0..n, plan.mean.as_deref());
         let mut rows = vec![0u32; n * pairs];
         #[cfg(target_arch = "x86_64")]
         {
@@ -182,7 +231,7 @@ impl PackedPoints {
             let mean = plan.mean.as_deref().unwrap_or(&zero);
             // SAFETY: the plan's bf16 path was chosen after `available()` checked AVX-512F and
             // AVX-512 BF16; `rows` holds `n · pairs` words.
-            unsafe { micro::convert_rows(points.as_slice(), d, mean, &mut rows) };
+            unsafe { micro::convert_rows(points.as_slice(), d, mean, &mut rows, pairs) };
         }
         PackedPoints {
             queries,
@@ -277,16 +326,24 @@ mod micro {
     use knn_core::TopK;
     use std::arch::x86_64::*;
 
-    /// Converts rows of `x` (dim `d`) minus `mean` to bf16 pairs: `out` gets `d.div_ceil(2)`
-    /// words per row.
+    /// Converts rows of `x` (dim `d`) minus `mean` to bf16 pairs: `out` gets `pairs` words
+    /// per row (`pairs ≥ d.div_ceil(2)`; words past the row's values are zeros).
     ///
     /// # Safety
-    /// AVX-512F and AVX-512 BF16 must be available; `out.len() == rows · d.div_ceil(2)`.
+    /// AVX-512F and AVX-512 BF16 must be available; `out.len() == rows · pairs`.
     #[target_feature(enable = "avx512f,avx512bf16")]
-    pub(super) unsafe fn convert_rows(x: &[f32], d: usize, mean: &[f32], out: &mut [u32]) {
-        let pairs = d.div_ceil(2);
+    pub(super) unsafe fn convert_rows(
+        x: &[f32],
+        d: usize,
+        mean: &[f32],
+        out: &mut [u32],
+        pairs: usize,
+    ) {
         let rows = x.len() / d;
-        debug_assert_eq!(out.len(), rows * pairs);
+        debug_assert!(out.len() == rows * pairs && pairs >= d.div_ceil(2));
+        if pairs > d.div_ceil(2) {
+            out.fill(0);
+        }
         let mut tmp = [0u16; 32];
         for r in 0..rows {
             let row = x.as_ptr().add(r * d);
@@ -356,21 +413,61 @@ mod micro {
     ) {
         debug_assert!(q.len() >= pairs * GROUP && b.len() >= points * pairs && thr.len() == GROUP);
         let acc = dots(q, pairs, b, points);
-        let vscale = _mm512_set1_ps(scale);
         for p in 0..points {
-            let vadd = _mm512_set1_ps(add[p]);
-            let k0 = _mm512_fmadd_ps(acc[p][0], vscale, vadd);
-            let k1 = _mm512_fmadd_ps(acc[p][1], vscale, vadd);
+            let id = first + p as u32;
+            fold_point(acc[p], add[p], scale, id, thr, skip, tops);
+        }
+    }
+
+    /// [`block`]'s fold of dot products computed elsewhere (AMX tiles): `rows.0[p]` holds
+    /// point `first + p`'s 32 dot products, `rows.1[p]` its added norm.
+    ///
+    /// # Safety
+    /// AVX-512F must be available; `thr`, `skip` as for [`block`].
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn fold_rows(
+        (rows, add): (&[[f32; GROUP]], &[f32]),
+        scale: f32,
+        first: u32,
+        thr: &mut [f32],
+        skip: &[u32],
+        tops: &mut [TopK],
+    ) {
+        for (p, (row, &a)) in rows.iter().zip(add).enumerate() {
+            let acc = [
+                _mm512_loadu_ps(row.as_ptr()),
+                _mm512_loadu_ps(row.as_ptr().add(16)),
+            ];
+            fold_point(acc, a, scale, first + p as u32, thr, skip, tops);
+        }
+    }
+
+    /// One point's keys `add + scale·dot` (32 query lanes) pushed where below the lane's
+    /// threshold `thr[l]` (kept up to date) and not `skip[l]`.
+    #[inline(always)]
+    unsafe fn fold_point(
+        acc: [__m512; 2],
+        add: f32,
+        scale: f32,
+        id: u32,
+        thr: &mut [f32],
+        skip: &[u32],
+        tops: &mut [TopK],
+    ) {
+        // SAFETY: the callers enable AVX-512F; `thr` holds 32 values.
+        unsafe {
+            let (vscale, vadd) = (_mm512_set1_ps(scale), _mm512_set1_ps(add));
+            let k0 = _mm512_fmadd_ps(acc[0], vscale, vadd);
+            let k1 = _mm512_fmadd_ps(acc[1], vscale, vadd);
             let m0 = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(k0, _mm512_loadu_ps(thr.as_ptr()));
             let m1 = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(k1, _mm512_loadu_ps(thr.as_ptr().add(16)));
             let mut mask = (m0 as u32) | ((m1 as u32) << 16);
             if mask == 0 {
-                continue;
+                return;
             }
             let mut keys = [0.0f32; GROUP];
             _mm512_storeu_ps(keys.as_mut_ptr(), k0);
             _mm512_storeu_ps(keys.as_mut_ptr().add(16), k1);
-            let id = first + p as u32;
             while mask != 0 {
                 let l = mask.trailing_zeros() as usize;
                 mask &= mask - 1;

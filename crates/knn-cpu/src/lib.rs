@@ -28,6 +28,7 @@
 //!
 //! Results do not depend on the thread count: every selection is by (key, id).
 
+mod amx;
 mod bf16;
 mod direct;
 mod engine;
