@@ -651,9 +651,9 @@ def main() -> int:
             print(f"case {r['case']}: distances read from {chk.get('dist_file')} as {chk['distance_kind']}, "
                   f"max error {chk['max_rel_dist_err']:.2g} of the k-th distance")
     if peak and any(r.get("ours_ms") and r["ops"] / (r["ours_ms"] * 1e6) > peak for r in rows):
-        print("note: ours above 100% of the FP32 GEMM peak: the CPU engine's AVX-512 BF16 path "
-              "(vdpbf16ps, twice the FP32 FMA rate; candidates re-ranked exactly) does these dot "
-              "products, so its floor is 2x the FP32 peak. The engine alone FP32-only "
+        print("note: ours above 100% of the FP32 GEMM peak: the CPU engine's bf16 path (AMX "
+              "tiles where the CPU has them, else vdpbf16ps; candidates re-ranked exactly) does "
+              "these dot products, so the FP32 peak is not its floor. The engine alone FP32-only "
               "(CpuEngine::f32_only): cargo run --release -p knn-cpu --example small_d_bench.")
     if knn is None:
         print(f"\n{knn_note}")

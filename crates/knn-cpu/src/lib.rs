@@ -6,6 +6,11 @@
 //!   products from faer's matmul (SIMD chosen at run time), turned into keys
 //!   `‖b‖² − 2 q·b` and folded into each query's running top-k ([`knn_core::TopK`]) while the
 //!   block is still in cache. The full `n_q × n_b` matrix never exists.
+//! - Squared L2 first tries on AVX-512 BF16 CPUs: products of bf16-rounded inputs (`bf16.rs`,
+//!   `vdpbf16ps`), or with AMX tiles where the CPU has them (`amx.rs`, `tdpbf16ps`: Intel Xeon
+//!   from Sapphire Rapids on, where `vdpbf16ps` runs at the f32 FMA rate); the wider bound of
+//!   bf16 inputs goes to the floor, the re-rank keeps results exact. A base's GEMM plan (mean,
+//!   norms, norm bound) is kept per base key: an index's searches make it once.
 //! - Squared L2 at `d ≤ 64` with AVX-512 VNNI: an int8 path (`int8.rs`) with exact integer
 //!   keys of 8-bit grid codes (`vpdpbusd`), base points in SIMD lanes and a fused threshold
 //!   compare; the floor comes from the measured quantisation error. Retries (`precise`) use f32.
