@@ -219,19 +219,28 @@ pub(crate) struct PackedPoints {
 }
 
 impl PackedPoints {
-    /// Packs `points` for `plan` (whose `bf16` is set, so AVX-512 BF16 is available).
+    /// Packs `points` for `plan` (whose `bf16` is set, so AVX-512 BF16 is available); for AMX
+    /// tiles when available (pairs padded to 16, a block of zero rows after the last).
     pub(crate) fn new(points: MatrixRef<'_>, plan: &GemmPlan) -> Self {
         let (n, d) = (points.rows(), points.dim());
-        let pairs = d.div_ceil(2);
+        let (pairs, spare) = match crate::amx::available() {
+            true => (
+                d.div_ceil(2).next_multiple_of(crate::amx::PAIRS_PER_STEP),
+                crate::amx::BLOCK,
+            ),
+            false => (d.div_ceil(2), 0),
+        };
         let queries = pack_queries(points.as_slice(), d, pairs, 0..n, plan.mean.as_deref());
-        let mut rows = vec![0u32; n * pairs];
+        let mut rows = vec![0u32; (n + spare) * pairs];
         #[cfg(target_arch = "x86_64")]
         {
             let zero = vec![0.0f32; d];
             let mean = plan.mean.as_deref().unwrap_or(&zero);
             // SAFETY: the plan's bf16 path was chosen after `available()` checked AVX-512F and
             // AVX-512 BF16; `rows` holds `n · pairs` words.
-            unsafe { micro::convert_rows(points.as_slice(), d, mean, &mut rows, pairs) };
+            unsafe {
+                micro::convert_rows(points.as_slice(), d, mean, &mut rows[..n * pairs], pairs)
+            };
         }
         PackedPoints {
             queries,
@@ -263,8 +272,11 @@ pub(crate) fn fold_pair(
         let scale = if sql2 { -2.0f32 } else { -1.0 };
         let sq = |i: usize| if sql2 { plan.norms.sq[i] } else { 0.0 };
         let diagonal = sides.is_diagonal();
-        let bpack = &packed.rows[rj.start * pairs..rj.end * pairs];
+        let bpack = &packed.rows[rj.start * pairs..];
         let mut computed = 0u64;
+        // SAFETY: `PackedPoints` was packed for the tiles when they are available.
+        let tiles = crate::amx::available().then(|| unsafe { crate::amx::Tiles::load() });
+        let mut block = [[0.0f32; GROUP]; crate::amx::BLOCK];
         for g in 0..groups {
             let first = ri.start / GROUP + g;
             let q = &packed.queries[first * pairs * GROUP..(first + 1) * pairs * GROUP];
@@ -277,6 +289,36 @@ pub(crate) fn fold_pair(
                     0.0
                 }
             });
+            if let Some(tiles) = &tiles {
+                for c in (0..nj).step_by(crate::amx::BLOCK) {
+                    let points = (nj - c).min(crate::amx::BLOCK);
+                    if diagonal && c + points <= a0 + 1 {
+                        continue;
+                    }
+                    let bsq: Vec<f32> = (0..points).map(|p| sq(rj.start + c + p)).collect();
+                    // SAFETY: the rows hold a spare block after the last point (`new`), `q`
+                    // a group; the sides' thresholds as for `block_sym`.
+                    unsafe {
+                        tiles.dots(
+                            q.as_ptr(),
+                            bpack[c * pairs..].as_ptr(),
+                            pairs,
+                            pairs,
+                            &mut block,
+                        );
+                        micro::fold_sym_rows(
+                            (&block[..points], &bsq),
+                            &qsq,
+                            scale,
+                            lanes,
+                            (a0, c),
+                            sides,
+                        );
+                    }
+                    computed += (lanes * points) as u64;
+                }
+                continue;
+            }
             for c in (0..nj).step_by(NR) {
                 let points = (nj - c).min(NR);
                 // On the diagonal, blocks with every column at or before every row hold no
@@ -561,17 +603,59 @@ mod micro {
         sides: &mut crate::symmetric::Sides<'_>,
     ) {
         let acc = dots(q, pairs, b, points);
-        let vscale = _mm512_set1_ps(scale);
-        let q0 = _mm512_loadu_ps(qsq.as_ptr());
-        let q1 = _mm512_loadu_ps(qsq.as_ptr().add(16));
-        let valid: u32 = if lanes >= GROUP {
-            u32::MAX
-        } else {
-            (1u32 << lanes) - 1
-        };
-        let diagonal = sides.is_diagonal();
         for p in 0..points {
-            let bl = b0 + p;
+            fold_sym_point(acc[p], bsq[p], qsq, scale, lanes, (a0, b0 + p), sides);
+        }
+    }
+
+    /// [`block_sym`]'s fold of dot products computed elsewhere (AMX tiles): `rows.0[p]` holds
+    /// column `b0 + p`'s 32 dot products with the group's rows, `rows.1[p]` its squared norm.
+    ///
+    /// # Safety
+    /// AVX-512F must be available; `qsq` and `sides` as for [`block_sym`].
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn fold_sym_rows(
+        (rows, bsq): (&[[f32; GROUP]], &[f32]),
+        qsq: &[f32],
+        scale: f32,
+        lanes: usize,
+        (a0, b0): (usize, usize),
+        sides: &mut crate::symmetric::Sides<'_>,
+    ) {
+        for (p, (row, &b)) in rows.iter().zip(bsq).enumerate() {
+            let acc = [
+                _mm512_loadu_ps(row.as_ptr()),
+                _mm512_loadu_ps(row.as_ptr().add(16)),
+            ];
+            fold_sym_point(acc, b, qsq, scale, lanes, (a0, b0 + p), sides);
+        }
+    }
+
+    /// One column's keys `qsq[l] + bsq + scale·dot` against the group's 32 row lanes, folded
+    /// into both sides' lists (see [`block_sym`]).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn fold_sym_point(
+        acc: [__m512; 2],
+        bsq: f32,
+        qsq: &[f32],
+        scale: f32,
+        lanes: usize,
+        (a0, bl): (usize, usize),
+        sides: &mut crate::symmetric::Sides<'_>,
+    ) {
+        // SAFETY: the callers enable AVX-512F; `qsq` holds 32 values, the sides' row
+        // thresholds `a0 + 32`, its columns `bl + 1`.
+        unsafe {
+            let vscale = _mm512_set1_ps(scale);
+            let q0 = _mm512_loadu_ps(qsq.as_ptr());
+            let q1 = _mm512_loadu_ps(qsq.as_ptr().add(16));
+            let valid: u32 = if lanes >= GROUP {
+                u32::MAX
+            } else {
+                (1u32 << lanes) - 1
+            };
+            let diagonal = sides.is_diagonal();
             // On the diagonal only rows before the column (`a0 + l < bl`).
             let lanes_before = if !diagonal || bl >= a0 + GROUP {
                 u32::MAX
@@ -580,9 +664,9 @@ mod micro {
             } else {
                 (1u32 << (bl - a0)) - 1
             };
-            let vb = _mm512_set1_ps(bsq[p]);
-            let k0 = _mm512_fmadd_ps(acc[p][0], vscale, _mm512_add_ps(q0, vb));
-            let k1 = _mm512_fmadd_ps(acc[p][1], vscale, _mm512_add_ps(q1, vb));
+            let vb = _mm512_set1_ps(bsq);
+            let k0 = _mm512_fmadd_ps(acc[0], vscale, _mm512_add_ps(q0, vb));
+            let k1 = _mm512_fmadd_ps(acc[1], vscale, _mm512_add_ps(q1, vb));
             // `≤`: the lists decide ties by id (pushes arrive in no particular id order).
             let thr = sides.row_thr()[a0..a0 + GROUP].as_ptr();
             let r0 = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(k0, _mm512_loadu_ps(thr));
@@ -593,7 +677,7 @@ mod micro {
             let mut rmask = ((r0 as u32) | ((r1 as u32) << 16)) & valid & lanes_before;
             let mut cmask = ((c0 as u32) | ((c1 as u32) << 16)) & valid & lanes_before;
             if rmask | cmask == 0 {
-                continue;
+                return;
             }
             let mut keys = [0.0f32; GROUP];
             _mm512_storeu_ps(keys.as_mut_ptr(), k0);
