@@ -151,27 +151,9 @@ pub(crate) fn fold_unit(
                     &mut bpack[..nb * pairs],
                     pairs,
                 );
-                if let Some(tiles) = &tiles {
+                if tiles.is_some() {
                     // The tile's last rows may hold an earlier tile's: zero them.
                     bpack[nb * pairs..].fill(0);
-                    for g in 0..groups {
-                        let q = &qpack[g * pairs * GROUP..(g + 1) * pairs * GROUP];
-                        let lists = &mut tops[g * GROUP..((g + 1) * GROUP).min(nq)];
-                        let (thr, skip) = (
-                            &mut thr[g * GROUP..(g + 1) * GROUP],
-                            &skip[g * GROUP..(g + 1) * GROUP],
-                        );
-                        for c in (0..nb).step_by(crate::amx::BLOCK) {
-                            let points = (nb - c).min(crate::amx::BLOCK);
-                            let b = bpack[c * pairs..].as_ptr();
-                            tiles.dots(q.as_ptr(), b, pairs, pairs, &mut block);
-                            let add = norm(c, points);
-                            let rows = (&block[..points], &add[..points]);
-                            micro::fold_rows(rows, scale, (b0 + c) as u32, thr, skip, lists);
-                        }
-                    }
-                    b0 = b1;
-                    continue;
                 }
                 for g in 0..groups {
                     let q = &qpack[g * pairs * GROUP..(g + 1) * pairs * GROUP];
@@ -180,6 +162,17 @@ pub(crate) fn fold_unit(
                         &mut thr[g * GROUP..(g + 1) * GROUP],
                         &skip[g * GROUP..(g + 1) * GROUP],
                     );
+                    if let Some(tiles) = &tiles {
+                        for c in (0..nb).step_by(crate::amx::BLOCK) {
+                            let points = (nb - c).min(crate::amx::BLOCK);
+                            let b = bpack[c * pairs..].as_ptr();
+                            tiles.dots(q.as_ptr(), b, pairs, pairs, &mut block);
+                            let add = norm(c, points);
+                            let rows = (&block[..points], &add[..points]);
+                            micro::fold_rows(rows, scale, (b0 + c) as u32, thr, skip, lists);
+                        }
+                        continue;
+                    }
                     for c in (0..nb).step_by(NR) {
                         let points = (nb - c).min(NR);
                         let all = norm(c, points);
