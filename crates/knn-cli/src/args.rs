@@ -32,7 +32,7 @@ pub enum Command {
     Bench(BenchArgs),
     /// Label new points by the classes of their k nearest labelled points (seed 003).
     Classify(crate::classify::ClassifyArgs),
-    /// Version, devices, SIMD level, threads.
+    /// Version, devices, threads, SIMD level and the CPU engine's fast paths.
     Info,
 }
 

@@ -38,3 +38,28 @@ impl Isa {
         Isa::ALL[best.unwrap_or(2)..].to_vec()
     }
 }
+
+/// What this CPU gives the engine, in words: the kernels' instruction set and the fast first
+/// tries of squared L2 it takes (bf16 products on AMX tiles or AVX-512 BF16, int8 products
+/// with AVX-512 VNNI at small dimensions), as `knn info` prints it.
+pub fn describe() -> String {
+    let isa = match Isa::best() {
+        Isa::Avx512 => "avx512",
+        Isa::Avx2 => "avx2+fma",
+        Isa::Scalar => "scalar",
+    };
+    let mut paths = Vec::new();
+    if crate::bf16::available() {
+        paths.push(match crate::amx::available() {
+            true => "bf16 products on AMX tiles",
+            false => "bf16 products (AVX-512 BF16)",
+        });
+    }
+    if crate::int8::available() {
+        paths.push("int8 products at d <= 64 (AVX-512 VNNI)");
+    }
+    match paths.is_empty() {
+        true => format!("SIMD {isa}"),
+        false => format!("SIMD {isa}; squared L2 first tries: {}", paths.join(", ")),
+    }
+}

@@ -45,4 +45,5 @@ mod symmetric;
 mod units;
 
 pub use engine::{CpuEngine, SYMMETRIC_LIST_BYTES, SYMMETRIC_MIN_POINTS};
+pub use isa::describe;
 pub use symmetric::SymmetricStats;

@@ -409,6 +409,11 @@ pub fn gpu_devices() -> Vec<(usize, String)> {
     gpu::devices()
 }
 
+/// The CPU engine's instruction set and fast paths on this CPU, in words (`knn info`).
+pub fn cpu_paths() -> String {
+    knn_cpu::describe()
+}
+
 /// Why no GPU is usable (or "ok").
 pub fn gpu_status() -> String {
     gpu::status()
