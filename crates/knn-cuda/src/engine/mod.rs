@@ -374,7 +374,7 @@ impl CudaEngine {
     }
 
     /// Whether `req`'s base stays resident with its exact rows under the budget (streamed
-    /// bases give no exact keys).
+    /// bases give no exact keys): already held so, or fitting.
     fn finishes_resident(
         &self,
         gpu: &Gpu,
@@ -385,6 +385,15 @@ impl CudaEngine {
         let Some(exact) = exact_view(req, true) else {
             return Ok(false);
         };
+        // Held: no need to ask the device for its free memory (a driver call of ~8 µs, on the
+        // path of every small search).
+        let held = self.resident.lock().unwrap_or_else(|p| p.into_inner());
+        if let (Some(key), Some(r)) = (req.base_key, held.as_ref()) {
+            if r.serves(key, info.centre.as_deref(), Some(exact)) {
+                return Ok(true);
+            }
+        }
+        drop(held);
         let derived = req.base.centred_roots().is_some();
         let budget = self.budget(gpu)?;
         Ok(fused::base_fits(

@@ -380,11 +380,7 @@ pub(crate) fn run(
     // Base: resident when it takes at most half the budget, else streamed in chunks.
     let row_bytes = (d + 1) * 4;
     let cached = match (req.base_key, base.cache.as_ref()) {
-        (Some(key), Some(r)) => {
-            r.key == key
-                && r.centre.as_deref() == base.centre
-                && base.exact.is_none_or(|e| r.given(e).is_some())
-        }
+        (Some(key), Some(r)) => r.serves(key, base.centre, base.exact),
         _ => false,
     };
     if !cached {
@@ -615,9 +611,11 @@ pub(crate) fn run(
                     None => gpu.ptr(given_own.insert(gpu.upload(rows)?)),
                 }
             }
-            (_, Some(gb)) if centre_ptr != 0 => match alias {
-                Some(at) => gpu.ptr(gb) + (at * d * 4) as u64,
-                None => {
+            (_, Some(gb)) if centre_ptr != 0 => match (alias, device_io) {
+                (Some(at), _) => gpu.ptr(gb) + (at * d * 4) as u64,
+                // The caller's rows, which the centring below does not touch.
+                (None, Some(io)) => io.queries + (qs * d * 4) as u64,
+                (None, None) => {
                     // Copied before the queries are centred in place below.
                     let own = q_own.as_ref().expect("uploaded above");
                     let copy = gpu

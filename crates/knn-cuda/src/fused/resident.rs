@@ -33,6 +33,19 @@ impl Resident {
         (self.b.len() + self.bn.len() + self.orig.as_ref().map_or(0, |o| o.len())) * 4
     }
 
+    /// Whether this is the base of `key`, centred by `centre`, holding the rows `exact` (when
+    /// given) asks for: a call then uses it as it is.
+    pub(crate) fn serves(
+        &self,
+        key: u64,
+        centre: Option<&[f32]>,
+        exact: Option<Exact<'_>>,
+    ) -> bool {
+        self.key == key
+            && self.centre.as_deref() == centre
+            && exact.is_none_or(|e| self.given(e).is_some())
+    }
+
     /// The rows the exact keys `exact` asks for are taken of, if held.
     pub(super) fn given(&self, exact: Exact<'_>) -> Option<&CudaSlice<f32>> {
         match exact {
