@@ -135,7 +135,10 @@ fn main() {
         ),
     ] {
         for &m in methods {
-            let e = CudaEngine::new(0, m).unwrap().with_tuning(tuning.clone());
+            let e = CudaEngine::new(0, m)
+                .unwrap()
+                .with_tuning(tuning.clone())
+                .with_kernel_timing();
             if m == Method::Fused && metric == Metric::SqL2 {
                 println!("{}", e.kernel_report());
             }

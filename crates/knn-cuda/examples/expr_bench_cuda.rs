@@ -56,7 +56,9 @@ fn main() {
     let u = Distribution::Uniform { lo: 0.0, hi: 1.0 };
     let base = Matrix::new("base", generate(u, nb, d, 1), d).unwrap();
     let queries = Matrix::new("queries", generate(u, nq, d, 2), d).unwrap();
-    let e = CudaEngine::new(0, Method::Fused).unwrap();
+    let e = CudaEngine::new(0, Method::Fused)
+        .unwrap()
+        .with_kernel_timing();
     let expr = |t: &str| Metric::Expr(Arc::new(MetricExpr::parse(t).unwrap()));
     println!("nb={nb} nq={nq} d={d} k={k}, medians of {reps}");
 

@@ -51,6 +51,9 @@ pub(crate) struct Gpu {
     staging: std::cell::OnceCell<Staging>,
     /// Host threads of the staged copies outside the rayon pool (`CudaTuning::copy_threads`).
     copy_threads: usize,
+    /// Whether the fused method times its kernels with CUDA events
+    /// (`CudaEngine::with_kernel_timing`).
+    pub kernel_timing: bool,
     /// A second stream, for downloads that overlap the main stream's kernels (made on first
     /// use; see [`Gpu::download_range_after`]).
     copies: std::cell::OnceCell<Arc<CudaStream>>,
@@ -114,6 +117,7 @@ impl Gpu {
             blas: None,
             staging: std::cell::OnceCell::new(),
             copy_threads: crate::tuning::COPY_THREADS,
+            kernel_timing: false,
             copies: std::cell::OnceCell::new(),
             pins: Arc::default(),
             pool,

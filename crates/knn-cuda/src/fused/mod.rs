@@ -660,10 +660,13 @@ pub(crate) fn run(
         let mut cut = gpu.alloc::<u64>(n)?;
         gpu.fill_u64(gpu.ptr(&cut), n, SENTINEL)?;
         let mut running: Option<Lists> = None;
-        let t0 = gpu
-            .ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .ok();
+        let t0 = (gpu.kernel_timing)
+            .then(|| {
+                gpu.ctx
+                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .ok()
+            })
+            .flatten();
         if let Some(e) = &t0 {
             e.record(&gpu.stream).map_err(dev_err("event"))?;
         }
@@ -763,10 +766,13 @@ pub(crate) fn run(
         }
         // Read once the chunk's downloads are done: waiting for it here would leave the device
         // idle while the host queues the launches that follow.
-        let t1 = gpu
-            .ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .ok();
+        let t1 = (gpu.kernel_timing)
+            .then(|| {
+                gpu.ctx
+                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .ok()
+            })
+            .flatten();
         if let Some(t1) = &t1 {
             t1.record(&gpu.stream).map_err(dev_err("event"))?;
         }
