@@ -10,10 +10,12 @@
        same with the indexes kept: knn.dask.NearestNeighbors fitted once and kneighbors timed,
        against knn.Index built once in this process and searched.
 
-Each time is one run of the whole computation after the inputs are on the workers (indexes
-built inside it, as knn.search builds its own), on standard-normal float32 data; on the GPU, the
-median of 3 runs on both sides (a worker's first large index also sizes its device memory pool
-and page-locked staging buffers, which knn.search's warm-up has done in this process).
+Each time is the median of 3 runs of the whole computation after the inputs are on the
+workers (indexes built inside it, as knn.search builds its own), on standard-normal float32
+data, on both sides (one run each was too noisy to read a ratio from: 2 workers once took 3.04
+s against 3.60 s for one and 1.18 s for four); on the GPU a worker's first large index also
+sizes its device memory pool and page-locked staging buffers, which knn.search's warm-up has
+done in this process.
 
   python3 bench/python/dask_scaling.py [--n 1e6] [--m 1e4] [--d 128] [--k 10]
       [--threads 4] [--workers 1,2,4] [--no-gpu] [--profile]
@@ -35,6 +37,12 @@ def timed(f):
     t = time.perf_counter()
     out = f()
     return out, time.perf_counter() - t
+
+
+def median_of_3(f):
+    """The first result of f and the median of 3 timed runs (s)."""
+    runs = [timed(f) for _ in range(3)]
+    return runs[0][0], sorted(r[1] for r in runs)[1]
 
 
 def on_cluster(base, queries, k, workers, threads, device, base_chunks=4, repeat=1,
@@ -145,15 +153,16 @@ def main():
 
     workers = [int(x) for x in a.workers.split(",") if x]  # --workers "": the GPU part only
     if workers:
-        (want_d, want_i), one = timed(lambda: knn.search(base, queries, a.k, device="cpu"))
+        (want_d, want_i), one = median_of_3(lambda: knn.search(base, queries, a.k, device="cpu"))
         print(f"{int(a.n)} x {int(a.m)}, d={a.d}, k={a.k}: knn.search, one process, every core "
               f"(CPU): {one:.2f} s", flush=True)
-        _, few = timed(lambda: knn.search(base, queries, a.k, device="cpu", threads=a.threads))
+        _, few = median_of_3(
+            lambda: knn.search(base, queries, a.k, device="cpu", threads=a.threads))
         print(f"knn.search, one process, {a.threads} threads (CPU): {few:.2f} s: every core is "
               f"{few / one:.2f}x faster", flush=True)
     times = {}
     for w in workers:
-        dist, ids, t, moves = on_cluster(base, queries, a.k, w, a.threads, "cpu",
+        dist, ids, t, moves = on_cluster(base, queries, a.k, w, a.threads, "cpu", repeat=3,
                                          profile=a.profile)
         same = dist.tobytes() == want_d.tobytes() and ids.tobytes() == want_i.tobytes()
         times[w] = t
