@@ -660,16 +660,7 @@ pub(crate) fn run(
         let mut cut = gpu.alloc::<u64>(n)?;
         gpu.fill_u64(gpu.ptr(&cut), n, SENTINEL)?;
         let mut running: Option<Lists> = None;
-        let t0 = (gpu.kernel_timing)
-            .then(|| {
-                gpu.ctx
-                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .ok()
-            })
-            .flatten();
-        if let Some(e) = &t0 {
-            e.record(&gpu.stream).map_err(dev_err("event"))?;
-        }
+        let t0 = timing::kernel_event(gpu)?;
         let copied = if let (Some((g, _)), Some(at), Some((parts, own))) = (graph, alias, &parts) {
             // The parts' lists of these rows, merged (see `share::merged_rows`).
             let (rows, least) = share::merged_rows(gpu, parts, *own, (at, n, g.cut.len(), w))?;
@@ -766,16 +757,7 @@ pub(crate) fn run(
         }
         // Read once the chunk's downloads are done: waiting for it here would leave the device
         // idle while the host queues the launches that follow.
-        let t1 = (gpu.kernel_timing)
-            .then(|| {
-                gpu.ctx
-                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .ok()
-            })
-            .flatten();
-        if let Some(t1) = &t1 {
-            t1.record(&gpu.stream).map_err(dev_err("event"))?;
-        }
+        let t1 = timing::kernel_event(gpu)?;
         let r = running.expect("the base is not empty");
         phases.lap(gpu, "kernels");
         if let (Some(gb), Some(ex)) = (given_base, exact.as_mut()) {

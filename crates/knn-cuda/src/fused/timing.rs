@@ -12,6 +12,16 @@ pub(super) struct KernelTimer {
     marks: Vec<(&'static str, cudarc::driver::CudaEvent)>,
 }
 
+/// A timing event recorded on the stream here, when the engine times its kernels
+/// (`CudaEngine::with_kernel_timing`); `None` otherwise, or when events are not available.
+pub(super) fn kernel_event(gpu: &Gpu) -> Result<Option<cudarc::driver::CudaEvent>> {
+    if gpu.kernel_timing {
+        KernelTimer::event(gpu)
+    } else {
+        Ok(None)
+    }
+}
+
 impl KernelTimer {
     fn event(gpu: &Gpu) -> Result<Option<cudarc::driver::CudaEvent>> {
         let e = gpu
