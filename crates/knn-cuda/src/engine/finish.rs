@@ -51,7 +51,7 @@ impl CudaEngine {
             key_scale,
             complete,
         };
-        let (finished, cut, input_abs) = {
+        let (finished, cut, input_abs, qn) = {
             let mut gpu = self.locked()?;
             if !self.finishes_resident(&gpu, req, &info)? {
                 // Streamed bases give no exact keys: the pipeline re-ranks on the host.
@@ -66,7 +66,14 @@ impl CudaEngine {
             };
             let rows = self.rows(&mut gpu, req, &info, true, None, Some(finish))?;
             match rows.finished {
-                Some(f) => (f, rows.cut, rows.input_abs),
+                Some(f) => {
+                    // Read while this call holds the device (see `candidates_inner`).
+                    let qn = match f.proof {
+                        Some(_) => None,
+                        None => self.device_norms(req, &mut info),
+                    };
+                    (f, rows.cut, rows.input_abs, qn)
+                }
                 // Not resident after all (memory ran short): the rows are asked again.
                 None => return Ok(None),
             }
@@ -80,7 +87,6 @@ impl CudaEngine {
         }
         // Rows of the resident base: the host's floors, with the norms the engine keeps.
         let last: Vec<f32> = finished.last.iter().map(|&c| fused::decode(c).0).collect();
-        let qn = self.device_norms(req, &mut info);
         let floor = floors(
             req,
             (&last, 1),

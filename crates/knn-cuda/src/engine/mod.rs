@@ -806,16 +806,18 @@ impl CudaEngine {
                 input_abs,
                 ..
             },
+            qn,
         ) = {
             let mut gpu = self
                 .gpu
                 .lock()
                 .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
             let waited = t0.elapsed();
-            (
-                waited,
-                self.rows(&mut gpu, req, &info, want_exact, None, None)?,
-            )
+            let rows = self.rows(&mut gpu, req, &info, want_exact, None, None)?;
+            // Read while this call holds the device: another call's `rows` holds the resident
+            // base (and its norms) for as long as its GPU work runs.
+            let qn = self.device_norms(req, &mut info);
+            (waited, rows, qn)
         };
         let t1 = std::time::Instant::now();
         self.check_ids(req, &ids, w)?;
@@ -824,7 +826,6 @@ impl CudaEngine {
         } else {
             (F32_UNIT, 0.0)
         };
-        let qn = self.device_norms(req, &mut info);
         let floor = floors(
             req,
             (&keys, w),
