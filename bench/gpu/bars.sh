@@ -32,17 +32,22 @@ grid() {
     cmp grid1.npy cpu1.npy && echo "grid k=1: GPU ids = CPU ids"
 }
 
-# Median ms of the library call (`--timing-json`), one run each: the runs take seconds.
-ms() { python3 -c "import json; print(round(json.load(open('$1'))['median_ms'], 1))"; }
+# Median ms of the library call (`--timing-json`), and every run's when there were several (the
+# first opens the GPUs and builds the index).
+ms() {
+    python3 -c "import json; t = json.load(open('$1')); r = [round(x, 1) for x in t['times_ms']]
+print(round(t['median_ms'], 1), end='' if len(r) < 2 else ' (runs %s)' % ', '.join(map(str, r)))"
+}
 
-# One run per process: each run opens the GPUs, as a one-off `knn graph` does (KNN_PROFILE of a
-# run says how long that took: 0.26 s on 2 H200s, in both columns). Every graph is computed anew
-# (an engine keeps nothing of an earlier graph since 2a1be41).
+# REPEAT (default 1) runs per process. One run opens the GPUs, as a one-off `knn graph` does
+# (KNN_PROFILE of a run says how long that took: 0.26 s on 2 H200s, 0.5-0.8 s on 4, in both
+# columns); the median of several is that of graphs on an open index, each computed anew (an
+# engine keeps nothing of an earlier graph since 2a1be41).
 multi_graph() {
     gen p256.npy -n 1000000 -d 256 --seed 4
     for sym in auto off; do
         for dev in 0 all; do
-            "$KNN" graph -p p256.npy -k 100 --devices "$dev" --symmetric "$sym" --quiet \
+            "$KNN" graph -p p256.npy -k 100 --devices "$dev" --symmetric "$sym" --quiet --repeat "${REPEAT:-1}" \
                 --timing-json "g-$sym-$dev.json" -o "g-$sym-$dev.npy" --force
         done
         cmp "g-$sym-0.npy" "g-$sym-all.npy" && cmp "g-$sym-0.dist.npy" "g-$sym-all.dist.npy"
