@@ -494,6 +494,9 @@ fn collected_lists(
             // The others' thresholds are freed on their own streams when their last holder
             // lets go: this one lets go of `all` only once its copies are done.
             gpu.sync()?;
+            // Every part made its thresholds after copying its base rows: none reads this
+            // part's share of them any more.
+            s.release_rows();
             Some(own)
         }
         None => None,

@@ -436,11 +436,27 @@ pub(crate) fn run(
 
     let mut phases = Phases::new();
     let mut own = None;
+    // The first try of a graph whose pairs several GPUs share: each uploads a share of the
+    // rows and takes the others' from their devices (see `GraphShare::gathered_base`).
+    let gathered = match (base.share, req.base_key) {
+        (Some(s), Some(key)) if base.graph.is_some() && small && !s.began((key, w)) => {
+            Some((s, (key, w)))
+        }
+        _ => None,
+    };
+    let mut given_rows = |rows: &[f32]| match gathered {
+        Some((s, key)) => {
+            // A copy prefetched for a search of a split base: another key, not used.
+            *base.prefetched = None;
+            s.gathered_base(gpu, key, rows, d)
+        }
+        None => upload_rows(gpu, base.prefetched, req.base_key, rows),
+    };
     if bc == nb && !cached {
         let r = if let Some(roots) = req.base.centred_roots().filter(|_| derived) {
             // Hellinger's centred roots, derived here from the given rows (uploaded once, and
             // kept for the exact keys) with the host's centre: the same bits as the host's.
-            let orig = upload_rows(gpu, base.prefetched, req.base_key, roots.given.as_slice())?;
+            let orig = given_rows(roots.given.as_slice())?;
             let centre = gpu.upload(roots.centre)?;
             let (b, norm_up) = (gpu.alloc::<f32>(nb * d)?, gpu.alloc::<f32>(nb)?);
             let ptrs = (gpu.ptr(&b), gpu.ptr(&norm_up));
@@ -458,7 +474,7 @@ pub(crate) fn run(
                 norm_up: Some(gpu.download(&norm_up, nb)?),
             }
         } else {
-            let given = upload_rows(gpu, base.prefetched, req.base_key, req.base.as_slice())?;
+            let given = given_rows(req.base.as_slice())?;
             let orig = match base.exact {
                 Some(Exact::Hellinger { base: rows, .. }) => {
                     Some(upload_rows(gpu, base.prefetched, req.base_key, rows)?)
