@@ -3,7 +3,7 @@
 
 use knn_core::{
     part_key, CandidateRequest, Candidates, Engine, ExactFrom, ExprPlan, Kernel, KnnError,
-    MatrixRef, Metric, Result,
+    MatrixRef, Metric, PinnedOutput, Result,
 };
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -160,6 +160,12 @@ impl Engine for MultiEngine {
         let _one = self.graph_begun.lock().unwrap_or_else(|p| p.into_inner());
         self.on_every_engine(|_, e| e.begin_graph(first, finish))
             .map(drop)
+    }
+
+    /// The first engine's page lock: the CUDA engines of a process share theirs (portable
+    /// locks), so every engine's downloads of finished rows go straight into the output.
+    fn pin_output(&self, ids: &mut [u32], distances: &mut [f32]) -> Option<PinnedOutput> {
+        self.engines.first()?.pin_output(ids, distances)
     }
 
     fn concurrent_rounds(&self) -> usize {

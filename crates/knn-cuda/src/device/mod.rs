@@ -119,7 +119,7 @@ impl Gpu {
             copy_threads: crate::tuning::COPY_THREADS,
             kernel_timing: false,
             copies: std::cell::OnceCell::new(),
-            pins: Arc::default(),
+            pins: HostPins::shared(),
             pool,
         })
     }

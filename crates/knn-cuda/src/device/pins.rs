@@ -3,14 +3,22 @@
 use cudarc::driver::{sys, CudaContext};
 use std::sync::Arc;
 
-/// Host ranges page-locked in place (`cuMemHostRegister`), as (address, bytes): shared by the
-/// engine, which adds and removes them without holding the device, and the copies, which go
-/// straight into them. Copies are correct whether or not a range is locked (the driver stages
-/// pageable memory itself); locking only makes them run at the bus's speed.
+/// Host ranges page-locked in place (`cuMemHostRegister`, portable: locked for every context),
+/// as (address, bytes): one list for the process ([`HostPins::shared`]), shared by the engines,
+/// which add and remove them without holding a device, and the copies of every GPU, which go
+/// straight into them (several GPUs finishing the rows of one output). Copies are correct
+/// whether or not a range is locked (the driver stages pageable memory itself); locking only
+/// makes them run at the bus's speed.
 #[derive(Default)]
 pub(crate) struct HostPins(std::sync::Mutex<Vec<(usize, usize)>>);
 
 impl HostPins {
+    /// The process's list.
+    pub fn shared() -> Arc<HostPins> {
+        static PINS: std::sync::OnceLock<Arc<HostPins>> = std::sync::OnceLock::new();
+        PINS.get_or_init(Arc::default).clone()
+    }
+
     /// Page-locks every range of `ranges` in place (the context `ctx` is bound to the calling
     /// thread here), all or none: the lock, released when the guard is dropped, or `None`
     /// when one was refused (the copies into them are then staged).
@@ -36,7 +44,9 @@ impl HostPins {
             }
             // SAFETY: the range is live memory of the caller's, which the guard unlocks when
             // dropped, before the caller frees or returns it (this function's contract).
-            let r = unsafe { sys::cuMemHostRegister_v2(p.cast(), len, 0) };
+            let r = unsafe {
+                sys::cuMemHostRegister_v2(p.cast(), len, sys::CU_MEMHOSTREGISTER_PORTABLE)
+            };
             if r != sys::CUresult::CUDA_SUCCESS {
                 return None;
             }
