@@ -446,9 +446,11 @@ pub(crate) fn run(
     };
     let mut given_rows = |rows: &[f32]| match gathered {
         Some((s, key)) => {
-            // A copy prefetched for a search of a split base: another key, not used.
-            *base.prefetched = None;
-            s.gathered_base(gpu, key, rows, d)
+            // This part's rows, prefetched for a search of the base split among the GPUs.
+            let part = Some(knn_core::part_key(key.0, s.part().0));
+            s.gathered_base(gpu, key, (rows, d), |own| {
+                upload_rows(gpu, base.prefetched, part, own)
+            })
         }
         None => upload_rows(gpu, base.prefetched, req.base_key, rows),
     };

@@ -165,7 +165,8 @@ impl GraphShare {
 }
 
 impl GraphShare {
-    /// Part `g`'s even share of `n` base rows.
+    /// Part `g`'s even share of `n` base rows (as a multi-GPU engine splits a base among its
+    /// engines for a search, so that the copies it prefetched serve as shares).
     fn row_share(&self, g: usize, n: usize) -> std::ops::Range<usize> {
         let parts = self.group.parts();
         n * g / parts..n * (g + 1) / parts
@@ -179,17 +180,19 @@ impl GraphShare {
     /// publishing, so none waits in vain. Four GPUs that each uploaded the whole base took
     /// 160-210 ms for 1 GB (host memory shared by the four copies).
     ///
-    /// The shares stay on their devices until [`GraphShare::release_rows`] or the next graph.
+    /// This part's share comes from `upload_own` (given its host rows: a copy prefetched for
+    /// a search of the base split as these shares are, or an upload). The shares stay on their
+    /// devices until [`GraphShare::release_rows`] or the next graph.
     pub(crate) fn gathered_base(
         &self,
         gpu: &Gpu,
         key: GraphKey,
-        host: &[f32],
-        d: usize,
+        (host, d): (&[f32], usize),
+        upload_own: impl FnOnce(&[f32]) -> Result<CudaSlice<f32>>,
     ) -> Result<CudaSlice<f32>> {
         let n = host.len() / d;
         let mine = self.row_share(self.part, n);
-        let part = gpu.upload(&host[mine.start * d..mine.end * d])?;
+        let part = upload_own(&host[mine.start * d..mine.end * d])?;
         let own = Arc::new(PartRows {
             ctx: gpu.ctx.clone(),
             ready: record(gpu)?,
