@@ -32,8 +32,17 @@ pub(super) const SOURCES: [&str; 6] = [
 /// (name in the module, name callers use) of a module's kernels.
 pub(super) type Names = Vec<(String, String)>;
 
+/// A loaded kernel, shared by every engine of the process on its device (see [`loaded`]).
+pub(crate) struct LoadedKernel {
+    pub(crate) f: CudaFunction,
+    /// The dynamic shared memory the kernel is allowed, only ever raised (see
+    /// `Gpu::func_with_smem`): engines on one device share the function, so one lowering it
+    /// would break another's launch.
+    pub(super) smem: Mutex<usize>,
+}
+
 /// Kernels of one loaded module, by the name callers use.
-type Kernels = Arc<HashMap<String, CudaFunction>>;
+type Kernels = Arc<HashMap<String, Arc<LoadedKernel>>>;
 
 /// The kernels of module `tag` on device `ordinal`, loaded on first use by any engine of this
 /// process and shared from then on (every index built on the device, a Dask worker builds one
@@ -63,7 +72,8 @@ pub(super) fn loaded(
         let f = module
             .load_function(&name)
             .map_err(dev_err("loading a kernel"))?;
-        kernels.insert(call, f);
+        let smem = Mutex::new(0);
+        kernels.insert(call, Arc::new(LoadedKernel { f, smem }));
     }
     let kernels = Arc::new(kernels);
     all.insert((ordinal, tag.to_string()), kernels.clone());

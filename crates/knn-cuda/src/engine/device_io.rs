@@ -83,8 +83,8 @@ impl CudaEngine {
     /// # Safety
     /// `queries.ptr` must hold `queries.rows × d` f32 values, and `out` room for
     /// `queries.rows × k` ids and distances, in this device's primary context, with no work
-    /// pending on them (see [`CudaEngine::wait_for_stream`]) and no other use until this
-    /// returns.
+    /// pending on them that this engine's stream does not follow (see
+    /// [`CudaEngine::follow_stream`]) and no other use until this returns.
     pub unsafe fn search_device(
         &self,
         req: &CandidateRequest<'_>,
@@ -127,16 +127,17 @@ impl CudaEngine {
         }))
     }
 
-    /// Waits (on the host) for the work queued on `stream`, a `CUstream` of this device's
-    /// primary context (0: its legacy default stream), such as the stream a tensor's values
-    /// were written on.
+    /// Orders this engine's later device work (searches, [`CudaEngine::read_device`],
+    /// [`CudaEngine::write_device`]) after the work queued so far on `stream`, a `CUstream` of
+    /// this device's primary context (0: its legacy default stream), such as the stream a
+    /// tensor's values were written on. The host does not wait.
     ///
     /// # Safety
     /// `stream` must be 0 or a live stream of this device's primary context.
-    pub unsafe fn wait_for_stream(&self, stream: u64) -> Result<()> {
+    pub unsafe fn follow_stream(&self, stream: u64) -> Result<()> {
         let gpu = self.locked()?;
         // SAFETY: as the caller vouches.
-        unsafe { gpu.wait_for_stream(stream) }
+        unsafe { gpu.follow_stream(stream) }
     }
 
     /// Copies `dst.len()` values from device address `src` into `dst`.

@@ -70,6 +70,11 @@ struct Rows {
 
 /// The exact keys the fused method gives for `req` when `wanted`: the kernel's, or Hellinger's
 /// of the given rows the request names (which must pair with its rows).
+/// Device bytes an engine's resident base and graph lists hold.
+fn held_bytes(resident: &Option<Resident>, graph: &Option<GraphLists>) -> usize {
+    resident.as_ref().map_or(0, Resident::bytes) + graph.as_ref().map_or(0, GraphLists::bytes)
+}
+
 fn exact_view<'a>(req: &CandidateRequest<'a>, wanted: bool) -> Option<fused::Exact<'a>> {
     match req.exact_from {
         _ if !wanted => None,
@@ -421,12 +426,22 @@ impl CudaEngine {
     /// Device bytes a call may use: the cap given, else 70 % of the free memory, counting the
     /// resident base (ours to reuse) as free.
     fn budget(&self, gpu: &Gpu) -> Result<usize> {
-        let (free, _) = gpu.mem_info()?;
         let resident = self.resident.lock().unwrap_or_else(|p| p.into_inner());
         let graph = self.graph.lock().unwrap_or_else(|p| p.into_inner());
-        let held = resident.as_ref().map_or(0, Resident::bytes)
-            + graph.as_ref().map_or(0, GraphLists::bytes);
-        Ok(self.budget.unwrap_or((free + held) / 10 * 7))
+        self.budget_with(gpu, held_bytes(&resident, &graph), false)
+    }
+
+    /// [`CudaEngine::budget`] with `held` bytes resident; with `kept`, from the free memory
+    /// last read, when there is one (see `rows`).
+    fn budget_with(&self, gpu: &Gpu, held: usize, kept: bool) -> Result<usize> {
+        if let Some(b) = self.budget {
+            return Ok(b);
+        }
+        let free = match gpu.free_seen() {
+            Some(free) if kept => free,
+            _ => gpu.mem_info()?.0,
+        };
+        Ok((free + held) / 10 * 7)
     }
 
     /// Row-major `nq × W` (keys, ids) of `req` with this engine's method, or with the fused
@@ -443,9 +458,17 @@ impl CudaEngine {
         gpu.ctx
             .bind_to_thread()
             .map_err(crate::device::dev_err("binding the context"))?;
-        let mut budget = self.budget(gpu)?;
         let mut resident = self.resident.lock().unwrap_or_else(|p| p.into_inner());
         let mut graph = self.graph.lock().unwrap_or_else(|p| p.into_inner());
+        // A search of the resident base sizes its buffers from the free memory last read: it
+        // uploads no base, and its buffers are mostly the previous call's, which the pool
+        // keeps. Memory taken by others meanwhile shows as an allocation failure, and the
+        // call then reads the device (below).
+        let mut kept = match (req.base_key, resident.as_ref()) {
+            (Some(key), Some(r)) => r.serves(key, info.centre.as_deref(), exact_view(req, exact)),
+            _ => false,
+        };
+        let mut budget = self.budget_with(gpu, held_bytes(&resident, &graph), kept)?;
         if graph
             .as_ref()
             .is_some_and(|g| Some(g.key()) != req.base_key)
@@ -519,6 +542,12 @@ impl CudaEngine {
                 }),
             };
             match r {
+                Err(e) if is_oom(&e) && kept => {
+                    // Sized from an old reading: read the device, keep the base.
+                    let _ = gpu.sync();
+                    kept = false;
+                    budget = self.budget_with(gpu, held_bytes(&resident, &graph), false)?;
+                }
                 Err(e) if is_oom(&e) => {
                     let _ = gpu.sync();
                     *resident = None;

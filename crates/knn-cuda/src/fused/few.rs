@@ -8,7 +8,7 @@
 
 use super::{Chunk, BASE_TILE};
 use crate::device::{dev_err, Gpu};
-use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use knn_core::Result;
 
 /// Queries per block (`NQ` in the kernel) of the `few_*` kernels; a lone query takes the
@@ -44,16 +44,11 @@ pub(super) fn lists(
         1 => (format!("few1_{tag}_w{}", 32 * slots), 1, 4),
         _ => (format!("few_{tag}_w{}", 32 * slots), PER_BLOCK, 2),
     };
-    let f = gpu.func(&name)?;
     let smem = WARPS * per_block * 32 * slots * 8 + per_block * few.d * 4;
     if smem > gpu.max_smem_optin {
         return Ok(None);
     }
-    f.set_attribute(
-        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )
-    .map_err(dev_err("shared memory limit"))?;
+    let f = gpu.func_with_smem(&name, smem)?;
     // One wave (fewer splits also shorten the merge of their lists). Each warp keeps at least
     // a tile's rows, so that its list is not mostly its first fill.
     let splits = (per_sm * gpu.sm_count)

@@ -9,8 +9,8 @@ use super::select::merge_runs;
 use super::share::{gather_thresholds, record, GraphShare, PartLists, Thresholds};
 use super::timing::KernelTimer;
 use super::{
-    blocks_per_sm, split_count, split_width, BASE_TILE, QUERY_TILE, ROW_BUF_SMEM, SENTINEL,
-    SMALL_WIDTH_MAX, TILE_SMEM, TILE_SMEM_TF32,
+    split_count, split_width, BASE_TILE, QUERY_TILE, ROW_BUF_SMEM, SENTINEL, SMALL_WIDTH_MAX,
+    TILE_SMEM, TILE_SMEM_TF32,
 };
 use crate::device::{dev_err, Gpu};
 use crate::tuning::{CollectPlan, CudaTuning};
@@ -271,7 +271,6 @@ pub(super) fn graph_lists<'g>(
     let Some(name) = sym_kernel(tag, tf, 32 * slots) else {
         return Ok(None);
     };
-    let f = gpu.func(&name)?;
     let lists = QUERY_TILE * 32 * slots * 8;
     let tile = if tf {
         TILE_SMEM_TF32
@@ -282,7 +281,8 @@ pub(super) fn graph_lists<'g>(
     if smem > gpu.max_smem_optin {
         return Ok(None);
     }
-    let nsplit = plan(blocks_per_sm(f, smem)?);
+    let (f, per_sm) = gpu.blocks_per_sm(&name, smem)?;
+    let nsplit = plan(per_sm);
     let ws = trunc(nsplit).min(w).min(32 * slots);
     if n * w * 8 * (2 * nsplit + 1) > budget / 2 {
         return Ok(None);
@@ -439,9 +439,8 @@ fn collected_lists(
     } else {
         let hi = gpu.alloc::<f32>(n)?;
         let b0 = mine.start as i64;
-        let f = gpu.func(&format!("{name}_thr"))?;
         let smem = TILE_SMEM_TF32 + 2 * r * QUERY_TILE * 4;
-        blocks_per_sm(f, smem)?;
+        let f = gpu.func_with_smem(&format!("{name}_thr"), smem)?;
         let (q32, s64, r32, ph) = (
             stride as i32,
             n.div_ceil(stride) as i64,
@@ -508,9 +507,8 @@ fn collected_lists(
         .map_err(dev_err("allocating device memory"))?;
     let buf = gpu.alloc::<u64>(n * cap)?;
     let (ph, pc, pb, cap32) = (gpu.ptr(&hi), gpu.ptr(&cnt), gpu.ptr(&buf), cap as i32);
-    let f = gpu.func(&name)?;
     let smem = COLLECT_SMEM;
-    blocks_per_sm(f, smem)?;
+    let f = gpu.func_with_smem(&name, smem)?;
     let (ns32, b0) = (nsplit as i32, mine.start as i64);
     let mut l = gpu.stream.launch_builder(f);
     l.arg(&pt)
@@ -539,14 +537,13 @@ fn collected_lists(
     timer.mark(gpu, "pairs", profile)?;
     let lists = gpu.alloc::<u64>(n * w)?;
     let cut = gpu.alloc::<u64>(n)?;
-    let f = gpu.func("sym_collect_finish")?;
     let smem = FINISH_WARPS * cap * 8;
     if smem > gpu.max_smem_optin {
         return Err(KnnError::Device(format!(
             "collect buffers of {cap} do not fit shared memory"
         )));
     }
-    blocks_per_sm(f, smem)?;
+    let f = gpu.func_with_smem("sym_collect_finish", smem)?;
     let (w32, pl, pcut) = (w as i32, gpu.ptr(&lists), gpu.ptr(&cut));
     let part = i32::from(share.is_some());
     let mut l = gpu.stream.launch_builder(f);

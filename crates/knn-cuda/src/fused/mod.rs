@@ -16,7 +16,7 @@ pub use share::GraphShare;
 
 use crate::device::{dev_err, Gpu};
 use crate::tuning::CudaTuning;
-use cudarc::driver::{sys, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use finish::{exact_keys, finish_lists, FinishedChunk, RowFacts};
 use graph::{graph_finished, graph_lists, list_slots};
 use knn_core::{CandidateRequest, Kernel, KnnError, Result};
@@ -124,7 +124,6 @@ fn split_plan<'a>(
 ) -> Result<SplitPlan<'a>> {
     for s in [1, 2, 4].into_iter().filter(|&s| s <= slots) {
         let name = format!("fused_{}{tag}_w{}", if tf { "tf32_" } else { "" }, 32 * s);
-        let f = gpu.func(&name)?;
         let tile = if tf {
             TILE_SMEM_TF32
         } else {
@@ -137,7 +136,7 @@ fn split_plan<'a>(
                 gpu.max_smem_optin
             )));
         }
-        let per_sm = blocks_per_sm(f, smem)?;
+        let (f, per_sm) = gpu.blocks_per_sm(&name, smem)?;
         let nsplit = tuning.splits.map_or_else(
             || split_count(qblocks, gpu.sm_count * per_sm, tiles),
             |v| v.clamp(1, tiles.max(1)),
@@ -159,21 +158,6 @@ fn split_plan<'a>(
         }
     }
     Err(KnnError::Device(format!("no list kernel for width {w}")))
-}
-
-/// Allows a list kernel `smem` bytes of dynamic shared memory and returns how many of its
-/// 256-thread blocks fit on one SM, counting at most 2 (the memory plan of `run` assumes it).
-fn blocks_per_sm(f: &CudaFunction, smem: usize) -> Result<usize> {
-    f.set_attribute(
-        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )
-    .map_err(dev_err("shared memory limit"))?;
-    Ok(
-        f.occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
-            .unwrap_or(1)
-            .clamp(1, 2) as usize,
-    )
 }
 
 const SENTINEL: u64 = u64::MAX;
@@ -572,13 +556,12 @@ pub(crate) fn run(
         last: vec![0; host_facts],
         proof: None,
     });
-    let proven = proof.map(|_| gpu.alloc::<u8>(nq)).transpose()?;
+    // Made when the first rows are finished, behind the first chunk's kernels: the device
+    // starts on those meanwhile.
+    let mut proven: Option<CudaSlice<u8>> = None;
     let mut bad_flagged = false;
     // Word 0: a bad id in a finished row; 1–3: `prove_rows`' summary.
-    let summary = gpu
-        .stream
-        .alloc_zeros::<u32>(4)
-        .map_err(dev_err("allocating device memory"))?;
+    let mut summary: Option<CudaSlice<u32>> = None;
     let mut kernel_ms = Some(graph.map_or(0.0, |g| g.1));
     // Which exact keys the given rows give: Hellinger's, or the kernel's.
     let exact_kind = match base.exact {
@@ -785,6 +768,14 @@ pub(crate) fn run(
             let keys = exact_keys(gpu, exact_kind, (q_given, n), (gb, nb), rb, w, d)?;
             phases.lap(gpu, "exact keys");
             if let (Some(f), Some(done)) = (finish.as_mut(), finished.as_mut()) {
+                if summary.is_none() {
+                    let words = gpu.stream.alloc_zeros::<u32>(4);
+                    summary = Some(words.map_err(dev_err("allocating device memory"))?);
+                }
+                if proof.is_some() && proven.is_none() {
+                    proven = Some(gpu.alloc::<u8>(nq)?);
+                }
+                let summary = summary.as_ref().expect("made above");
                 let (k, mode) = (f.k, f.mode);
                 let lists = (&r.buf, &keys, w);
                 let on_device = f.device.map(|io| {
@@ -799,7 +790,7 @@ pub(crate) fn run(
                         cut: gpu.ptr(&cut),
                         qsq: qn,
                         proven: gpu.ptr(p) + qs as u64,
-                        summary: gpu.ptr(&summary),
+                        summary: gpu.ptr(summary),
                     },
                     _ => RowFacts::Host(&mut done.kth[qs..qe], &mut done.last[qs..qe]),
                 };
@@ -808,7 +799,7 @@ pub(crate) fn run(
                     lists,
                     (k, mode),
                     flags,
-                    gpu.ptr(&summary),
+                    gpu.ptr(summary),
                     (&mut *f.host, qs * k..qe * k),
                     facts,
                     on_device,
@@ -839,18 +830,23 @@ pub(crate) fn run(
     // (Only `finish_lists` flags it: rows from a finished graph were checked by their own
     // download, and waiting here would wait for the graph's later launches too.)
     if bad_flagged || proof.is_some() {
-        let words = gpu.download(&summary, 4)?;
+        // (No summary: no rows were finished, none flagged.)
+        let words = match &summary {
+            Some(s) => gpu.download(s, 4)?,
+            None => vec![0; 4],
+        };
         if words[0] != 0 {
             return Err(KnnError::Device(
                 "a candidate list holds an unwritten slot or an excluded id".into(),
             ));
         }
-        if let (Some(done), Some(p)) = (finished.as_mut(), &proven) {
+        if let (Some(done), Some(_)) = (finished.as_mut(), proof) {
             // Every row proven (the usual case): no verdicts to read.
-            let rows = if words[1] == 0 {
-                vec![true; nq]
-            } else {
-                gpu.download(p, nq)?.into_iter().map(|b| b != 0).collect()
+            let rows = match &proven {
+                Some(p) if words[1] != 0 => {
+                    gpu.download(p, nq)?.into_iter().map(|b| b != 0).collect()
+                }
+                _ => vec![true; nq],
             };
             let query_top = if words[3] != 0 {
                 f32::NAN

@@ -4,7 +4,7 @@
 
 use super::{BASE_TILE, QUERY_TILE, SENTINEL, TILE_SMEM, TILE_SMEM_TF32};
 use crate::device::{dev_err, Gpu};
-use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use knn_core::Result;
 
 /// Key columns per select step on the large-width path's overflow fallback.
@@ -122,12 +122,7 @@ fn select(
     gpu.fill_u64(gpu.ptr(&out), n * w, SENTINEL)?;
     let p = w.next_power_of_two();
     let smem = p * 8;
-    let f = gpu.func("select_topk")?;
-    f.set_attribute(
-        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )
-    .map_err(dev_err("shared memory limit"))?;
+    let f = gpu.func_with_smem("select_topk", smem)?;
     let (pk, nk, ld, id0, px) = keys.unwrap_or((0, 0, 0, 0, 0));
     let (ma, mb, nk32, ld64, ww, pp) = (
         a.1 as i32, b.1 as i32, nk as i32, ld as i64, w as i32, p as i32,
@@ -194,13 +189,8 @@ pub(super) fn large(
     let buf = gpu.alloc::<u64>(n * cap)?;
     let mut count = gpu.alloc::<u32>(n)?;
     let name = format!("filter_{}{}", if c.tf { "tf32_" } else { "" }, c.tag);
-    let f = gpu.func(&name)?;
     let smem = if c.tf { TILE_SMEM_TF32 } else { TILE_SMEM };
-    f.set_attribute(
-        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )
-    .map_err(dev_err("shared memory limit"))?;
+    let f = gpu.func_with_smem(&name, smem)?;
     let mut seen = 0;
     while seen < bl {
         let done = c.id0 + seen;

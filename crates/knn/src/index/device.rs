@@ -17,7 +17,8 @@ pub struct DeviceQueries {
     /// The GPU whose memory holds them (`cuda:N`).
     pub device: usize,
     /// The CUDA stream their values were written on (a `CUstream`; 0: the legacy default
-    /// stream): the search waits for the work queued on it first.
+    /// stream): the search's device work follows the work queued on it (the host does not
+    /// wait for it).
     pub stream: u64,
 }
 
@@ -68,7 +69,7 @@ impl Index {
             return Ok(());
         }
         // SAFETY (here and below): as the caller vouches.
-        unsafe { cuda.wait_for_stream(queries.stream)? };
+        unsafe { cuda.follow_stream(queries.stream)? };
         match unsafe { self.finish_on_device(cuda, queries, k, out) } {
             Ok(Some(done)) if self.prepared.searches_queries_as_given(done.query_top) => {
                 let redo: Vec<usize> = (0..queries.rows).filter(|&i| !done.proven[i]).collect();
@@ -135,7 +136,8 @@ impl Index {
             ptr: queries.ptr,
             rows: queries.rows,
         };
-        // SAFETY: as the caller of `search_device` vouches; the stream's work is done.
+        // SAFETY: as the caller of `search_device` vouches; the engine's stream follows the
+        // queries' (see `search_device`).
         unsafe { cuda.search_device(&req, &self.metric, k, 1.0, rows, out) }
     }
 
