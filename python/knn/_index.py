@@ -183,18 +183,21 @@ class Index:
     def _search_cuda(self, rows: CudaRows, k: int):
         """:meth:`search` of rows in GPU memory (see its Notes)."""
         # The library's own checks of the shape and k, with its messages, before any memory
-        # is read or made.
-        self._native.check_search(rows.dim, k)
-        on_gpu = self._native.device == f"cuda:{rows.device}" and not rows.float64
+        # is read or made (asked only when one may fail: the call costs a tenth of a small
+        # GPU search's overhead).
+        native = self._native
+        if rows.dim != native.dim or k > len(native):
+            native.check_search(rows.dim, k)
+        on_gpu = native.device == f"cuda:{rows.device}" and not rows.float64
         if not on_gpu:
-            distances, ids = self._native.search(as_matrix(rows.host(), "queries"), k)
+            distances, ids = native.search(as_matrix(rows.host(), "queries"), k)
             return rows.wrap(distances), rows.wrap(ids)
         ids = rows.empty((rows.rows, k), "int64")
         distances = rows.empty((rows.rows, k), "float32")
         if rows.rows > 0:
             ip = ids.data_ptr() if rows.lib == "torch" else ids.data.ptr
             dp = distances.data_ptr() if rows.lib == "torch" else distances.data.ptr
-            self._native.search_device(rows.ptr, rows.rows, rows.device, rows.stream, k, ip, dp)
+            native.search_device(rows.ptr, rows.rows, rows.device, rows.stream, k, ip, dp)
         return distances, ids
 
     def graph(self, k: int, symmetric="auto"):
