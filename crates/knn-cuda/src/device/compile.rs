@@ -13,6 +13,8 @@ pub(super) const COMMON: &str = include_str!("../../kernels/common.cuh");
 /// The fused method's key tiles, and its lists and entry points (one program, in this order).
 const TILES: &str = include_str!("../../kernels/tiles.cu");
 const FUSED: &str = include_str!("../../kernels/fused.cu");
+/// The few-queries kernels (after the fused ones, whose list primitives they use).
+const FEW: &str = include_str!("../../kernels/few.cu");
 /// The expression kernels, compiled per program (see [`Gpu::expr_kernels`]).
 pub(super) const EXPR: &str = include_str!("../../kernels/expr.cu");
 /// The symmetric self-join kernels, a module of their own loaded on first use (see
@@ -20,10 +22,11 @@ pub(super) const EXPR: &str = include_str!("../../kernels/expr.cu");
 pub(super) const SYM: &str = include_str!("../../kernels/sym.cu");
 
 /// The kernel sources, concatenated in this order into one NVRTC program.
-pub(super) const SOURCES: [&str; 6] = [
+pub(super) const SOURCES: [&str; 7] = [
     COMMON,
     TILES,
     FUSED,
+    FEW,
     include_str!("../../kernels/select.cu"),
     include_str!("../../kernels/baseline.cu"),
     include_str!("../../kernels/grid.cu"),

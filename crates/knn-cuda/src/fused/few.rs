@@ -1,4 +1,4 @@
-//! A few queries against the base: the `few_{tag}_w{32,64,128}` kernels (`kernels/fused.cu`),
+//! A few queries against the base: the `few_{tag}_w{32,64,128}` kernels (`kernels/few.cu`),
 //! which read the base once, a warp per row, where the 128-query tiles would spend their
 //! products on empty rows. One query against 10⁶ × 128 on an H200: 0.55 ms of kernels with the
 //! tiles, 0.38 ms with these, against 0.107 ms to read the base (NOTES.md, "A few queries"); on
