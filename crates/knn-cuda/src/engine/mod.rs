@@ -68,13 +68,13 @@ struct Rows {
     input_abs: f64,
 }
 
-/// The exact keys the fused method gives for `req` when `wanted`: the kernel's, or Hellinger's
-/// of the given rows the request names (which must pair with its rows).
 /// Device bytes an engine's resident base and graph lists hold.
 fn held_bytes(resident: &Option<Resident>, graph: &Option<GraphLists>) -> usize {
     resident.as_ref().map_or(0, Resident::bytes) + graph.as_ref().map_or(0, GraphLists::bytes)
 }
 
+/// The exact keys the fused method gives for `req` when `wanted`: the kernel's, or Hellinger's
+/// of the given rows the request names (which must pair with its rows).
 fn exact_view<'a>(req: &CandidateRequest<'a>, wanted: bool) -> Option<fused::Exact<'a>> {
     match req.exact_from {
         _ if !wanted => None,
