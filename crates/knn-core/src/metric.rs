@@ -298,12 +298,17 @@ impl Metric {
         }
     }
 
+    /// Whether [`Metric::check_domain`] reads the values (only Hellinger's need to be ≥ 0).
+    pub fn has_domain(&self) -> bool {
+        matches!(self, Metric::Hellinger)
+    }
+
     /// Checks the inputs' values against the metric's domain (Hellinger: ≥ 0; the others take
     /// every finite value, and an all-zero row is at cosine distance 1 from every row); see
     /// also [`Metric::check_shape`]. Expression metrics are checked on base and queries
     /// together when they are prepared.
     pub fn check_domain(&self, what: &str, m: MatrixRef<'_>) -> Result<()> {
-        if let Metric::Hellinger = self {
+        if self.has_domain() {
             // Block by block, a branch-free test each (it vectorises), then the first
             // negative value of the first bad block: an early-exit scan of every value
             // cost ~10 ms on 80 000 × 256.

@@ -139,22 +139,23 @@ pub(super) fn run(
     // budget (see `per_round` below).
     let candidate_rows = (CANDIDATE_BYTES_PER_ROUND / workers.len() / (8 * width0)).max(1024);
     // While the host checks the values and prepares, the engine may copy the given base to its
-    // device (a base found invalid only wastes the copy). The output is made (and shown to the
-    // engine, which may page-lock it) on a thread of its own, joined only once a whole graph's
-    // work has started on the device (`Engine::begin_graph`). A small call does all of this
-    // on the calling thread: waking threads would cost more than the work.
+    // device (a base found invalid only wastes the copy). The output of a graph or of a
+    // one-off search is made (and shown to the engine, which may page-lock it) on a thread of
+    // its own, joined only once a whole graph's work has started on the device
+    // (`Engine::begin_graph`). A small call checks and prepares on the calling thread: waking
+    // threads would cost more than the work.
     let small = queries.is_some()
         && prepared_base.is_some()
         && rows.len() * k <= SMALL_OUTPUT
         && queries.map_or(0, |q| q.as_slice().len()) <= SMALL_QUERY_VALUES;
     let prepared = std::cell::OnceCell::new();
     let fetched = Signal::default();
-    let pending = PendingOutput::default();
-    // A search of a prepared base (an index) makes its output once its first round asks for
-    // it (see `PendingOutput::start`): an engine that finishes the rows asks once its work is
-    // queued on the device, and the output's pages and page locks then overlap that work
-    // instead of delaying its launches (the driver's calls wait while memory is locked: the
-    // queries' upload took 5-6 ms instead of 0.7 beside it, k = 1024 on an H100).
+    // A search of a prepared base (an index) makes its output when its first round asks for
+    // it (see `PendingOutput::wait`), on that round's thread: an engine that finishes the rows
+    // asks once its work is queued on the device, and the output's pages and page locks then
+    // overlap that work instead of delaying its launches (the driver's calls wait while memory
+    // is locked: the queries' upload took 5-6 ms instead of 0.7 beside it, k = 1024 on an
+    // H100). No thread is started for it: that took 30-50 µs of a 0.9 ms search (H200 host).
     let deferred = queries.is_some() && prepared_base.is_some();
     let make_output = || {
         // A whole graph's output is made once the base's copy is done, while the device
@@ -163,9 +164,6 @@ pub(super) fn run(
         // outputs are needed as soon as the rounds start.
         if whole_graph {
             fetched.wait();
-        }
-        if deferred {
-            pending.start.wait();
         }
         let mut out = Neighbors::zeroed(rows.len(), k);
         // Made here even when the engine locks them: locking fresh pages, which the driver
@@ -184,13 +182,10 @@ pub(super) fn run(
         ended("output shown to the engine");
         Output { pin, out }
     };
-    // The output is made on its thread while the host prepares and the first round starts:
-    // a round the engine finishes asks for its rows only once its work is queued on the
-    // device (`OutputRows::buffers`).
+    let pending = PendingOutput::new(deferred.then_some(&make_output));
+    // Any other output is made on its thread while the host prepares and the rounds start.
     let ctx = std::thread::scope(|s| {
-        // However this ends, the output's thread does not wait to start.
-        let _start = pending.start.set_when_dropped();
-        if !small {
+        if !deferred {
             s.spawn(|| {
                 // However the making ends (a panic too), rounds waiting for it learn of it.
                 let _failed = pending.fail_unless_made();
@@ -224,7 +219,9 @@ pub(super) fn run(
                 ended("prepare");
                 r
             };
-            let (domain, prep) = if small {
+            // Two threads only when both have work: waking the pool took ~50 µs of a 1 ms
+            // index search (H200 host), and only Hellinger's check reads the values.
+            let (domain, prep) = if small || !metric.has_domain() {
                 (check(), prep())
             } else {
                 rayon::join(check, prep)
@@ -277,10 +274,6 @@ pub(super) fn run(
             Ok(ctx)
         })();
         let ctx = ctx?;
-        if small {
-            pending.start.set();
-            pending.put(make_output());
-        }
         // The engine's copy of the base ends before its first round (that round uses it).
         fetched.wait();
         ctx.lap("output made or making", &mut since);
@@ -348,7 +341,7 @@ fn rounds(
     engine: &dyn Engine,
     workers: &[&dyn Engine],
     rows: std::ops::Range<usize>,
-    pending: &PendingOutput,
+    pending: &PendingOutput<'_>,
     progress: ProgressFn<'_>,
 ) -> Result<()> {
     let k = ctx.k;
@@ -425,15 +418,16 @@ fn rounds(
     Ok(())
 }
 
-/// The output while its thread makes it: rounds take their rows of it when they write them
+/// The output while it is made: rounds take their rows of it when they write them
 /// ([`PendingOutput::rows`]).
-#[derive(Default)]
-struct PendingOutput {
+struct PendingOutput<'m> {
     made: Mutex<Made>,
     changed: std::sync::Condvar,
-    /// Set when the output is first asked for ([`PendingOutput::wait`]): a deferred output's
-    /// thread starts making it then.
-    start: Signal,
+    /// Makes the output on the thread that first asks for it ([`PendingOutput::wait`]),
+    /// unless a thread of its own makes it.
+    maker: Option<&'m (dyn Fn() -> Output + Sync)>,
+    /// Set by the asker that calls `maker`.
+    taken: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -453,7 +447,26 @@ impl Made {
     }
 }
 
-impl PendingOutput {
+impl<'m> PendingOutput<'m> {
+    fn new(maker: Option<&'m (dyn Fn() -> Output + Sync)>) -> Self {
+        PendingOutput {
+            made: Mutex::new(Made::Making),
+            changed: std::sync::Condvar::new(),
+            maker,
+            taken: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Makes the output here if it is made by its first asker and none made it yet.
+    fn make_if_first(&self) {
+        let first = || !self.taken.swap(true, std::sync::atomic::Ordering::AcqRel);
+        if let Some(make) = self.maker.filter(|_| first()) {
+            // However the making ends (a panic too), rounds waiting for it learn of it.
+            let _failed = self.fail_unless_made();
+            self.put(make());
+        }
+    }
+
     fn put(&self, out: Output) {
         *self.made.lock().unwrap_or_else(|e| e.into_inner()) = Made::Ready(out);
         self.changed.notify_all();
@@ -462,7 +475,7 @@ impl PendingOutput {
     /// A guard that marks the output failed when dropped before it was made (its thread
     /// panicked), so that no round waits for it forever.
     fn fail_unless_made(&self) -> impl Drop + '_ {
-        struct FailOnDrop<'a>(&'a PendingOutput);
+        struct FailOnDrop<'a>(&'a PendingOutput<'a>);
         impl Drop for FailOnDrop<'_> {
             fn drop(&mut self) {
                 let mut made = self.0.made.lock().unwrap_or_else(|e| e.into_inner());
@@ -475,9 +488,10 @@ impl PendingOutput {
         FailOnDrop(self)
     }
 
-    /// The output, once made (a panic if making it panicked).
+    /// The output, once made (a panic if making it panicked); made here by the first asker
+    /// when no thread of its own makes it.
     fn wait(&self) -> std::sync::MutexGuard<'_, Made> {
-        self.start.set();
+        self.make_if_first();
         let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
         while matches!(*made, Made::Making) {
             made = self.changed.wait(made).unwrap_or_else(|e| e.into_inner());
@@ -497,6 +511,8 @@ impl PendingOutput {
     }
 
     fn into_output(self) -> Output {
+        // No round asked for it (no rows).
+        self.make_if_first();
         match self.made.into_inner().unwrap_or_else(|e| e.into_inner()) {
             Made::Ready(out) => out,
             _ => panic!("making the output panicked"),
@@ -506,7 +522,7 @@ impl PendingOutput {
 
 /// A round's rows of a [`PendingOutput`].
 struct PendingRows<'p> {
-    pending: &'p PendingOutput,
+    pending: &'p PendingOutput<'p>,
     entries: std::ops::Range<usize>,
     k: usize,
     made: Option<std::sync::MutexGuard<'p, Made>>,

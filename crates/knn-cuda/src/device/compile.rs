@@ -42,6 +42,9 @@ pub(crate) struct LoadedKernel {
     /// `Gpu::func_with_smem`): engines on one device share the function, so one lowering it
     /// would break another's launch.
     pub(super) smem: Mutex<usize>,
+    /// Blocks of 256 threads that fit on one SM, by dynamic shared memory (see
+    /// `Gpu::blocks_per_sm`): asked of the driver once per size.
+    pub(super) occupancy: Mutex<Vec<(usize, usize)>>,
 }
 
 /// Kernels of one loaded module, by the name callers use.
@@ -75,8 +78,12 @@ pub(super) fn loaded(
         let f = module
             .load_function(&name)
             .map_err(dev_err("loading a kernel"))?;
-        let smem = Mutex::new(0);
-        kernels.insert(call, Arc::new(LoadedKernel { f, smem }));
+        let kernel = LoadedKernel {
+            f,
+            smem: Mutex::new(0),
+            occupancy: Mutex::default(),
+        };
+        kernels.insert(call, Arc::new(kernel));
     }
     let kernels = Arc::new(kernels);
     all.insert((ordinal, tag.to_string()), kernels.clone());

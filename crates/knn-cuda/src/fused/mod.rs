@@ -592,17 +592,17 @@ pub(crate) fn run(
                 gpu.ptr(bn) + (at * 4) as u64,
             ),
             _ => {
-                let own = match device_io {
-                    // A copy of the caller's rows: they are centred in place below.
-                    Some(io) => {
-                        gpu.copy_from_device::<f32>(io.queries + (qs * d * 4) as u64, n * d)?
-                    }
-                    None => gpu.upload(req.queries.slice_rows(qs, qe).as_slice())?,
+                let q = match device_io {
+                    // The caller's rows, read where they lie, or a copy of them where they are
+                    // centred (in place, below).
+                    Some(io) if centre_ptr == 0 => io.queries + (qs * d * 4) as u64,
+                    Some(io) => gpu.ptr(q_own.insert(
+                        gpu.copy_from_device::<f32>(io.queries + (qs * d * 4) as u64, n * d)?,
+                    )),
+                    None => gpu
+                        .ptr(q_own.insert(gpu.upload(req.queries.slice_rows(qs, qe).as_slice())?)),
                 };
-                let norms = gpu.alloc::<f32>(n)?;
-                let ptrs = (gpu.ptr(&own), gpu.ptr(&norms));
-                (q_own, _qn_own) = (Some(own), Some(norms));
-                ptrs
+                (q, gpu.ptr(_qn_own.insert(gpu.alloc::<f32>(n)?)))
             }
         };
         // The given query rows, for exact keys (uncentred; Hellinger's: not square-rooted).
