@@ -166,6 +166,21 @@ fn shared_rows_are_used_in_place() {
     drop(one_off);
 }
 
+/// A search of no queries gives no rows (its output is made though no round asks for it), and
+/// the index searches as before afterwards.
+#[test]
+fn no_queries_give_no_rows() {
+    let d = 4;
+    let index = Index::new(uniform(200, d, 15), d, Metric::L2, &cpu()).unwrap();
+    let none = index
+        .search(MatrixRef::new("queries", &[], d).unwrap(), 3)
+        .unwrap();
+    assert_eq!((none.ids.len(), none.distances.len()), (0, 0));
+    let queries = uniform(5, d, 16);
+    let q = MatrixRef::new("queries", &queries, d).unwrap();
+    assert_eq!(index.search(q, 3).unwrap().ids.len(), 15);
+}
+
 /// 8 threads × 100 searches of one index give what one thread gets.
 fn threads_share_one_index(opts: &Options) {
     let d = 16;
