@@ -162,8 +162,8 @@ class CudaRows:
     ``float64`` is true for float64 input, which is not converted (the exact float64 search
     runs on the host: see :meth:`knn.Index.search`)."""
 
-    def __init__(self, x, what: str):
-        self.lib = cuda_library(x)
+    def __init__(self, x, what: str, lib: str | None = None):
+        self.lib = lib or cuda_library(x)
         if x.ndim == 1:
             raise ValueError(
                 f"{what}: expected 2D array, got 1D array instead:\narray={x}.\n{_RESHAPE_HINT}"
@@ -173,7 +173,8 @@ class CudaRows:
         if self.lib == "torch":
             import torch
 
-            t = x.detach()
+            # (A tensor that records gradients is read through a detached view.)
+            t = x.detach() if x.requires_grad else x
             if t.dtype.is_complex or t.dtype == torch.bool:
                 raise ValueError(
                     f"{what}: dtype {t.dtype} is not a real number type "
@@ -182,7 +183,7 @@ class CudaRows:
             self.float64 = t.dtype == torch.float64
             if not (self.float64 or (t.dtype == torch.float32 and t.is_contiguous())):
                 t = t.to(torch.float32).contiguous()
-            self.array, self.device = t, t.device.index
+            self.array, self.device = t, t.get_device()
             self.ptr = t.data_ptr()
             self.stream = _torch_stream(torch, self.device)
         else:
@@ -195,26 +196,30 @@ class CudaRows:
                         "(use integers, float32 or float64)"
                     )
                 self.float64 = x.dtype == cupy.float64
-                a = x if self.float64 else cupy.ascontiguousarray(x, dtype=cupy.float32)
+                kept = self.float64 or (x.dtype == cupy.float32 and x.flags.c_contiguous)
+                a = x if kept else cupy.ascontiguousarray(x, dtype=cupy.float32)
                 self.stream = cupy.cuda.get_current_stream().ptr
             self.array, self.device = a, a.device.id
             self.ptr = a.data.ptr
-        self.rows, self.dim = (int(n) for n in self.array.shape)
+        self.rows, self.dim = self.array.shape
 
     def host(self) -> np.ndarray:
         """The rows copied to the host (float64 ones stay float64)."""
         return to_host(self.array)
 
-    def empty(self, shape, dtype: str):
-        """An uninitialised array of ``dtype`` ("int64", "float32") on the rows' device."""
+    def results(self, k: int):
+        """Uninitialised ``(ids, distances)`` for ``k`` neighbours of every row, int64 and
+        float32, on the rows' device in their library."""
+        shape = (self.rows, k)
         if self.lib == "torch":
             import torch
 
-            return self.array.new_empty(shape, dtype=getattr(torch, dtype))
+            new = self.array.new_empty
+            return new(shape, dtype=torch.int64), new(shape, dtype=torch.float32)
         import cupy
 
         with self.array.device:
-            return cupy.empty(shape, dtype=dtype)
+            return cupy.empty(shape, dtype=cupy.int64), cupy.empty(shape, dtype=cupy.float32)
 
     def wrap(self, a: np.ndarray):
         """A host array copied to the rows' device, in their library."""

@@ -176,8 +176,9 @@ class Index:
             k = 0 or k > len(index), negative values for Hellinger).
         """
         k = as_k(k)
-        if cuda_library(queries) is not None:
-            return self._search_cuda(CudaRows(queries, "queries"), k)
+        lib = cuda_library(queries)
+        if lib is not None:
+            return self._search_cuda(CudaRows(queries, "queries", lib), k)
         return self._native.search(as_matrix(queries, "queries"), k)
 
     def _search_cuda(self, rows: CudaRows, k: int):
@@ -192,8 +193,7 @@ class Index:
         if not on_gpu:
             distances, ids = native.search(as_matrix(rows.host(), "queries"), k)
             return rows.wrap(distances), rows.wrap(ids)
-        ids = rows.empty((rows.rows, k), "int64")
-        distances = rows.empty((rows.rows, k), "float32")
+        ids, distances = rows.results(k)
         if rows.rows > 0:
             ip = ids.data_ptr() if rows.lib == "torch" else ids.data.ptr
             dp = distances.data_ptr() if rows.lib == "torch" else distances.data.ptr
