@@ -64,7 +64,14 @@ impl CudaEngine {
                 device,
                 proof: Some(proof),
             };
-            let rows = self.rows(&mut gpu, req, &info, true, None, Some(finish))?;
+            let rows = self.rows(
+                &mut gpu,
+                req,
+                &info,
+                true,
+                None,
+                fused::Results::Finished(finish),
+            )?;
             match rows.finished {
                 Some(f) => {
                     // Read while this call holds the device (see `candidates_inner`).

@@ -9,7 +9,9 @@ pub use method::Method;
 
 use crate::device::{driver_device_count, is_oom, Gpu};
 use crate::floor::{centred_max_norm, floors, mean, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
-use crate::fused::{self, GraphLists, GraphShare, Resident, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX};
+use crate::fused::{
+    self, GraphLists, GraphShare, Resident, Results, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX,
+};
 use crate::tuning::CudaTuning;
 use knn_core::{
     CandidateRequest, Candidates, Engine, ExactFrom, ExprPlan, FinishedRows, Kernel, KnnError,
@@ -56,8 +58,7 @@ pub struct CudaEngine {
 
 /// One call's rows: approximate keys and ids (`nq × W`), and the exact keys when computed.
 struct Rows {
-    keys: Vec<f32>,
-    ids: Vec<u32>,
+    lists: Lists,
     exact: Option<Vec<f64>>,
     /// Per row, a key every point left out is at least, besides the W-th key (truncated
     /// splits of the fused method; +∞ elsewhere).
@@ -66,6 +67,27 @@ struct Rows {
     finished: Option<fused::Finished>,
     /// Absolute input rounding of the keys per coordinate (see `fused::Output::input_abs`).
     input_abs: f64,
+}
+
+/// A call's `nq × W` lists as they came from the device.
+enum Lists {
+    /// The fused method's (key, id) composites, decoded by [`Lists::split`] once the device's
+    /// lock is released: on a base split among 4 GPUs each round's 1.8·10⁶ entries took ~6 ms
+    /// of the device's time from the next round's kernels. Decoded on the calling thread: on
+    /// the rayon pool they queued behind the pipeline's work on other rounds.
+    Composites(Vec<u64>),
+    /// Keys and ids (the reference kernels').
+    Split(Vec<f32>, Vec<u32>),
+}
+
+impl Lists {
+    /// Keys and ids, row-major.
+    fn split(self) -> (Vec<f32>, Vec<u32>) {
+        match self {
+            Lists::Composites(c) => c.into_iter().map(fused::decode).unzip(),
+            Lists::Split(keys, ids) => (keys, ids),
+        }
+    }
 }
 
 /// Device bytes an engine's resident base and graph lists hold.
@@ -445,7 +467,8 @@ impl CudaEngine {
     }
 
     /// Row-major `nq × W` (keys, ids) of `req` with this engine's method, or with the fused
-    /// method and an expression module's kernels when `expr` names one.
+    /// method and an expression module's kernels when `expr` names one; `to` says where the
+    /// fused method's rows go.
     fn rows(
         &self,
         gpu: &mut Gpu,
@@ -453,7 +476,7 @@ impl CudaEngine {
         info: &BaseInfo,
         exact: bool,
         expr: Option<&str>,
-        mut finish: Option<fused::Finish<'_>>,
+        mut to: fused::Results<'_>,
     ) -> Result<Rows> {
         gpu.ctx
             .bind_to_thread()
@@ -504,13 +527,12 @@ impl CudaEngine {
                         share: self.share.as_ref(),
                         prefetched: &mut prefetched,
                     };
-                    let finish = finish.as_mut().map(fused::Finish::reborrow);
+                    let to = to.reborrow();
                     let tuning = &self.tuning;
-                    fused::run(gpu, req, budget, base, tag, tuning, finish).map(|out| {
+                    fused::run(gpu, req, budget, base, tag, tuning, to).map(|out| {
                         if let Ok(mut m) = self.last_kernel_ms.lock() {
                             *m = out.kernel_ms;
                         }
-                        let (keys, ids) = out.composites.into_iter().map(fused::decode).unzip();
                         let cut = out
                             .cut
                             .into_iter()
@@ -523,8 +545,7 @@ impl CudaEngine {
                             })
                             .collect();
                         Rows {
-                            keys,
-                            ids,
+                            lists: Lists::Composites(out.composites),
                             exact: out.exact,
                             cut,
                             finished: out.finished,
@@ -533,8 +554,7 @@ impl CudaEngine {
                     })
                 }
                 (m, None) => crate::baseline::run(gpu, req, m, budget).map(|(keys, ids)| Rows {
-                    keys,
-                    ids,
+                    lists: Lists::Split(keys, ids),
                     exact: None,
                     cut: vec![f32::INFINITY; req.queries.rows()],
                     finished: None,
@@ -702,8 +722,15 @@ impl Engine for CudaEngine {
             // this one's thresholds. However the attempt ends, the others learn of it.
             let made = self.locked().and_then(|mut gpu| {
                 let info = self.base_info(first);
-                self.rows(&mut gpu, first, &info, true, None, None)
-                    .map(drop)
+                self.rows(
+                    &mut gpu,
+                    first,
+                    &info,
+                    true,
+                    None,
+                    Results::Lists(Default::default()),
+                )
+                .map(drop)
             });
             share.settle(graph);
             return made;
@@ -729,7 +756,14 @@ impl Engine for CudaEngine {
                 // A graph's rows lie in the resident base: the host's floors prove them.
                 proof: None,
             };
-            self.rows(&mut gpu, first, &info, true, None, Some(finish))?;
+            self.rows(
+                &mut gpu,
+                first,
+                &info,
+                true,
+                None,
+                fused::Results::Finished(finish),
+            )?;
         }
         Ok(())
     }
@@ -772,7 +806,8 @@ impl Engine for CudaEngine {
             // Only re-asks of a few hard rows get this wide.
             return self.fallback(w)?.candidates_expr(req, plan);
         }
-        let (keys, ids, cut) = {
+        let lists = fused::Results::Lists(fused::HostLists::new(nq * w, false));
+        let (keys, cut) = {
             let mut gpu = self.locked()?;
             let tag = gpu.expr_kernels(plan.program(), req.base.dim())?;
             // Expression features are used as given: no centre, no norm bound.
@@ -783,9 +818,10 @@ impl Engine for CudaEngine {
                 centre: None,
                 bn_max: 0.0,
             };
-            let rows = self.rows(&mut gpu, req, &info, false, Some(&tag), None)?;
-            (rows.keys, rows.ids, rows.cut)
+            let rows = self.rows(&mut gpu, req, &info, false, Some(&tag), lists)?;
+            (rows.lists, rows.cut)
         };
+        let (keys, ids) = keys.split();
         self.check_ids(req, &ids, w)?;
         let complete = w >= req.available();
         let floor = (0..nq)
@@ -823,13 +859,17 @@ impl CudaEngine {
             // Only re-asks of a few hard rows get this wide.
             return Ok((self.fallback(w)?.candidates(req)?, None));
         }
+        // Made before the device is taken: the other round's GPU work runs meanwhile.
+        let lists = match self.method {
+            Method::Fused => fused::HostLists::new(nq * w, want_exact),
+            _ => fused::HostLists::default(),
+        };
         let t0 = std::time::Instant::now();
         let mut info = self.base_info(req);
         let (
             waited,
             Rows {
-                keys,
-                ids,
+                lists,
                 exact,
                 cut,
                 input_abs,
@@ -842,13 +882,21 @@ impl CudaEngine {
                 .lock()
                 .map_err(|_| KnnError::Device("a previous GPU call panicked".into()))?;
             let waited = t0.elapsed();
-            let rows = self.rows(&mut gpu, req, &info, want_exact, None, None)?;
+            let rows = self.rows(
+                &mut gpu,
+                req,
+                &info,
+                want_exact,
+                None,
+                Results::Lists(lists),
+            )?;
             // Read while this call holds the device: another call's `rows` holds the resident
             // base (and its norms) for as long as its GPU work runs.
             let qn = self.device_norms(req, &mut info);
             (waited, rows, qn)
         };
         let t1 = std::time::Instant::now();
+        let (keys, ids) = lists.split();
         self.check_ids(req, &ids, w)?;
         let (u, u_in) = if self.method == Method::Fused && fused::uses_tf32(req) {
             (TF32_ACC_UNIT, TF32_INPUT_UNIT)
@@ -865,7 +913,7 @@ impl CudaEngine {
         );
         if std::env::var_os("KNN_PROFILE").is_some() {
             eprintln!(
-                "cuda call ({nq} rows): waited for the GPU {:.2} ms, GPU work {:.2} ms, checks and floors {:.2} ms",
+                "cuda call ({nq} rows): waited for the GPU {:.2} ms, GPU work {:.2} ms, decoding, checks and floors {:.2} ms",
                 waited.as_secs_f64() * 1e3,
                 (t1 - t0 - waited).as_secs_f64() * 1e3,
                 t1.elapsed().as_secs_f64() * 1e3

@@ -222,6 +222,63 @@ pub(crate) enum Exact<'a> {
     Hellinger { base: &'a [f32], queries: &'a [f32] },
 }
 
+/// Where a [`run`]'s rows go.
+pub(crate) enum Results<'a> {
+    /// Whole candidate lists to the host, into these buffers (or new ones where they do not
+    /// fit the call).
+    Lists(HostLists),
+    /// Finished on the device, when it holds the exact rows; as lists otherwise.
+    Finished(Finish<'a>),
+}
+
+impl Results<'_> {
+    /// The same destination for a retry of the call (lists' buffers are made anew then).
+    pub(crate) fn reborrow(&mut self) -> Results<'_> {
+        match self {
+            Results::Lists(l) => Results::Lists(std::mem::take(l)),
+            Results::Finished(f) => Results::Finished(f.reborrow()),
+        }
+    }
+}
+
+/// The host buffers of a call's `nq × W` lists: composites and, when asked for, exact keys.
+/// An engine makes them before it takes the device, on its own thread: zeroed under the
+/// device's lock on the rayon pool, where they queued behind the pipeline's work on other
+/// rounds, they left each GPU of a base split among 4 idle 6 ms (up to 38) of every 190 ms
+/// round.
+#[derive(Default)]
+pub(crate) struct HostLists {
+    composites: Vec<u64>,
+    exact: Option<Vec<f64>>,
+}
+
+impl HostLists {
+    /// Buffers for `entries` list entries, with exact keys when `exact`, zeroed on the calling
+    /// thread (every page made here, not by the download).
+    pub(crate) fn new(entries: usize, exact: bool) -> HostLists {
+        fn zeros<T: knn_core::pages::Zeroable + Default>(n: usize) -> Vec<T> {
+            let mut v = Vec::with_capacity(n);
+            v.resize(n, T::default());
+            v
+        }
+        HostLists {
+            composites: zeros(entries),
+            exact: exact.then(|| zeros(entries)),
+        }
+    }
+
+    /// Composites for `entries` entries, and exact keys when `exact`: these buffers where they
+    /// are that long, new zeroed ones otherwise.
+    fn take(self, entries: usize, exact: bool) -> (Vec<u64>, Option<Vec<f64>>) {
+        fn sized<T: knn_core::pages::Zeroable>(v: Option<Vec<T>>, len: usize) -> Vec<T> {
+            v.filter(|v| v.len() == len)
+                .unwrap_or_else(|| knn_core::pages::zeroed_huge(len))
+        }
+        let exact = exact.then(|| sized(self.exact, entries));
+        (sized(Some(self.composites), entries), exact)
+    }
+}
+
 /// What [`run`] returns: `nq × W` composites (rows sorted), the exact keys of the candidates
 /// when asked for and possible, and the kernels' device time when it could be measured.
 pub(crate) struct Output {
@@ -350,8 +407,12 @@ pub(crate) fn run(
     base: BaseView<'_>,
     tag: &str,
     tuning: &CudaTuning,
-    mut finish: Option<Finish<'_>>,
+    to: Results<'_>,
 ) -> Result<Output> {
+    let (mut finish, lists_made) = match to {
+        Results::Lists(l) => (None, l),
+        Results::Finished(f) => (Some(f), HostLists::default()),
+    };
     let device_io = finish.as_ref().and_then(|f| f.device);
     let (nq, nb, d, w) = (
         device_io.map_or(req.queries.rows(), |io| io.rows),
@@ -545,11 +606,8 @@ pub(crate) fn run(
     });
     let host_facts = if proof.is_some() { 0 } else { nq };
     let lists = if finish.is_some() { 0 } else { nq * w };
-    // Every row is written by a download below. Zeroed on every core: a program's allocator
-    // (`pages::fresh_pages_for_large_buffers`) serves these (up to 16 MiB) from its heap,
-    // where `calloc` zeroes them on one thread (3-14 ms of a split base's 14 286-query rounds).
-    let mut exact = given_base.map(|_| knn_core::pages::zeroed_huge::<f64>(lists));
-    let mut out = knn_core::pages::zeroed_huge::<u64>(lists);
+    // Every row is written by a download below.
+    let (mut out, mut exact) = lists_made.take(lists, given_base.is_some());
     let mut cut_all = vec![0u64; host_facts];
     let mut finished = finish.as_ref().map(|_| Finished {
         kth: vec![0.0; host_facts],
