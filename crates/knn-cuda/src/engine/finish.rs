@@ -64,14 +64,8 @@ impl CudaEngine {
                 device,
                 proof: Some(proof),
             };
-            let rows = self.rows(
-                &mut gpu,
-                req,
-                &info,
-                true,
-                None,
-                fused::Results::Finished(finish),
-            )?;
+            let to = fused::Results::Finished(finish);
+            let rows = self.rows(&mut gpu, req, &info, true, None, to)?;
             match rows.finished {
                 Some(f) => {
                     // Read while this call holds the device (see `candidates_inner`).

@@ -5,6 +5,7 @@ mod few;
 mod finish;
 mod graph;
 mod resident;
+mod results;
 mod select;
 mod share;
 mod timing;
@@ -12,6 +13,7 @@ mod timing;
 pub(crate) use finish::{DeviceIo, Finish, Finished, ProofPlan, Proven};
 pub(crate) use graph::GraphLists;
 pub(crate) use resident::{BaseView, Prefetched, Resident};
+pub(crate) use results::{HostLists, Results};
 pub use share::GraphShare;
 
 use crate::device::{dev_err, Gpu};
@@ -220,63 +222,6 @@ pub(crate) enum Exact<'a> {
     /// Hellinger's key (`Metric::exact_key`) of these given rows, `nb × d` and `nq × d`: the
     /// request's rows are their square roots (maybe centred).
     Hellinger { base: &'a [f32], queries: &'a [f32] },
-}
-
-/// Where a [`run`]'s rows go.
-pub(crate) enum Results<'a> {
-    /// Whole candidate lists to the host, into these buffers (or new ones where they do not
-    /// fit the call).
-    Lists(HostLists),
-    /// Finished on the device, when it holds the exact rows; as lists otherwise.
-    Finished(Finish<'a>),
-}
-
-impl Results<'_> {
-    /// The same destination for a retry of the call (lists' buffers are made anew then).
-    pub(crate) fn reborrow(&mut self) -> Results<'_> {
-        match self {
-            Results::Lists(l) => Results::Lists(std::mem::take(l)),
-            Results::Finished(f) => Results::Finished(f.reborrow()),
-        }
-    }
-}
-
-/// The host buffers of a call's `nq × W` lists: composites and, when asked for, exact keys.
-/// An engine makes them before it takes the device, on its own thread: zeroed under the
-/// device's lock on the rayon pool, where they queued behind the pipeline's work on other
-/// rounds, they left each GPU of a base split among 4 idle 6 ms (up to 38) of every 190 ms
-/// round.
-#[derive(Default)]
-pub(crate) struct HostLists {
-    composites: Vec<u64>,
-    exact: Option<Vec<f64>>,
-}
-
-impl HostLists {
-    /// Buffers for `entries` list entries, with exact keys when `exact`, zeroed on the calling
-    /// thread (every page made here, not by the download).
-    pub(crate) fn new(entries: usize, exact: bool) -> HostLists {
-        fn zeros<T: knn_core::pages::Zeroable + Default>(n: usize) -> Vec<T> {
-            let mut v = Vec::with_capacity(n);
-            v.resize(n, T::default());
-            v
-        }
-        HostLists {
-            composites: zeros(entries),
-            exact: exact.then(|| zeros(entries)),
-        }
-    }
-
-    /// Composites for `entries` entries, and exact keys when `exact`: these buffers where they
-    /// are that long, new zeroed ones otherwise.
-    fn take(self, entries: usize, exact: bool) -> (Vec<u64>, Option<Vec<f64>>) {
-        fn sized<T: knn_core::pages::Zeroable>(v: Option<Vec<T>>, len: usize) -> Vec<T> {
-            v.filter(|v| v.len() == len)
-                .unwrap_or_else(|| knn_core::pages::zeroed_huge(len))
-        }
-        let exact = exact.then(|| sized(self.exact, entries));
-        (sized(Some(self.composites), entries), exact)
-    }
 }
 
 /// What [`run`] returns: `nq × W` composites (rows sorted), the exact keys of the candidates
