@@ -2,7 +2,7 @@
 //! the source's hash) and the loaded modules' kernels by name.
 
 use super::dev_err;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
 use knn_core::{KnnError, Result};
 use std::collections::HashMap;
@@ -39,12 +39,30 @@ pub(super) type Names = Vec<(String, String)>;
 pub(crate) struct LoadedKernel {
     pub(crate) f: CudaFunction,
     /// The dynamic shared memory the kernel is allowed, only ever raised (see
-    /// `Gpu::func_with_smem`): engines on one device share the function, so one lowering it
+    /// `LoadedKernel::with_smem`): engines on one device share the function, so one lowering it
     /// would break another's launch.
     pub(super) smem: Mutex<usize>,
     /// Blocks of 256 threads that fit on one SM, by dynamic shared memory (see
     /// `Gpu::blocks_per_sm`): asked of the driver once per size.
     pub(super) occupancy: Mutex<Vec<(usize, usize)>>,
+}
+
+impl LoadedKernel {
+    /// The kernel, allowed at least `smem` bytes of dynamic shared memory: the driver is told
+    /// once per larger size (a call of several µs, on the path of every small search).
+    pub(crate) fn with_smem(&self, smem: usize) -> Result<&CudaFunction> {
+        let mut allowed = self.smem.lock().unwrap_or_else(|e| e.into_inner());
+        if *allowed < smem {
+            self.f
+                .set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+                .map_err(dev_err("shared memory limit"))?;
+            *allowed = smem;
+        }
+        Ok(&self.f)
+    }
 }
 
 /// Kernels of one loaded module, by the name callers use.

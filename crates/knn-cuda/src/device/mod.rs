@@ -216,28 +216,18 @@ impl Gpu {
         self.kernel(name).map(|k| &k.f)
     }
 
-    /// Kernel `name`, allowed at least `smem` bytes of dynamic shared memory: the driver is
-    /// told once per larger size (a call of several µs, on the path of every small search).
+    /// Kernel `name`, allowed at least `smem` bytes of dynamic shared memory (see
+    /// [`LoadedKernel::with_smem`]).
     pub fn func_with_smem(&self, name: &str, smem: usize) -> Result<&CudaFunction> {
-        let k = self.kernel(name)?;
-        let mut allowed = k.smem.lock().unwrap_or_else(|e| e.into_inner());
-        if *allowed < smem {
-            k.f.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(dev_err("shared memory limit"))?;
-            *allowed = smem;
-        }
-        Ok(&k.f)
+        self.kernel(name)?.with_smem(smem)
     }
 
     /// Kernel `name` allowed `smem` bytes of dynamic shared memory (see
     /// [`Gpu::func_with_smem`]), and how many of its 256-thread blocks fit on one SM, counting
     /// at most 2 (the memory plans of the fused method assume it); asked of the driver once.
     pub fn blocks_per_sm(&self, name: &str, smem: usize) -> Result<(&CudaFunction, usize)> {
-        let f = self.func_with_smem(name, smem)?;
         let k = self.kernel(name)?;
+        let f = k.with_smem(smem)?;
         let mut known = k.occupancy.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(&(_, n)) = known.iter().find(|o| o.0 == smem) {
             return Ok((f, n));
