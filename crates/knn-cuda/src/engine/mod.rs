@@ -630,8 +630,8 @@ impl Engine for CudaEngine {
             // Only re-asks of a few hard rows get this wide.
             return self.fallback(w)?.candidates_expr(req, plan);
         }
-        let lists = fused::Results::Lists(fused::HostLists::new(nq * w, false));
-        let (keys, cut) = {
+        let to = Results::Lists(fused::HostLists::new(nq * w, false));
+        let (lists, cut) = {
             let mut gpu = self.locked()?;
             let tag = gpu.expr_kernels(plan.program(), req.base.dim())?;
             // Expression features are used as given: no centre, no norm bound.
@@ -642,10 +642,10 @@ impl Engine for CudaEngine {
                 centre: None,
                 bn_max: 0.0,
             };
-            let rows = self.rows(&mut gpu, req, &info, false, Some(&tag), lists)?;
+            let rows = self.rows(&mut gpu, req, &info, false, Some(&tag), to)?;
             (rows.lists, rows.cut)
         };
-        let (keys, ids) = keys.split();
+        let (keys, ids) = lists.split();
         self.check_ids(req, &ids, w)?;
         let complete = w >= req.available();
         let floor = (0..nq)
