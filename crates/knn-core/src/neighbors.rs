@@ -15,37 +15,18 @@ pub struct Neighbors<D = f32> {
 }
 
 impl Neighbors {
-    /// An empty result of `rows × k`, ids 0 and distances NaN until written.
+    /// A result of `rows × k` not yet written: ids 0, distances NaN (so that a row left
+    /// unwritten cannot pass for an answer). Large buffers are written in pieces on every core
+    /// in memory advised to huge pages ([`crate::pages::filled_huge`]): that one pass also
+    /// makes every page, which one thread's first-touch faults would otherwise make far more
+    /// slowly (k = 16, 2^23 rows: 512 MiB), later, in the copies of results into them.
     pub fn with_shape(rows: usize, k: usize) -> Self {
-        let mut out = Self::zeroed(rows, k);
-        out.mark_unwritten();
-        out
-    }
-
-    /// A result of `rows × k` zeros whose pages are not yet made (large buffers come as fresh
-    /// memory, advised to huge pages where the kernel allows: fills and downloads into them
-    /// are bound by page faults otherwise).
-    pub fn zeroed(rows: usize, k: usize) -> Self {
+        let len = rows.checked_mul(k).expect("result size overflows");
         Self {
             k,
-            ids: crate::pages::zeroed_huge(rows * k),
-            distances: crate::pages::zeroed_huge(rows * k),
+            ids: crate::pages::filled_huge(len, 0),
+            distances: crate::pages::filled_huge(len, f32::NAN),
         }
-    }
-
-    /// Distances NaN (unwritten), ids written too: every page is made now, on every core
-    /// (for large results the fill is mostly first-touch page faults, which one thread takes
-    /// far longer to serve; k = 16, 2^23 rows: 512 MiB), not later by the copies of results
-    /// into them.
-    pub fn mark_unwritten(&mut self) {
-        use rayon::prelude::*;
-        self.distances
-            .par_chunks_mut(1 << 16)
-            .for_each(|c| c.fill(f32::NAN));
-        // (Through `black_box`: the compiler may not drop zeros written over zeroed memory.)
-        self.ids
-            .par_chunks_mut(1 << 16)
-            .for_each(|c| std::hint::black_box(c).fill(0));
     }
 }
 

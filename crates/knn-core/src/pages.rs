@@ -13,7 +13,7 @@ const ZEROED_IN_PIECES_FROM: usize = 1 << 20;
 /// `madvise(MADV_HUGEPAGE)` on the whole 2 MiB pages inside it) before anything touches it.
 /// The advice is only a hint: where the kernel declines it, the buffer is an ordinary one.
 ///
-/// From 1 MiB the zeros are written in pieces on the rayon pool, which also makes every page:
+/// From 1 MiB the zeros are written as [`filled_huge`] writes, which also makes every page:
 /// `calloc` zeroes a block it reuses from the heap with one thread's memset, and its fresh pages
 /// are then made one fault at a time by whoever writes first. Two 4 MB buffers, a search's
 /// output, on the GPU machine: 0.20 ms against 0.57 ms with `calloc` and [`populate`] (two
@@ -25,24 +25,31 @@ pub fn zeroed_huge<T: Zeroable>(len: usize) -> Vec<T> {
     if bytes < ZEROED_IN_PIECES_FROM {
         return zeroed_vec(len);
     }
+    // SAFETY: `T: Zeroable` is a plain number, for which all-zero bits are a valid value.
+    filled_huge(len, unsafe { std::mem::zeroed::<T>() })
+}
+
+/// `len` copies of `value`, in memory advised to huge pages as for [`zeroed_huge`]; from 1 MiB
+/// written in pieces on the rayon pool, which makes every page in the same pass (one write of
+/// the buffer, not zeros first and the value after).
+pub fn filled_huge<T: Copy + Send + Sync>(len: usize, value: T) -> Vec<T> {
+    let bytes = len
+        .checked_mul(std::mem::size_of::<T>())
+        .expect("buffer size overflows");
+    if bytes < ZEROED_IN_PIECES_FROM {
+        return vec![value; len];
+    }
     use rayon::prelude::*;
     const PIECE: usize = 256 << 10;
-    let layout = std::alloc::Layout::array::<T>(len).expect("buffer size overflows");
-    // SAFETY: the layout has non-zero size (at least ZEROED_IN_PIECES_FROM bytes).
-    let p = unsafe { std::alloc::alloc(layout) };
-    if p.is_null() {
-        std::alloc::handle_alloc_error(layout);
-    }
-    let at = p as usize;
-    advise_range(at, bytes);
-    (0..bytes.div_ceil(PIECE)).into_par_iter().for_each(|i| {
-        let off = i * PIECE;
-        // SAFETY: the pieces are disjoint ranges inside the allocation, written only here.
-        unsafe { std::ptr::write_bytes((at + off) as *mut u8, 0, PIECE.min(bytes - off)) };
-    });
-    // SAFETY: every byte is written (zeros: a valid `T: Zeroable`); the Vec takes ownership
-    // with the layout the global allocator gave (capacity `len` of `T`).
-    unsafe { Vec::from_raw_parts(p as *mut T, len, len) }
+    let per = (PIECE / std::mem::size_of::<T>()).max(1);
+    let mut v: Vec<T> = Vec::with_capacity(len);
+    advise_range(v.as_mut_ptr() as usize, bytes);
+    v.spare_capacity_mut()
+        .par_chunks_mut(per)
+        .for_each(|c| c.fill(std::mem::MaybeUninit::new(value)));
+    // SAFETY: every element of the capacity's first `len` was written just above.
+    unsafe { v.set_len(len) };
+    v
 }
 
 /// Asks the C allocator (glibc) to serve every allocation of 16 MiB or more with fresh pages
@@ -103,7 +110,7 @@ pub fn populate<T: Zeroable + Send>(v: &mut [T]) {
 }
 
 /// Plain numbers, for which all-zero bits are a valid value (zero).
-pub trait Zeroable: Copy + sealed::Sealed {}
+pub trait Zeroable: Copy + Send + Sync + sealed::Sealed {}
 mod sealed {
     pub trait Sealed {}
 }
@@ -182,6 +189,17 @@ mod tests {
             assert!(v.iter().all(|&x| x == 0));
             let f: Vec<f32> = zeroed_huge(len);
             assert!(f.iter().all(|&x| x.to_bits() == 0));
+        }
+    }
+
+    #[test]
+    fn filled_huge_holds_the_value_at_every_length() {
+        for len in [0usize, 1, 1000, (1 << 20) / 4 - 1, (5 << 20) / 4 + 3] {
+            let v: Vec<f32> = filled_huge(len, f32::NAN);
+            assert_eq!(v.len(), len);
+            assert!(v.iter().all(|x| x.is_nan()));
+            let ids: Vec<u32> = filled_huge(len, 7);
+            assert!(ids.iter().all(|&x| x == 7));
         }
     }
 

@@ -165,20 +165,16 @@ pub(super) fn run(
         if whole_graph {
             fetched.wait();
         }
-        let mut out = Neighbors::zeroed(rows.len(), k);
-        // Made here even when the engine locks them: locking fresh pages, which the driver
-        // then makes, was slower (k = 1024 search, 82 MB: 93.5 against 83.1 ms; 80k
-        // Hellinger graph 23–24 against 13–14 ms; knn-cuda NOTES.md).
-        crate::pages::populate(&mut out.ids);
-        crate::pages::populate(&mut out.distances);
+        // Its pages are made here (one pass that writes NaN distances) even when the engine
+        // locks them: locking fresh pages, which the driver then makes, was slower (k = 1024
+        // search, 82 MB: 93.5 against 83.1 ms; 80k Hellinger graph 23–24 against 13–14 ms;
+        // knn-cuda NOTES.md).
+        let mut out = Neighbors::with_shape(rows.len(), k);
         ended("output pages");
         // Shown to the engine once the base's copy is done: page-locking memory may hold
         // the driver meanwhile.
         fetched.wait();
         let pin = engine.pin_output(&mut out.ids, &mut out.distances);
-        if pin.is_none() {
-            out.mark_unwritten();
-        }
         ended("output shown to the engine");
         Output { pin, out }
     };
