@@ -223,14 +223,30 @@ class CudaRows:
 
     def wrap(self, a: np.ndarray):
         """A host array copied to the rows' device, in their library."""
-        if self.lib == "torch":
-            import torch
+        return to_gpu(a, (self.lib, self.device))
 
-            return torch.from_numpy(a).to(self.array.device)
-        import cupy
 
-        with self.array.device:
-            return cupy.asarray(a)
+def gpu_home(x) -> tuple[str, int] | None:
+    """``(library, device ordinal)`` of a PyTorch tensor or CuPy array in GPU memory, else
+    None: where results computed from ``x`` go back to."""
+    lib = cuda_library(x)
+    if lib is None:
+        return None
+    return lib, (x.get_device() if lib == "torch" else x.device.id)
+
+
+def to_gpu(a: np.ndarray, home: tuple[str, int]):
+    """A host array copied to GPU ``home[1]`` as an array of library ``home[0]`` (after the
+    work queued on that library's current stream there)."""
+    lib, device = home
+    if lib == "torch":
+        import torch
+
+        return torch.from_numpy(a).to(f"cuda:{device}")
+    import cupy
+
+    with cupy.cuda.Device(device):
+        return cupy.asarray(a)
 
 
 def _is_torch_tensor(x) -> bool:

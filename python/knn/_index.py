@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _knn
-from ._arrays import CudaRows, as_k, as_matrix, cuda_library, parse_bytes
+from ._arrays import CudaRows, as_k, as_matrix, cuda_library, gpu_home, parse_bytes, to_gpu
 
 _SYMMETRIC = {True: "on", False: "off", "auto": "auto", "on": "on", "off": "off"}
 
@@ -127,6 +127,8 @@ class Index:
             raise TypeError(f"device must be a string such as 'cpu' or 'cuda:0', not {device!r}")
         if threads is not None:
             threads = as_k(threads, "threads")
+        # A base in GPU memory: its graphs come back there, in its library.
+        self._home = gpu_home(data)
         rows = as_matrix(data, "base")
         cov = None if covariance is None else as_matrix(covariance, "covariance", keep_float64=False)
         self._args = dict(
@@ -221,7 +223,20 @@ class Index:
             float64 when the base is float64 (also after float64 rows were added), else
             float32.
         ids : ndarray of int64, shape (n, k)
+
+        Notes
+        -----
+        An index built from a PyTorch CUDA tensor or a CuPy array gives a tensor (an array)
+        of that library on that GPU for each result; the graph itself is computed as for a
+        host base and copied there.
         """
+        distances, ids = self._graph_on_host(k, symmetric)
+        if self._home is not None:
+            return to_gpu(distances, self._home), to_gpu(ids, self._home)
+        return distances, ids
+
+    def _graph_on_host(self, k: int, symmetric):
+        """:meth:`graph` as NumPy arrays, wherever the base came from."""
         try:
             mode = _SYMMETRIC[symmetric]
         except (KeyError, TypeError):
@@ -310,16 +325,18 @@ def graph(
         As for :meth:`Index.graph`.
     format : {"arrays", "csr"}, default "arrays"
         ``"arrays"``: ``(distances, ids)``, each (n, k), distances float64 for float64
-        points, else float32. ``"csr"``: a
+        points, else float32 (for points in GPU memory: of their library, on their GPU, as
+        :meth:`Index.graph`). ``"csr"``: a
         ``scipy.sparse.csr_matrix`` of shape (n, n) whose row i holds point i's neighbours
-        with their distances (as stored entries, zeros included), in (distance, id) order.
-        Needs SciPy.
+        with their distances (as stored entries, zeros included), in (distance, id) order,
+        in host memory whatever the points. Needs SciPy.
     """
     if format not in ("arrays", "csr"):
         raise ValueError(f"format={format!r}: expected 'arrays' or 'csr'")
-    distances, ids = Index(points, metric, device, **options).graph(k, symmetric)
+    index = Index(points, metric, device, **options)
     if format == "arrays":
-        return distances, ids
+        return index.graph(k, symmetric)
+    distances, ids = index._graph_on_host(k, symmetric)
     return to_csr(distances, ids, ids.shape[0])
 
 

@@ -1,7 +1,7 @@
 """Queries in GPU memory (PyTorch CUDA tensors, CuPy arrays): results of the same library on
 the same device, equal to the NumPy path's, for the device's own path (float32, l2/ip/l1/...)
 and the host's (float64, cosine, Hellinger, an index on the CPU); a stream of the caller's;
-errors with the library's messages. Skipped without a GPU, PyTorch or CuPy."""
+graphs of points in GPU memory; errors with the library's messages. Skipped without a GPU, PyTorch or CuPy."""
 
 import numpy as np
 import pytest
@@ -115,6 +115,30 @@ def test_an_index_on_the_cpu_returns_gpu_tensors(rng):
     np.testing.assert_array_equal(i.cpu().numpy(), want[1])
     d, i = knn.search(base, q, 4, device="cpu")
     assert d.is_cuda
+
+
+@pytest.mark.parametrize("to_gpu", LIBS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_graph_of_gpu_points_comes_back_in_their_library(rng, to_gpu, dtype):
+    points = rng.random((1500, 12)).astype(dtype)
+    points[200:204] = points[7]  # duplicates: ties within and across rows
+    want_d, want_i = knn.graph(points, 9, device="cuda")
+    p = to_gpu(points)
+    for d, i in (
+        knn.graph(p, 9, device="cuda"),
+        knn.Index(p, device="cuda").graph(9, symmetric="off"),
+        knn.Index(p, device="cpu").graph(9),
+    ):
+        _same_library_and_device(d, p)
+        _same_library_and_device(i, p)
+        assert str(i.dtype).endswith("int64")
+        assert _host(d).dtype == want_d.dtype  # float64 points: float64 distances
+        np.testing.assert_array_equal(_host(i), want_i)
+        np.testing.assert_array_equal(_host(d), want_d)
+    pytest.importorskip("scipy.sparse")
+    csr = knn.graph(p, 9, device="cuda", format="csr")  # SciPy's, in host memory
+    np.testing.assert_array_equal(csr.indices.reshape(-1, 9), want_i)
+    np.testing.assert_array_equal(csr.data.reshape(-1, 9), want_d)
 
 
 @pytest.mark.parametrize("to_gpu", LIBS)
