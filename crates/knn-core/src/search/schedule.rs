@@ -93,6 +93,11 @@ const SMALL_QUERY_VALUES: usize = 1 << 16;
 /// ones are not worth a thread).
 const PREFETCH_MIN: usize = 1 << 22;
 
+/// Output entries (rows × k) from which an index search's output pages are made on a thread
+/// of their own from the start (1 MiB a buffer: making them takes several times a thread's
+/// start, 30-50 µs on the GPU machine).
+const EARLY_PAGES_MIN: usize = 1 << 18;
+
 /// The pipeline for the query rows `rows` (all of them, or a piece of a graph); the result's row
 /// `i` is query `rows.start + i`. Rounds of queries go to the engine's workers (see
 /// [`Engine::devices`], [`Engine::concurrent_rounds`]); each round's rows are the same whichever
@@ -155,8 +160,15 @@ pub(super) fn run(
     // asks once its work is queued on the device, and the output's pages and page locks then
     // overlap that work instead of delaying its launches (the driver's calls wait while memory
     // is locked: the queries' upload took 5-6 ms instead of 0.7 beside it, k = 1024 on an
-    // H100). No thread is started for it: that took 30-50 µs of a 0.9 ms search (H200 host).
+    // H100). No thread is started for a small one: that took 30-50 µs of a 0.9 ms search (H200
+    // host).
     let deferred = queries.is_some() && prepared_base.is_some();
+    // A large one's pages are made from the start on a thread of their own, and only their
+    // lock waits for that ask: made at the ask, the 82 MB of a k = 1024 search were ready 3 ms
+    // after the device's work had ended (H200).
+    let early_pages = deferred && rows.len() * k >= EARLY_PAGES_MIN;
+    let (pages_tx, pages_rx) = std::sync::mpsc::sync_channel::<Neighbors>(1);
+    let pages_rx = Mutex::new(early_pages.then_some(pages_rx));
     let make_output = || {
         // A whole graph's output is made once the base's copy is done, while the device
         // works on the graph: its pages would slow the copy, whose end the graph waits for
@@ -165,11 +177,14 @@ pub(super) fn run(
         if whole_graph {
             fetched.wait();
         }
-        // Its pages are made here (one pass that writes NaN distances) even when the engine
-        // locks them: locking fresh pages, which the driver then makes, was slower (k = 1024
+        // Its pages are made (one pass that writes NaN distances) even when the engine locks
+        // them: locking fresh pages, which the driver then makes, was slower (k = 1024
         // search, 82 MB: 93.5 against 83.1 ms; 80k Hellinger graph 23–24 against 13–14 ms;
-        // knn-cuda NOTES.md).
-        let mut out = Neighbors::with_shape(rows.len(), k);
+        // knn-cuda NOTES.md). Here, unless made early (or that thread failed).
+        let early = (pages_rx.lock().unwrap_or_else(|e| e.into_inner()))
+            .take()
+            .and_then(|rx| rx.recv().ok());
+        let mut out = early.unwrap_or_else(|| Neighbors::with_shape(rows.len(), k));
         ended("output pages");
         // Shown to the engine once the base's copy is done: page-locking memory may hold
         // the driver meanwhile.
@@ -187,6 +202,10 @@ pub(super) fn run(
                 let _failed = pending.fail_unless_made();
                 pending.put(make_output());
             });
+        } else if early_pages {
+            let n = rows.len();
+            // (A failure drops the sender: the asker then makes the pages itself.)
+            s.spawn(move || pages_tx.send(Neighbors::with_shape(n, k)));
         }
         let ctx = (|| {
             if prepared_base.is_none() && base.rows() * base.dim() >= PREFETCH_MIN {
