@@ -42,6 +42,18 @@ def _host(x):
     return x.cpu().numpy() if isinstance(x, torch.Tensor) else cupy.asnumpy(x)
 
 
+def _same_answer_there(got, want, like):
+    """`got` (distances, ids) are arrays of `like`'s library on its device, int64 ids,
+    distances in `want`'s precision (float64 input: float64), equal to the NumPy `want`."""
+    (d, i), (want_d, want_i) = got, want
+    _same_library_and_device(d, like)
+    _same_library_and_device(i, like)
+    assert str(i.dtype).endswith("int64")
+    assert _host(d).dtype == want_d.dtype
+    np.testing.assert_array_equal(_host(i), want_i)
+    np.testing.assert_array_equal(_host(d), want_d)
+
+
 LIBS = [
     pytest.param(_to_torch, id="torch", marks=need_torch),
     pytest.param(_to_cupy, id="cupy", marks=need_cupy),
@@ -67,13 +79,7 @@ def test_gpu_queries_give_the_numpy_answer(rng, to_gpu, metric, dtype):
     index = knn.Index(base, metric, device="cuda")
     want_d, want_i = index.search(queries, 12)
     q = to_gpu(queries)
-    d, i = index.search(q, 12)
-    _same_library_and_device(d, q)
-    _same_library_and_device(i, q)
-    assert str(i.dtype).endswith("int64")
-    assert _host(d).dtype == want_d.dtype  # float64 queries: float64 distances
-    np.testing.assert_array_equal(_host(i), want_i)
-    np.testing.assert_array_equal(_host(d), want_d)
+    _same_answer_there(index.search(q, 12), (want_d, want_i), q)
 
 
 @pytest.mark.parametrize("to_gpu", LIBS)
@@ -129,12 +135,7 @@ def test_a_graph_of_gpu_points_comes_back_in_their_library(rng, to_gpu, dtype):
         knn.Index(p, device="cuda").graph(9, symmetric="off"),
         knn.Index(p, device="cpu").graph(9),
     ):
-        _same_library_and_device(d, p)
-        _same_library_and_device(i, p)
-        assert str(i.dtype).endswith("int64")
-        assert _host(d).dtype == want_d.dtype  # float64 points: float64 distances
-        np.testing.assert_array_equal(_host(i), want_i)
-        np.testing.assert_array_equal(_host(d), want_d)
+        _same_answer_there((d, i), (want_d, want_i), p)
     pytest.importorskip("scipy.sparse")
     csr = knn.graph(p, 9, device="cuda", format="csr")  # SciPy's, in host memory
     np.testing.assert_array_equal(csr.indices.reshape(-1, 9), want_i)
