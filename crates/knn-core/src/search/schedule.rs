@@ -163,11 +163,23 @@ pub(super) fn run(
     // H100). No thread is started for a small one: that took 30-50 µs of a 0.9 ms search (H200
     // host).
     let deferred = queries.is_some() && prepared_base.is_some();
-    // A large one's pages are made from the start on a thread of their own, and only their
+    // A large one's pages are made from the start by a job on the rayon pool, and only their
     // lock waits for that ask: made at the ask, the 82 MB of a k = 1024 search were ready 3 ms
-    // after the device's work had ended (H200).
+    // after the device's work had ended (H200). Whichever comes first makes them, the job or
+    // the asker: an asker never waits for a job that has not started (it may sit behind the
+    // asker's own work in a busy pool), only for one that is making them.
     let early_pages = deferred && rows.len() * k >= EARLY_PAGES_MIN;
+    let pages_claimed = std::sync::Arc::new(AtomicBool::new(false));
     let (pages_tx, pages_rx) = std::sync::mpsc::sync_channel::<Neighbors>(1);
+    if early_pages {
+        let (claimed, n) = (pages_claimed.clone(), rows.len());
+        rayon::spawn(move || {
+            if !claimed.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                // (A failure drops the sender: the asker then makes the pages itself.)
+                let _ = pages_tx.send(Neighbors::with_shape(n, k));
+            }
+        });
+    }
     let pages_rx = Mutex::new(early_pages.then_some(pages_rx));
     let make_output = || {
         // A whole graph's output is made once the base's copy is done, while the device
@@ -183,6 +195,7 @@ pub(super) fn run(
         // knn-cuda NOTES.md). Here, unless made early (or that thread failed).
         let early = (pages_rx.lock().unwrap_or_else(|e| e.into_inner()))
             .take()
+            .filter(|_| pages_claimed.swap(true, std::sync::atomic::Ordering::AcqRel))
             .and_then(|rx| rx.recv().ok());
         let mut out = early.unwrap_or_else(|| Neighbors::with_shape(rows.len(), k));
         ended("output pages");
@@ -202,10 +215,6 @@ pub(super) fn run(
                 let _failed = pending.fail_unless_made();
                 pending.put(make_output());
             });
-        } else if early_pages {
-            let n = rows.len();
-            // (A failure drops the sender: the asker then makes the pages itself.)
-            s.spawn(move || pages_tx.send(Neighbors::with_shape(n, k)));
         }
         let ctx = (|| {
             if prepared_base.is_none() && base.rows() * base.dim() >= PREFETCH_MIN {
