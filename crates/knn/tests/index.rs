@@ -204,20 +204,24 @@ fn threads_share_one_index(opts: &Options) {
     });
 }
 
-/// Searches with large outputs (their pages made early by a job on the rayon pool, see
-/// `EARLY_PAGES_MIN` in knn-core) run as tasks of the very pool that job goes to, more tasks
-/// than its threads: each gives what it gives alone, and none waits for a page job stuck
-/// behind the tasks themselves. (When a thread of its own made the pages with the pool's help,
-/// every thread of the pool ended up waiting for it: this test hung.)
+/// Searches with large outputs run as tasks of a pool, more tasks than its threads: an index's
+/// (its output's pages made early by a job on that pool, see `EARLY_PAGES_MIN` in knn-core)
+/// and one-off calls (their output made by the first round that asks, on a pool's thread).
+/// Each gives what it gives alone, and none waits for output work stuck behind the tasks
+/// themselves. (Where a thread of its own made the output with the pool's help, every thread
+/// of the pool ended up waiting for it: this test hung.)
 #[test]
 fn large_outputs_searched_from_a_busy_pool() {
     use rayon::prelude::*;
     let d = 8;
-    let index = Index::new(uniform(3000, d, 21), d, Metric::L2, &cpu()).unwrap();
+    let base = uniform(3000, d, 21);
+    let index = Index::new(base.clone(), d, Metric::L2, &cpu()).unwrap();
+    let knn = Knn::new(&cpu()).unwrap();
+    let b = MatrixRef::new("base", &base, d).unwrap();
     let batches: Vec<Matrix> = (0..2 * rayon::current_num_threads().max(2))
         .map(|t| Matrix::new("q", uniform(4096, d, 200 + t as u64), d).unwrap())
         .collect();
-    let k = 64; // 4096 × 64 = 2^18 entries: the early pages' size
+    let k = 64; // 4096 × 64 = 2^18 entries: the early pages' size, buffers of 1 MiB
     let want: Vec<_> = batches
         .iter()
         .map(|q| index.search(q.view(), k).unwrap())
@@ -227,6 +231,11 @@ fn large_outputs_searched_from_a_busy_pool() {
         .map(|q| index.search(q.view(), k).unwrap())
         .collect();
     assert_eq!(got, want);
+    let one_off: Vec<_> = batches
+        .par_iter()
+        .map(|q| knn.search(b, q.view(), k, &Metric::L2).unwrap())
+        .collect();
+    assert_eq!(one_off, want);
 }
 
 #[test]

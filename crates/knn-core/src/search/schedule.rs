@@ -206,10 +206,15 @@ pub(super) fn run(
         ended("output shown to the engine");
         Output { pin, out }
     };
-    let pending = PendingOutput::new(deferred.then_some(&make_output));
-    // Any other output is made on its thread while the host prepares and the rounds start.
+    // Any other output is made on a thread of its own while the host prepares and the rounds
+    // start, unless this call runs on a rayon pool's thread: that thread fills large buffers
+    // with the pool's help, and calls run as tasks of a pool, more of them than its threads,
+    // would all wait for it while it waits for a free thread of theirs (a hang). There the
+    // first asker makes it, as for an index search.
+    let own_thread = !deferred && rayon::current_thread_index().is_none();
+    let pending = PendingOutput::new((!own_thread).then_some(&make_output));
     let ctx = std::thread::scope(|s| {
-        if !deferred {
+        if own_thread {
             s.spawn(|| {
                 // However the making ends (a panic too), rounds waiting for it learn of it.
                 let _failed = pending.fail_unless_made();
