@@ -163,24 +163,11 @@ pub(super) fn run(
     // H100). No thread is started for a small one: that took 30-50 µs of a 0.9 ms search (H200
     // host).
     let deferred = queries.is_some() && prepared_base.is_some();
-    // A large one's pages are made from the start by a job on the rayon pool, and only their
-    // lock waits for that ask: made at the ask, the 82 MB of a k = 1024 search were ready 3 ms
-    // after the device's work had ended (H200). Whichever comes first makes them, the job or
-    // the asker: an asker never waits for a job that has not started (it may sit behind the
-    // asker's own work in a busy pool), only for one that is making them.
-    let early_pages = deferred && rows.len() * k >= EARLY_PAGES_MIN;
-    let pages_claimed = std::sync::Arc::new(AtomicBool::new(false));
-    let (pages_tx, pages_rx) = std::sync::mpsc::sync_channel::<Neighbors>(1);
-    if early_pages {
-        let (claimed, n) = (pages_claimed.clone(), rows.len());
-        rayon::spawn(move || {
-            if !claimed.swap(true, std::sync::atomic::Ordering::AcqRel) {
-                // (A failure drops the sender: the asker then makes the pages itself.)
-                let _ = pages_tx.send(Neighbors::with_shape(n, k));
-            }
-        });
-    }
-    let pages_rx = Mutex::new(early_pages.then_some(pages_rx));
+    // A large one's pages are made from the start (see `EarlyPages`), and only their lock
+    // waits for that ask: made at the ask, the 82 MB of a k = 1024 search were ready 3 ms
+    // after the device's work had ended (H200).
+    let early =
+        (deferred && rows.len() * k >= EARLY_PAGES_MIN).then(|| EarlyPages::start(rows.len(), k));
     let make_output = || {
         // A whole graph's output is made once the base's copy is done, while the device
         // works on the graph: its pages would slow the copy, whose end the graph waits for
@@ -192,12 +179,11 @@ pub(super) fn run(
         // Its pages are made (one pass that writes NaN distances) even when the engine locks
         // them: locking fresh pages, which the driver then makes, was slower (k = 1024
         // search, 82 MB: 93.5 against 83.1 ms; 80k Hellinger graph 23–24 against 13–14 ms;
-        // knn-cuda NOTES.md). Here, unless made early (or that thread failed).
-        let early = (pages_rx.lock().unwrap_or_else(|e| e.into_inner()))
-            .take()
-            .filter(|_| pages_claimed.swap(true, std::sync::atomic::Ordering::AcqRel))
-            .and_then(|rx| rx.recv().ok());
-        let mut out = early.unwrap_or_else(|| Neighbors::with_shape(rows.len(), k));
+        // knn-cuda NOTES.md). Here, unless made early.
+        let mut out = match &early {
+            Some(pages) => pages.take(),
+            None => Neighbors::with_shape(rows.len(), k),
+        };
         ended("output pages");
         // Shown to the engine once the base's copy is done: page-locking memory may hold
         // the driver meanwhile.
@@ -445,6 +431,45 @@ fn rounds(
         }
     }
     Ok(())
+}
+
+/// An output's pages (`rows × k`, unwritten) made ahead by a job on the rayon pool, or by the
+/// first that asks for them, whichever comes first: an asker never waits for a job that has
+/// not started (it may sit behind the asker's own work in a busy pool), only for one that is
+/// making them (a running job finishes its own parallel work).
+struct EarlyPages {
+    claimed: std::sync::Arc<AtomicBool>,
+    made: Mutex<Option<std::sync::mpsc::Receiver<Neighbors>>>,
+    shape: (usize, usize),
+}
+
+impl EarlyPages {
+    fn start(rows: usize, k: usize) -> Self {
+        let claimed = std::sync::Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let mine = claimed.clone();
+        rayon::spawn(move || {
+            if !mine.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                // (A failure drops the sender: the asker then makes the pages itself.)
+                let _ = tx.send(Neighbors::with_shape(rows, k));
+            }
+        });
+        EarlyPages {
+            claimed,
+            made: Mutex::new(Some(rx)),
+            shape: (rows, k),
+        }
+    }
+
+    /// The pages, from the job when it took them in hand first, else made here (once).
+    fn take(&self) -> Neighbors {
+        let by_job = self.claimed.swap(true, std::sync::atomic::Ordering::AcqRel);
+        let made = (self.made.lock().unwrap_or_else(|e| e.into_inner()))
+            .take()
+            .filter(|_| by_job)
+            .and_then(|rx| rx.recv().ok());
+        made.unwrap_or_else(|| Neighbors::with_shape(self.shape.0, self.shape.1))
+    }
 }
 
 /// The output while it is made: rounds take their rows of it when they write them
