@@ -16,7 +16,7 @@ const ZEROED_IN_PIECES_FROM: usize = 1 << 20;
 /// From 1 MiB the zeros are written as [`filled_huge`] writes, which also makes every page:
 /// `calloc` zeroes a block it reuses from the heap with one thread's memset, and its fresh pages
 /// are then made one fault at a time by whoever writes first. Two 4 MB buffers, a search's
-/// output, on the GPU machine: 0.20 ms against 0.57 ms with `calloc` and [`populate`] (two
+/// output, on the GPU machine: 0.20 ms against 0.57 ms with `calloc` and `MADV_POPULATE_WRITE` (two
 /// 41 MB buffers: 2.7 against 3.0 ms; two 0.3 MB ones: 0.08 against 0.05 ms, hence the floor).
 pub fn zeroed_huge<T: Zeroable>(len: usize) -> Vec<T> {
     let bytes = len
@@ -70,43 +70,6 @@ pub fn fresh_pages_for_large_buffers() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 16 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 32 << 20);
     }
-}
-
-/// Makes every page of `v` now, its contents unchanged (Linux: `madvise(MADV_POPULATE_WRITE)`,
-/// the kernel faulting them in writable without touching the values; where that is refused, a
-/// read and write back of one value per 4 KiB page), in pieces on the rayon pool: the faults
-/// of fresh memory then happen here rather than in whatever writes it first.
-pub fn populate<T: Zeroable + Send>(v: &mut [T]) {
-    use rayon::prelude::*;
-    const PIECE: usize = 4 << 20;
-    let per = (PIECE / std::mem::size_of::<T>().max(1)).max(1);
-    v.par_chunks_mut(per).for_each(|c| {
-        #[cfg(target_os = "linux")]
-        {
-            const PAGE: usize = 4096;
-            let start = (c.as_ptr() as usize).next_multiple_of(PAGE);
-            let end = (c.as_ptr() as usize + std::mem::size_of_val(c)) & !(PAGE - 1);
-            // SAFETY: the page-aligned range lies inside `c`; MADV_POPULATE_WRITE makes pages
-            // present without changing what they hold.
-            if end <= start
-                || unsafe {
-                    libc::madvise(
-                        start as *mut libc::c_void,
-                        end - start,
-                        libc::MADV_POPULATE_WRITE,
-                    )
-                } == 0
-            {
-                return;
-            }
-        }
-        let step = (4096 / std::mem::size_of::<T>().max(1)).max(1);
-        for i in (0..c.len()).step_by(step) {
-            let p: *mut T = &mut c[i];
-            // SAFETY: `p` points into `c`, which this task borrows mutably.
-            unsafe { std::ptr::write_volatile(p, std::ptr::read_volatile(p)) };
-        }
-    });
 }
 
 /// Plain numbers, for which all-zero bits are a valid value (zero).
@@ -166,20 +129,6 @@ fn advise_range(at: usize, bytes: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn populate_keeps_the_values() {
-        for len in [0usize, 1, 1000, (9 << 20) / 4 + 5] {
-            let mut v: Vec<u32> = zeroed_huge(len);
-            v.iter_mut()
-                .enumerate()
-                .step_by(777)
-                .for_each(|(i, x)| *x = i as u32);
-            let want = v.clone();
-            populate(&mut v);
-            assert_eq!(v, want);
-        }
-    }
 
     #[test]
     fn zeroed_huge_is_zeros_of_the_length_asked() {
