@@ -13,6 +13,7 @@ use std::sync::Arc;
 mod compile;
 mod discovery;
 mod pins;
+mod readback;
 
 use compile::{
     compiled_expr, compiled_main, compiled_sym, fnv1a, kernel_names, loaded, LoadedKernel, Names,
@@ -22,6 +23,7 @@ pub(crate) use discovery::driver_device_count;
 pub use discovery::{devices, DeviceInfo};
 use pins::keep_pool_memory;
 pub(crate) use pins::HostPins;
+pub(crate) use readback::{Queued, Readback};
 
 /// Maps a driver error to the library's error (out-of-memory kept recognisable).
 pub(crate) fn dev_err(what: &str) -> impl Fn(DriverError) -> KnnError + '_ {
@@ -61,6 +63,9 @@ pub(crate) struct Gpu {
     /// Page-locked host memory for small downloads (made on first use; see
     /// [`Gpu::read_small`]), and its address.
     small: std::cell::OnceCell<(PinnedHostSlice<u8>, usize)>,
+    /// Page-locked host memory for [`Readback`]s (made on first use, taken while one lives),
+    /// and its address.
+    readback: std::cell::Cell<Option<(PinnedHostSlice<u8>, usize)>>,
     /// The free memory last read (see [`Gpu::mem_info`]).
     free_seen: std::cell::Cell<Option<usize>>,
     /// The event that orders this stream after a caller's (made on first use; see
@@ -142,6 +147,7 @@ impl Gpu {
             copies: std::cell::OnceCell::new(),
             pins: HostPins::shared(),
             small: std::cell::OnceCell::new(),
+            readback: std::cell::Cell::new(None),
             free_seen: Default::default(),
             join: std::cell::OnceCell::new(),
             pool,

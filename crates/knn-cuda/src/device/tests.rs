@@ -142,3 +142,49 @@ fn kernels_compile_with_nvrtc() {
     );
     eprintln!("CUBIN images kept in {}", dir.join("knn").display());
 }
+
+/// Reads of several types land with one wait at their offsets; a read that does not fit is
+/// refused (`None`), not written past the memory; a readback dropped with its reads in flight
+/// leaves the memory to the next one intact.
+#[test]
+fn readbacks_land_every_queued_read() {
+    if !knn_testkit::gpu_available_or_skip(crate::CudaEngine::available(), "readbacks") {
+        return;
+    }
+    let gpu = super::Gpu::new(0).unwrap();
+    let ids: Vec<u32> = (0..70_001).map(|i| i * 7 + 1).collect();
+    let dists: Vec<f32> = (0..70_001).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let words: Vec<u64> = vec![u64::MAX, 3, 1 << 40];
+    let (di, dd, dw) = (
+        gpu.upload(&ids).unwrap(),
+        gpu.upload(&dists).unwrap(),
+        gpu.upload(&words).unwrap(),
+    );
+    for round in 0..3 {
+        let mut reads = gpu.readback();
+        // SAFETY: each buffer holds the values read, alive until the readback is dropped.
+        let (qi, qd, qw) = unsafe {
+            (
+                reads.queue::<u32>(gpu.ptr(&di), ids.len()).unwrap(),
+                reads.queue::<f32>(gpu.ptr(&dd), dists.len()).unwrap(),
+                reads.queue::<u64>(gpu.ptr(&dw), words.len()).unwrap(),
+            )
+        };
+        // The memory holds 2 MiB and a few words: 2 MiB more do not fit.
+        // SAFETY: refused before any copy (the buffer holds 3 words).
+        let big = unsafe { reads.queue::<u64>(gpu.ptr(&dw), 1 << 18) }.unwrap();
+        assert!(big.is_none());
+        if round == 1 {
+            drop(reads); // in flight: landed by the drop, before the memory is reused
+            continue;
+        }
+        reads.wait().unwrap();
+        let (mut gi, mut gd, mut gw) = (vec![0u32; ids.len()], vec![0f32; dists.len()], [0u64; 3]);
+        reads.take(qi.unwrap(), &mut gi);
+        reads.take(qd.unwrap(), &mut gd);
+        reads.take(qw.unwrap(), &mut gw);
+        assert_eq!(gi, ids);
+        assert_eq!(gd, dists);
+        assert_eq!(gw[..], words[..]);
+    }
+}

@@ -1,7 +1,7 @@
 //! Rows finished on the device: the `k` best of each row's candidates by exact f64 key, as
 //! distances ([`Finish`], [`Finished`]), and the exact keys themselves (`exact_keys`).
 
-use crate::device::{dev_err, Gpu};
+use crate::device::{dev_err, Gpu, Queued, Readback};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use knn_core::{Kernel, OutputRows, Result};
 
@@ -102,11 +102,32 @@ pub(super) struct FinishedChunk<'a> {
     pub(super) last: &'a mut [u64],
 }
 
+/// A chunk's finished rows on their way to the host: queued in the call's readback (each
+/// buffer, where it fitted), copied into entries `range` of the output once it has landed.
+pub(super) struct RowsInFlight {
+    ids: Option<Queued<u32>>,
+    dists: Option<Queued<f32>>,
+    range: std::ops::Range<usize>,
+}
+
+impl RowsInFlight {
+    /// Copies the rows into `host` (the readback waited for).
+    pub(super) fn land(self, reads: &Readback<'_>, host: &mut dyn OutputRows) {
+        let (ids, dists) = host.buffers();
+        if let Some(q) = self.ids {
+            reads.take(q, &mut ids[self.range.clone()]);
+        }
+        if let Some(q) = self.dists {
+            reads.take(q, &mut dists[self.range]);
+        }
+    }
+}
+
 /// Launches `finish_lists` on the chunk's `n` candidate lists (`lists`: composites, exact
-/// keys, width) and downloads its rows into entries `host.1` of `host.0` (asked for once the
-/// launch is queued), or with `on_device` (device addresses of the chunk's ids, i64 or u32,
-/// and distances) writes them there; the rows' k-th keys and W-th composites go where `facts`
-/// says.
+/// keys, width) and queues its rows for entries `host.1` of `host.0` in `reads` (those that
+/// do not fit there are downloaded now, the output asked for once the launch is queued), or
+/// with `on_device` (device addresses of the chunk's ids, i64 or u32, and distances) writes
+/// them there; the rows' k-th keys and W-th composites go where `facts` says.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn finish_lists(
     gpu: &Gpu,
@@ -117,8 +138,9 @@ pub(super) fn finish_lists(
     host: (&mut dyn OutputRows, std::ops::Range<usize>),
     facts: RowFacts<'_>,
     on_device: Option<(u64, bool, u64)>,
+    reads: &mut Readback<'_>,
     n: usize,
-) -> Result<()> {
+) -> Result<Option<RowsInFlight>> {
     let (comps, exact, w) = lists;
     let (own, (ids, ids_i64, dists)) = match on_device {
         Some(to) => (None, to),
@@ -144,17 +166,37 @@ pub(super) fn finish_lists(
         let rows = (gpu.ptr(&kth), gpu.ptr(&last), cut, qsq);
         launch_prove(gpu, plan, rows, n, (proven, summary))?;
     }
+    let mut in_flight = None;
     if let Some((ids, dists)) = &own {
-        let (rows, r) = host;
-        let (host_ids, host_dists) = rows.buffers();
-        gpu.download_into(ids, &mut host_ids[r.clone()])?;
-        gpu.download_into(dists, &mut host_dists[r])?;
+        let (rows, range) = host;
+        // SAFETY: both buffers hold n × k values and are freed in stream order, behind the
+        // copies.
+        let (ids_q, dists_q) = unsafe {
+            (
+                reads.queue::<u32>(gpu.ptr(ids), n * k)?,
+                reads.queue::<f32>(gpu.ptr(dists), n * k)?,
+            )
+        };
+        if ids_q.is_none() || dists_q.is_none() {
+            let (host_ids, host_dists) = rows.buffers();
+            if ids_q.is_none() {
+                gpu.download_into(ids, &mut host_ids[range.clone()])?;
+            }
+            if dists_q.is_none() {
+                gpu.download_into(dists, &mut host_dists[range.clone()])?;
+            }
+        }
+        in_flight = Some(RowsInFlight {
+            ids: ids_q,
+            dists: dists_q,
+            range,
+        });
     }
     if let RowFacts::Host(kth_out, last_out) = facts {
         gpu.download_into(&kth, kth_out)?;
         gpu.download_into(&last, last_out)?;
     }
-    Ok(())
+    Ok(in_flight)
 }
 
 /// Launches `prove_rows` (see `common.cuh`) on `n` rows: their k-th exact keys, W-th

@@ -565,6 +565,9 @@ pub(crate) fn run(
     let mut bad_flagged = false;
     // Word 0: a bad id in a finished row; 1–3: `prove_rows`' summary.
     let mut summary: Option<CudaSlice<u32>> = None;
+    // Finished rows read back to the host, landed by the call's one wait at its end.
+    let mut reads = gpu.readback();
+    let mut in_flight = Vec::new();
     let mut kernel_ms = Some(graph.map_or(0.0, |g| g.1));
     // Which exact keys the given rows give: Hellinger's, or the kernel's.
     let exact_kind = match base.exact {
@@ -797,7 +800,7 @@ pub(crate) fn run(
                     },
                     _ => RowFacts::Host(&mut done.kth[qs..qe], &mut done.last[qs..qe]),
                 };
-                finish_lists(
+                in_flight.extend(finish_lists(
                     gpu,
                     lists,
                     (k, mode),
@@ -806,8 +809,9 @@ pub(crate) fn run(
                     (&mut *f.host, qs * k..qe * k),
                     facts,
                     on_device,
+                    &mut reads,
                     n,
-                )?;
+                )?);
                 bad_flagged = true;
             } else {
                 gpu.download_into(&keys, &mut ex[qs * w..qe * w])?;
@@ -830,14 +834,31 @@ pub(crate) fn run(
         };
     }
     phases.print(nq);
-    // (Only `finish_lists` flags it: rows from a finished graph were checked by their own
-    // download, and waiting here would wait for the graph's later launches too.)
-    if bad_flagged || proof.is_some() {
-        // (No summary: no rows were finished, none flagged.)
-        let words = match &summary {
-            Some(s) => gpu.download(s, 4)?,
-            None => vec![0; 4],
-        };
+    // The summary's words, behind the finished rows: one wait lands them all. (Only
+    // `finish_lists` flags a bad id: rows from a finished graph were checked by their own
+    // download, and waiting here would wait for the graph's later launches too.) No summary:
+    // no rows were finished, none flagged.
+    let read_words = bad_flagged || proof.is_some();
+    let mut words = [0u32; 4];
+    let queued = match &summary {
+        // SAFETY: the summary holds 4 words, alive until the wait below.
+        Some(s) if read_words => Some(unsafe { reads.queue::<u32>(gpu.ptr(s), 4)? }.ok_or(s)),
+        _ => None,
+    };
+    reads.wait()?;
+    match queued {
+        Some(Ok(q)) => reads.take(q, &mut words),
+        // No room left in the readback: read on its own.
+        Some(Err(s)) => gpu.download_into(s, &mut words)?,
+        None => {}
+    }
+    if let Some(f) = finish.as_mut() {
+        for rows in in_flight {
+            rows.land(&reads, &mut *f.host);
+        }
+    }
+    drop(reads);
+    if read_words {
         if words[0] != 0 {
             return Err(KnnError::Device(
                 "a candidate list holds an unwritten slot or an excluded id".into(),
