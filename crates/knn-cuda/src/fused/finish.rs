@@ -111,9 +111,8 @@ pub(super) struct RowsInFlight {
 }
 
 impl RowsInFlight {
-    /// Copies the rows into `host` (the readback waited for).
-    pub(super) fn land(self, reads: &Readback<'_>, host: &mut dyn OutputRows) {
-        let (ids, dists) = host.buffers();
+    /// Copies the rows into the output's `ids` and `dists` (the readback waited for).
+    pub(super) fn land(self, reads: &Readback<'_>, (ids, dists): (&mut [u32], &mut [f32])) {
         if let Some(q) = self.ids {
             reads.take(q, &mut ids[self.range.clone()]);
         }

@@ -838,6 +838,11 @@ pub(crate) fn run(
     // `finish_lists` flags a bad id: rows from a finished graph were checked by their own
     // download, and waiting here would wait for the graph's later launches too.) No summary:
     // no rows were finished, none flagged.
+    // The output, asked for before the wait: its pages are made while the device works.
+    let output = match finish.as_mut() {
+        Some(f) if !in_flight.is_empty() => Some(f.host.buffers()),
+        _ => None,
+    };
     let read_words = bad_flagged || proof.is_some();
     let mut words = [0u32; 4];
     let queued = match &summary {
@@ -852,9 +857,9 @@ pub(crate) fn run(
         Some(Err(s)) => gpu.download_into(s, &mut words)?,
         None => {}
     }
-    if let Some(f) = finish.as_mut() {
+    if let Some((ids, dists)) = output {
         for rows in in_flight {
-            rows.land(&reads, &mut *f.host);
+            rows.land(&reads, (&mut *ids, &mut *dists));
         }
     }
     drop(reads);
