@@ -9,7 +9,12 @@
 //! linear-time selection keeps the `cap` smallest when the buffer fills; the ring search also
 //! calls [`Best::settle`] before each stopping test, so the threshold it compares with the
 //! distance to unvisited cells is then exact. Appending is branch-light; sorted insertion would
-//! shift up to `cap` pairs per accepted point.
+//! shift up to `cap` pairs per accepted point. A group of lanes is appended without a branch
+//! per point ([`Best::offer_lanes`]): whether a key is below the limit is a coin toss once the
+//! limit is tight, and a mispredicted branch costs more than writing a pair that is not kept.
+
+use crate::lanes::WIDTH;
+use crate::search::min_key;
 
 /// Widths up to this are kept sorted by insertion; wider ones in a reservoir.
 pub(crate) const SMALL_CAP: usize = 4;
@@ -33,9 +38,12 @@ pub(crate) struct Best<'a> {
     cap: usize,
     /// Id of each position (the index's `ids`).
     ids: &'a [u32],
-    /// `(order key, position)`. Small widths: sorted, at most `cap` long. Reservoir: unsorted,
-    /// below `4·cap`; its `cap` smallest are the selection.
+    /// `(order key, position)`. Small widths: sorted, at most `cap` long. Reservoir: a buffer
+    /// of fixed length whose first `fill` pairs (unsorted, fewer than `4·cap`) are held; their
+    /// `cap` smallest are the selection.
     items: Vec<(u64, u32)>,
+    /// Reservoir: pairs held at the front of `items`.
+    fill: usize,
     /// `true` once `cap` pairs were selected: from then on `limit` is the `cap`-th key of the
     /// last settled state (an upper bound of the current one; exact after [`Best::settle`]).
     full: bool,
@@ -56,7 +64,14 @@ impl<'a> Best<'a> {
         Self {
             cap,
             ids,
-            items: Vec::with_capacity(if cap <= SMALL_CAP { cap + 1 } else { 4 * cap }),
+            // A reservoir compacts before `4·cap`; a group of lanes may write WIDTH pairs
+            // past the fill before that test.
+            items: if cap <= SMALL_CAP {
+                Vec::with_capacity(cap + 1)
+            } else {
+                vec![(0, 0); 4 * cap + WIDTH]
+            },
+            fill: 0,
             full: false,
             limit: f32::INFINITY,
             runner_up: f32::INFINITY,
@@ -67,7 +82,10 @@ impl<'a> Best<'a> {
 
     /// Empties the selection for the next query.
     pub(crate) fn reset(&mut self, exclude: Option<u32>) {
-        self.items.clear();
+        if self.cap <= SMALL_CAP {
+            self.items.clear();
+        }
+        self.fill = 0;
         self.full = false;
         self.limit = f32::INFINITY;
         self.runner_up = f32::INFINITY;
@@ -140,8 +158,9 @@ impl<'a> Best<'a> {
         }
         let item = (pack(key, id), pos);
         if self.cap > SMALL_CAP {
-            self.items.push(item);
-            if self.items.len() == 4 * self.cap {
+            self.items[self.fill] = item;
+            self.fill += 1;
+            if self.fill == 4 * self.cap {
                 self.compact();
             }
             return;
@@ -173,25 +192,53 @@ impl<'a> Best<'a> {
     /// largest kept key.
     #[cold]
     fn compact(&mut self) {
-        if self.items.len() < self.cap {
+        if self.fill < self.cap {
             return;
         }
-        if self.items.len() > self.cap {
-            self.items.select_nth_unstable_by_key(self.cap - 1, |e| e.0);
-            let dropped = self.items[self.cap..]
-                .iter()
-                .fold(u64::MAX, |m, e| m.min(e.0));
+        let held = &mut self.items[..self.fill];
+        if self.fill > self.cap {
+            held.select_nth_unstable_by_key(self.cap - 1, |e| e.0);
+            let dropped = held[self.cap..].iter().fold(u64::MAX, |m, e| m.min(e.0));
             self.runner_up = self.runner_up.min(key_of(dropped));
-            self.items.truncate(self.cap);
+            self.fill = self.cap;
         }
         self.full = true;
-        self.limit = key_of(self.items.iter().fold(0, |m, e| m.max(e.0)));
+        self.limit = key_of(self.items[..self.cap].iter().fold(0, |m, e| m.max(e.0)));
+    }
+
+    /// [`Best::offer`] for the examined points at positions `first..first + n` (`n ≤ WIDTH`),
+    /// of keys `keys[..n]`. In a reservoir without a branch per point: each pair is written past
+    /// the held ones and kept by advancing the fill when it can enter.
+    #[inline]
+    pub(crate) fn offer_lanes(&mut self, keys: &[f32; WIDTH], first: u32, n: usize) {
+        if self.cap <= SMALL_CAP {
+            for (l, &k) in keys.iter().enumerate().take(n) {
+                self.offer(k, first + l as u32);
+            }
+            return;
+        }
+        let limit = self.limit;
+        let (excluding, exclude) = (self.exclude.is_some(), self.exclude.unwrap_or(0));
+        let (mut fill, mut runner_up) = (self.fill, self.runner_up);
+        for (l, &key) in keys.iter().enumerate().take(n) {
+            let pos = first + l as u32;
+            let id = self.ids[pos as usize];
+            let enter = key <= limit;
+            self.items[fill] = (pack(key, id), pos);
+            fill += (enter & !(excluding & (id == exclude))) as usize;
+            // As `offer`: a key above the limit is left out, excluded or not.
+            runner_up = min_key(runner_up, if enter { f32::INFINITY } else { key });
+        }
+        (self.fill, self.runner_up) = (fill, runner_up);
+        if fill > 4 * self.cap - WIDTH {
+            self.compact();
+        }
     }
 
     /// Makes `limit` exact (the `cap`-th key of everything offered so far).
     #[inline]
     pub(crate) fn settle(&mut self) {
-        if self.cap > SMALL_CAP && self.items.len() > self.cap || !self.full {
+        if self.cap > SMALL_CAP && self.fill > self.cap || !self.full {
             self.compact();
         }
     }
@@ -200,13 +247,18 @@ impl<'a> Best<'a> {
     pub(crate) fn finish(&mut self) {
         if self.cap > SMALL_CAP {
             self.compact();
-            self.items.sort_unstable_by_key(|e| e.0);
+            self.items[..self.cap].sort_unstable_by_key(|e| e.0);
         }
     }
 
     /// The selection as [`Best::finish`] left it: `(key, position)` pairs, sorted by (key, id).
     pub(crate) fn selected(&self) -> impl ExactSizeIterator<Item = (f32, u32)> + '_ {
-        self.items.iter().map(|&(p, pos)| (key_of(p), pos))
+        let held = if self.cap > SMALL_CAP {
+            self.cap
+        } else {
+            self.items.len()
+        };
+        self.items[..held].iter().map(|&(p, pos)| (key_of(p), pos))
     }
 }
 

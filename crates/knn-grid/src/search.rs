@@ -150,12 +150,19 @@ fn gap(q: f32, lo: f32, hi: f32) -> f64 {
     if lo > hi {
         return f64::INFINITY;
     }
-    (lo - q).max(q - hi).max(0.0)
+    // Plain comparisons: `f64::max` spends several instructions on NaN, which cannot occur
+    // here (finite coordinates; the bounds of a slab with points are finite).
+    let g = if lo - q > q - hi { lo - q } else { q - hi };
+    if g > 0.0 {
+        g
+    } else {
+        0.0
+    }
 }
 
 /// Smaller of two keys (never NaN: keys of finite points).
 #[inline(always)]
-fn min_key(a: f32, b: f32) -> f32 {
+pub(crate) fn min_key(a: f32, b: f32) -> f32 {
     if a < b {
         a
     } else {
@@ -219,7 +226,7 @@ fn scan_single<K: KeyKind, const D: usize>(
 }
 
 /// [`scan`], four points at a time: the keys of a group first (vectorised), then, only when
-/// one of them can enter, one by one.
+/// one of them can enter, the group offered.
 #[inline(always)]
 fn scan_lanes<K: KeyKind, const D: usize>(
     cols: [&[f32]; D],
@@ -232,9 +239,7 @@ fn scan_lanes<K: KeyKind, const D: usize>(
     while i < e {
         let (key, enter) = lanes::group::<K, D>(&cols, q, i, e, best.limit);
         if enter {
-            for (l, &k) in key.iter().enumerate().take(e - i) {
-                best.offer(k, (i + l) as u32);
-            }
+            best.offer_lanes(&key, i as u32, (e - i).min(lanes::WIDTH));
         } else {
             let least = key.iter().fold(f32::INFINITY, |a, &k| min_key(a, k));
             best.runner_up = min_key(best.runner_up, least);
