@@ -247,14 +247,15 @@ impl<'a> Best<'a> {
     pub(crate) fn finish(&mut self) {
         if self.cap > SMALL_CAP {
             self.compact();
-            self.items[..self.cap].sort_unstable_by_key(|e| e.0);
+            // (Fewer than `cap` pairs when fewer points could enter.)
+            self.items[..self.fill].sort_unstable_by_key(|e| e.0);
         }
     }
 
     /// The selection as [`Best::finish`] left it: `(key, position)` pairs, sorted by (key, id).
     pub(crate) fn selected(&self) -> impl ExactSizeIterator<Item = (f32, u32)> + '_ {
         let held = if self.cap > SMALL_CAP {
-            self.cap
+            self.fill
         } else {
             self.items.len()
         };
