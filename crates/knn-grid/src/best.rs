@@ -5,19 +5,24 @@
 //! bits order like their values): comparing two pairs is one integer comparison.
 //!
 //! Two modes, by width. Up to [`SMALL_CAP`] pairs are kept sorted by insertion. Wider
-//! selections are a reservoir, like [`knn_core::TopK`]: accepted pairs are appended and a
-//! linear-time selection keeps the `cap` smallest when the buffer fills; the ring search also
-//! calls [`Best::settle`] before each stopping test, so the threshold it compares with the
-//! distance to unvisited cells is then exact. Appending is branch-light; sorted insertion would
-//! shift up to `cap` pairs per accepted point. A group of lanes is appended without a branch
-//! per point ([`Best::offer_lanes`]): whether a key is below the limit is a coin toss once the
-//! limit is tight, and a mispredicted branch costs more than writing a pair that is not kept.
+//! selections start as a reservoir, like [`knn_core::TopK`]: while the limit is still `+∞`
+//! (most of a query's accepted points arrive then) accepted pairs are appended, a group of
+//! lanes without a branch per point ([`Best::offer_lanes`]), and a linear-time selection keeps
+//! the `cap` smallest when the buffer fills. Up to [`SORTED_CAP`], that first selection also
+//! sorts the kept pairs and later ones are inserted in order (few enter once the limit is
+//! set, and each tightens it at once): the limit is then always exact and the row comes out
+//! sorted. Wider reservoirs stay reservoirs, and the ring search calls [`Best::settle`] before
+//! each stopping test, so the threshold it compares with the distance to unvisited cells is
+//! then exact.
 
 use crate::lanes::WIDTH;
 use crate::search::min_key;
 
 /// Widths up to this are kept sorted by insertion; wider ones in a reservoir.
 pub(crate) const SMALL_CAP: usize = 4;
+/// Reservoirs up to this width sort their pairs at the first selection and from then on
+/// insert in order; wider ones stay reservoirs to the end.
+const SORTED_CAP: usize = 1024;
 
 /// The order key of a pair: the key's bits above the id, so that integer order is (key, id)
 /// order for keys `≥ +0.0` (every kernel's keys: sums and maxima of squares and magnitudes).
@@ -39,11 +44,13 @@ pub(crate) struct Best<'a> {
     /// Id of each position (the index's `ids`).
     ids: &'a [u32],
     /// `(order key, position)`. Small widths: sorted, at most `cap` long. Reservoir: a buffer
-    /// of fixed length whose first `fill` pairs (unsorted, fewer than `4·cap`) are held; their
-    /// `cap` smallest are the selection.
+    /// of fixed length whose first `fill` pairs (unsorted, fewer than `4·cap`; sorted and
+    /// `cap` once full when `sorted`) are held; their `cap` smallest are the selection.
     items: Vec<(u64, u32)>,
     /// Reservoir: pairs held at the front of `items`.
     fill: usize,
+    /// Reservoir of at most [`SORTED_CAP`] pairs: once full, its pairs are kept sorted.
+    sorted: bool,
     /// `true` once `cap` pairs were selected: from then on `limit` is the `cap`-th key of the
     /// last settled state (an upper bound of the current one; exact after [`Best::settle`]).
     full: bool,
@@ -72,6 +79,7 @@ impl<'a> Best<'a> {
                 vec![(0, 0); 4 * cap + WIDTH]
             },
             fill: 0,
+            sorted: cap <= SORTED_CAP,
             full: false,
             limit: f32::INFINITY,
             runner_up: f32::INFINITY,
@@ -158,6 +166,9 @@ impl<'a> Best<'a> {
         }
         let item = (pack(key, id), pos);
         if self.cap > SMALL_CAP {
+            if self.full && self.sorted {
+                return self.insert_sorted(item);
+            }
             self.items[self.fill] = item;
             self.fill += 1;
             if self.fill == 4 * self.cap {
@@ -188,8 +199,8 @@ impl<'a> Best<'a> {
         }
     }
 
-    /// Reservoir: keeps the `cap` smallest, the rest feed the runner-up; the limit becomes the
-    /// largest kept key.
+    /// Reservoir: keeps the `cap` smallest (sorted, up to [`SORTED_CAP`]), the rest feed the
+    /// runner-up; the limit becomes the largest kept key.
     #[cold]
     fn compact(&mut self) {
         if self.fill < self.cap {
@@ -203,7 +214,32 @@ impl<'a> Best<'a> {
             self.fill = self.cap;
         }
         self.full = true;
-        self.limit = key_of(self.items[..self.cap].iter().fold(0, |m, e| m.max(e.0)));
+        if self.sorted {
+            self.items[..self.cap].sort_unstable_by_key(|e| e.0);
+            self.limit = key_of(self.items[self.cap - 1].0);
+        } else {
+            self.limit = key_of(self.items[..self.cap].iter().fold(0, |m, e| m.max(e.0)));
+        }
+    }
+
+    /// Reservoir once full: the `cap` pairs are sorted and `item` (key at most the limit) is
+    /// shifted in, the last pair evicted into the runner-up.
+    #[inline]
+    fn insert_sorted(&mut self, item: (u64, u32)) {
+        let cap = self.cap;
+        let last = self.items[cap - 1];
+        if item.0 >= last.0 {
+            self.runner_up = self.runner_up.min(key_of(item.0));
+            return;
+        }
+        self.runner_up = self.runner_up.min(key_of(last.0));
+        let mut p = cap - 1;
+        while p > 0 && item.0 < self.items[p - 1].0 {
+            self.items[p] = self.items[p - 1];
+            p -= 1;
+        }
+        self.items[p] = item;
+        self.limit = key_of(self.items[cap - 1].0);
     }
 
     /// [`Best::offer`] for the examined points at positions `first..first + n` (`n ≤ WIDTH`),
@@ -212,6 +248,12 @@ impl<'a> Best<'a> {
     #[inline]
     pub(crate) fn offer_lanes(&mut self, keys: &[f32; WIDTH], first: u32, n: usize) {
         if self.cap <= SMALL_CAP {
+            for (l, &k) in keys.iter().enumerate().take(n) {
+                self.offer(k, first + l as u32);
+            }
+            return;
+        }
+        if self.full && self.sorted {
             for (l, &k) in keys.iter().enumerate().take(n) {
                 self.offer(k, first + l as u32);
             }
@@ -238,17 +280,19 @@ impl<'a> Best<'a> {
     /// Makes `limit` exact (the `cap`-th key of everything offered so far).
     #[inline]
     pub(crate) fn settle(&mut self) {
-        if self.cap > SMALL_CAP && self.fill > self.cap || !self.full {
+        if !self.full || !self.sorted && self.cap > SMALL_CAP && self.fill > self.cap {
             self.compact();
         }
     }
 
     /// Sorts the selection by (key, id); [`Best::selected`] then reads it.
     pub(crate) fn finish(&mut self) {
-        if self.cap > SMALL_CAP {
+        if self.cap > SMALL_CAP && !(self.full && self.sorted) {
             self.compact();
-            // (Fewer than `cap` pairs when fewer points could enter.)
-            self.items[..self.fill].sort_unstable_by_key(|e| e.0);
+            if !(self.full && self.sorted) {
+                // (Fewer than `cap` pairs when fewer points could enter.)
+                self.items[..self.fill].sort_unstable_by_key(|e| e.0);
+            }
         }
     }
 
