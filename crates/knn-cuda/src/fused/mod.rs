@@ -834,15 +834,15 @@ pub(crate) fn run(
         };
     }
     phases.print(nq);
-    // The summary's words, behind the finished rows: one wait lands them all. (Only
-    // `finish_lists` flags a bad id: rows from a finished graph were checked by their own
-    // download, and waiting here would wait for the graph's later launches too.) No summary:
-    // no rows were finished, none flagged.
     // The output, asked for before the wait: its pages are made while the device works.
     let output = match finish.as_mut() {
         Some(f) if !in_flight.is_empty() => Some(f.host.buffers()),
         _ => None,
     };
+    // The summary's words, behind the finished rows: one wait lands them all. (Only
+    // `finish_lists` flags a bad id: rows from a finished graph were checked by their own
+    // download, and waiting here would wait for the graph's later launches too.) No summary:
+    // no rows were finished, none flagged.
     let read_words = bad_flagged || proof.is_some();
     let mut words = [0u32; 4];
     let queued = match &summary {
