@@ -81,9 +81,9 @@ def on_cluster(base, queries, k, workers, threads, device, base_chunks=4, repeat
                 runs.append(timed(job))
             if profile:
                 print(task_profile(ts.data, runs[-1][1]), flush=True)
-        if profile:
-            # The same search in a worker, outside Dask's tasks: what the worker's process
-            # itself costs against this one.
+        if profile and workers == 1:
+            # The same search in the worker, outside Dask's tasks: what the worker's process
+            # itself costs against this one (one worker: it holds every chunk).
             print("  knn.search inside the worker (base and queries there, median of 3): "
                   + ", ".join(f"{t:.3f} s" for t in client.run(
                 search_here, b.__dask_keys__(), q.__dask_keys__(), k, opts)
