@@ -128,18 +128,15 @@ pub(crate) fn fold_unit(
         // SAFETY: `amx` says the tiles are available and granted.
         let tiles = amx.then(|| unsafe { crate::amx::Tiles::load() });
         let mut block = [[0.0f32; GROUP]; crate::amx::BLOCK];
+        let no_norms = [0.0f32; BASE_TILE];
         let mut b0 = br.start;
         while b0 < br.end {
             let b1 = (b0 + BASE_TILE).min(br.end);
             let nb = b1 - b0;
-            let norm = |c: usize, points: usize| -> [f32; crate::amx::BLOCK] {
-                std::array::from_fn(|p| {
-                    if sql2 && p < points {
-                        plan.norms.sq[b0 + c + p]
-                    } else {
-                        0.0
-                    }
-                })
+            // What each point's keys add: its squared norm (squared L2) or nothing.
+            let adds = match sql2 {
+                true => &plan.norms.sq[b0..b1],
+                false => &no_norms[..nb],
             };
             // SAFETY: `available()` checked AVX-512F and AVX-512 BF16 before this path was chosen;
             // every slice passed holds the sizes documented on the called functions.
@@ -167,22 +164,19 @@ pub(crate) fn fold_unit(
                             let points = (nb - c).min(crate::amx::BLOCK);
                             let b = bpack[c * pairs..].as_ptr();
                             tiles.dots(q.as_ptr(), b, pairs, pairs, &mut block);
-                            let add = norm(c, points);
-                            let rows = (&block[..points], &add[..points]);
+                            let rows = (&block[..points], &adds[c..c + points]);
                             micro::fold_rows(rows, scale, (b0 + c) as u32, thr, skip, lists);
                         }
                         continue;
                     }
                     for c in (0..nb).step_by(NR) {
                         let points = (nb - c).min(NR);
-                        let all = norm(c, points);
-                        let add: [f32; NR] = std::array::from_fn(|p| all[p]);
                         micro::block(
                             q,
                             pairs,
                             &bpack[c * pairs..(c + points) * pairs],
                             points,
-                            &add,
+                            &adds[c..c + points],
                             scale,
                             (b0 + c) as u32,
                             thr,
@@ -425,8 +419,9 @@ mod micro {
     }
 
     /// Dot products of `points ≤ 8` converted base rows (`pairs` words each) with one group of
-    /// 32 packed queries, folded into `tops`: key = `add[p] + scale·dot`, pushed where below the
-    /// query's threshold `thr[l]` (kept up to date) and not `skip[l]`.
+    /// 32 packed queries, folded into `tops`: key = `add[p] + scale·dot` (`add`: one value per
+    /// point), pushed where below the query's threshold `thr[l]` (kept up to date) and not
+    /// `skip[l]`.
     ///
     /// # Safety
     /// AVX-512F and AVX-512 BF16 must be available; `q` holds `pairs·32` words, `b`
@@ -439,7 +434,7 @@ mod micro {
         pairs: usize,
         b: &[u32],
         points: usize,
-        add: &[f32; NR],
+        add: &[f32],
         scale: f32,
         first: u32,
         thr: &mut [f32],
@@ -447,6 +442,7 @@ mod micro {
         tops: &mut [TopK],
     ) {
         debug_assert!(q.len() >= pairs * GROUP && b.len() >= points * pairs && thr.len() == GROUP);
+        debug_assert_eq!(add.len(), points);
         let acc = dots(q, pairs, b, points);
         for p in 0..points {
             let id = first + p as u32;
