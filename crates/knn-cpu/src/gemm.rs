@@ -347,9 +347,11 @@ mod tests {
     fn one_pass_norms_are_the_two_pass_ones() {
         for d in [1, 5, 16, 17, 67, 128] {
             let rows = 300;
+            // Values of both signs, a negative zero among them.
             let x: Vec<f32> = (0..rows * d)
-                .map(|i| {
-                    ((i * 7919 % 1009) as f32 - 504.5) * 0.37 + if i % 13 == 0 { -0.0 } else { 0.0 }
+                .map(|i| match i % 13 {
+                    0 => -0.0,
+                    _ => ((i * 7919 % 1009) as f32 - 504.5) * 0.37,
                 })
                 .collect();
             let base = MatrixRef::new("base", &x, d).unwrap();
