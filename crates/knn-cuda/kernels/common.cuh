@@ -27,27 +27,31 @@ __device__ __forceinline__ u64 composite(float k, u32 id) {
     return ((u64)ord_key(k) << 32) | (u64)id;
 }
 
-// Squared norms, one warp per row: out[r] = sum_j x[r*d+j]^2 in f32 (error <= gamma_d * exact).
-// With a centre (not null), each row is first centred in place, x[r*d+j] -= centre[j] (one f32
-// rounding of the exact difference), and the norms are those of the centred rows.
-extern "C" __global__ void sq_norms(float* __restrict__ x, long long rows, int d,
-                                    const float* __restrict__ centre, float* __restrict__ out) {
+// Rows readied for the fused kernels, one warp per row: y = x - centre (one f32 rounding of the
+// exact difference; y = x without a centre) written to `to` (which may be x itself: centred in
+// place; null: not written), out[r] = sum_j y[r*d+j]^2 in f32 (error <= gamma_d * exact), and,
+// when `cut` is not null, cut[r] set to the empty cut (all ones, the fused kernels' SENTINEL).
+// One launch where a copy, the norms and a fill took three (each launch costs the host ~5 us,
+// which a small search waits for). x and to may alias, so neither is __restrict__.
+extern "C" __global__ void sq_norms(const float* x, long long rows, int d,
+                                    const float* __restrict__ centre, float* to,
+                                    float* __restrict__ out, u64* __restrict__ cut) {
     long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (row >= rows) return;
-    float* p = x + row * (long long)d;
+    const float* p = x + row * (long long)d;
+    float* t = to ? to + row * (long long)d : nullptr;
     float s = 0.f;
-    if (centre) {
-        for (int j = lane; j < d; j += 32) {
-            float v = p[j] - centre[j];
-            p[j] = v;
-            s = fmaf(v, v, s);
-        }
-    } else {
-        for (int j = lane; j < d; j += 32) s = fmaf(p[j], p[j], s);
+    for (int j = lane; j < d; j += 32) {
+        float v = centre ? p[j] - centre[j] : p[j];
+        if (t) t[j] = v;
+        s = fmaf(v, v, s);
     }
     for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) out[row] = s;
+    if (lane == 0) {
+        out[row] = s;
+        if (cut) cut[row] = ~0ull;
+    }
 }
 
 // Hellinger's engine rows made on the device from the given rows, bit for bit as the host's

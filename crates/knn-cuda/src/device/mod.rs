@@ -330,30 +330,6 @@ impl Gpu {
         Ok(self.staging.get().expect("set above"))
     }
 
-    /// A new device buffer holding the `len` values at device address `src` (memory of this
-    /// context, e.g. a caller's tensor), copied in stream order.
-    pub fn copy_from_device<T: cudarc::driver::DeviceRepr>(
-        &self,
-        src: u64,
-        len: usize,
-    ) -> Result<CudaSlice<T>> {
-        let dst = self.alloc::<T>(len)?;
-        if len > 0 {
-            // SAFETY: `dst` holds `len` values; the caller vouches for `src` (see
-            // `CudaEngine::search_device`).
-            unsafe {
-                cudarc::driver::result::memcpy_dtod_async(
-                    self.ptr(&dst),
-                    src,
-                    len * std::mem::size_of::<T>(),
-                    self.stream.cu_stream(),
-                )
-            }
-            .map_err(dev_err("copying on the device"))?;
-        }
-        Ok(dst)
-    }
-
     /// Copies `dst.len()` values from device address `src` into `dst`, after the work queued
     /// before on this stream; returns when the copy is done.
     ///
@@ -642,7 +618,17 @@ impl Gpu {
 
     /// Squared norms of `rows` rows of dimension `d` at `x`, into `out`.
     pub fn sq_norms(&self, x: u64, rows: usize, d: usize, out: u64) -> Result<()> {
-        self.centre_sq_norms(x, rows, d, 0, out)
+        self.ready_rows(
+            rows,
+            d,
+            ReadyRows {
+                from: x,
+                to: 0,
+                centre: 0,
+                norms: out,
+                cut: 0,
+            },
+        )
     }
 
     /// [`Gpu::sq_norms`] of the rows centred in place first (`x -= centre`, row by row) when
@@ -655,16 +641,37 @@ impl Gpu {
         centre: u64,
         out: u64,
     ) -> Result<()> {
+        let to = if centre == 0 { 0 } else { x };
+        let r = ReadyRows {
+            from: x,
+            to,
+            centre,
+            norms: out,
+            cut: 0,
+        };
+        self.ready_rows(rows, d, r)
+    }
+
+    /// `rows` rows of dimension `d` readied for the fused kernels in one launch (see
+    /// [`ReadyRows`]).
+    pub fn ready_rows(&self, rows: usize, d: usize, r: ReadyRows) -> Result<()> {
         use cudarc::driver::{LaunchConfig, PushKernelArg};
         if rows == 0 {
             return Ok(());
         }
         let f = self.func("sq_norms")?;
-        let (r, dd) = (rows as i64, d as i32);
+        let (n, dd) = (rows as i64, d as i32);
         let blocks = (rows * 32).div_ceil(256) as u32;
         let mut b = self.stream.launch_builder(f);
-        b.arg(&x).arg(&r).arg(&dd).arg(&centre).arg(&out);
-        // SAFETY: x holds rows*d floats, centre (or null) d floats and out rows floats.
+        b.arg(&r.from)
+            .arg(&n)
+            .arg(&dd)
+            .arg(&r.centre)
+            .arg(&r.to)
+            .arg(&r.norms)
+            .arg(&r.cut);
+        // SAFETY: from (and to, when not null) hold rows×d floats, centre (or null) d floats,
+        // norms rows floats, cut (or null) rows u64 words.
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: (blocks, 1, 1),
@@ -675,6 +682,25 @@ impl Gpu {
         .map_err(dev_err("sq_norms"))?;
         Ok(())
     }
+}
+
+/// Device addresses of one [`Gpu::ready_rows`] launch: row r of `to` becomes row r of `from`
+/// minus `centre` (one f32 rounding of the exact difference; `to` may be `from`: centred in
+/// place), `norms[r]` its squared norm summed in f32 (error ≤ γ_d · exact), and `cut[r]`
+/// `u64::MAX`, the fused kernels' empty cut. 0 for `to`: the centred rows are not kept (only
+/// their norms); for `centre`: no centring; for `cut`: not filled.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadyRows {
+    /// The rows as given.
+    pub from: u64,
+    /// Where the centred rows go, or 0.
+    pub to: u64,
+    /// `d` floats, or 0.
+    pub centre: u64,
+    /// `rows` floats.
+    pub norms: u64,
+    /// `rows` u64 words, or 0.
+    pub cut: u64,
 }
 
 #[cfg(test)]

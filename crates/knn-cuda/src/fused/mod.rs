@@ -16,7 +16,7 @@ pub(crate) use resident::{BaseView, Prefetched, Resident};
 pub(crate) use results::{HostLists, Results};
 pub use share::GraphShare;
 
-use crate::device::{dev_err, Gpu};
+use crate::device::{dev_err, Gpu, ReadyRows};
 use crate::tuning::CudaTuning;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use finish::{exact_keys, finish_lists, FinishedChunk, RowFacts};
@@ -590,23 +590,27 @@ pub(crate) fn run(
             None => resident.and_then(|_| req.queries.slice_rows(qs, qe).row_offset_in(&req.base)),
         };
         // Buffers of this chunk's own, kept until its kernels are done.
-        let (mut q_own, mut _qn_own) = (None, None);
+        let (mut q_up, mut q_own, mut _qn_own) = (None, None, None);
         let mut given_own: Option<CudaSlice<f32>> = None;
+        // The query rows as given (the caller's, or uploaded) when they are not rows of the
+        // resident base, readied below in one launch: centred into a copy of their own (the
+        // given rows stay for the exact keys), measured, and their cut made empty.
+        let mut given_q = None;
         let (q, qn) = match (alias, resident) {
             (Some(at), Some((b, bn))) => (
                 gpu.ptr(b) + (at * d * 4) as u64,
                 gpu.ptr(bn) + (at * 4) as u64,
             ),
             _ => {
-                let q = match device_io {
-                    // The caller's rows, read where they lie, or a copy of them where they are
-                    // centred (in place, below).
-                    Some(io) if centre_ptr == 0 => io.queries + (qs * d * 4) as u64,
-                    Some(io) => gpu.ptr(q_own.insert(
-                        gpu.copy_from_device::<f32>(io.queries + (qs * d * 4) as u64, n * d)?,
-                    )),
-                    None => gpu
-                        .ptr(q_own.insert(gpu.upload(req.queries.slice_rows(qs, qe).as_slice())?)),
+                let from = *given_q.insert(match device_io {
+                    Some(io) => io.queries + (qs * d * 4) as u64,
+                    None => {
+                        gpu.ptr(q_up.insert(gpu.upload(req.queries.slice_rows(qs, qe).as_slice())?))
+                    }
+                });
+                let q = match centre_ptr {
+                    0 => from,
+                    _ => gpu.ptr(q_own.insert(gpu.alloc::<f32>(n * d)?)),
                 };
                 (q, gpu.ptr(_qn_own.insert(gpu.alloc::<f32>(n)?)))
             }
@@ -620,24 +624,24 @@ pub(crate) fn run(
                     None => gpu.ptr(given_own.insert(gpu.upload(rows)?)),
                 }
             }
-            (_, Some(gb)) if centre_ptr != 0 => match (alias, device_io) {
+            (_, Some(gb)) if centre_ptr != 0 => match (alias, given_q) {
                 (Some(at), _) => gpu.ptr(gb) + (at * d * 4) as u64,
-                // The caller's rows, which the centring below does not touch.
-                (None, Some(io)) => io.queries + (qs * d * 4) as u64,
-                (None, None) => {
-                    // Copied before the queries are centred in place below.
-                    let own = q_own.as_ref().expect("uploaded above");
-                    let copy = gpu
-                        .stream
-                        .clone_dtod(own)
-                        .map_err(dev_err("copying on the device"))?;
-                    gpu.ptr(given_own.insert(copy))
-                }
+                (None, from) => from.expect("set above for rows not of the base"),
             },
             _ => q,
         };
-        if alias.is_none() {
-            gpu.centre_sq_norms(q, n, d, centre_ptr, qn)?;
+        let mut cut = None;
+        if let Some(from) = given_q {
+            let c = gpu.ptr(cut.insert(gpu.alloc::<u64>(n)?));
+            let to = if centre_ptr == 0 { 0 } else { q };
+            let ready = ReadyRows {
+                from,
+                to,
+                centre: centre_ptr,
+                norms: qn,
+                cut: c,
+            };
+            gpu.ready_rows(n, d, ready)?;
         }
 
         phases.lap(gpu, "queries up");
@@ -666,8 +670,14 @@ pub(crate) fn run(
             None => None,
         };
         let excl_ptr = excl.as_ref().map_or(0, |e| gpu.ptr(e));
-        let mut cut = gpu.alloc::<u64>(n)?;
-        gpu.fill_u64(gpu.ptr(&cut), n, SENTINEL)?;
+        let mut cut = match cut {
+            Some(c) => c,
+            None => {
+                let c = gpu.alloc::<u64>(n)?;
+                gpu.fill_u64(gpu.ptr(&c), n, SENTINEL)?;
+                c
+            }
+        };
         let mut running: Option<Lists> = None;
         let t0 = timing::kernel_event(gpu)?;
         let copied = if let (Some((g, _)), Some(at), Some((parts, own))) = (graph, alias, &parts) {
