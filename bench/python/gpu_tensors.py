@@ -9,7 +9,11 @@ Each side is timed from the queries' tensor to the results' tensors, synchronise
 --repeat runs after warm-up, both in this process on the same data.
 
 Run on the GPU machine with the package installed (its wheel, built here with maturin):
-  python3 bench/python/gpu_tensors.py [--n 16384] [--m 4096] [--d 128] [--k 16]
+  python3 bench/python/gpu_tensors.py [--n 16384] [--m 4096] [--d 128] [--k 16] [--parts]
+
+--parts also times the parts of one PyTorch search in this process (median and 90th
+percentile of --repeat calls, each synchronised): the queries' wrapper (`CudaRows`), the two
+result tensors, the native call alone on kept tensors, and the whole `index.search`.
 """
 
 from __future__ import annotations
@@ -36,6 +40,37 @@ def median_ms(f, repeat):
     return float(np.median(times))
 
 
+def parts(index, queries, k, repeat):
+    """Median and 90th percentile (µs) of each part of a PyTorch tensor search."""
+    from knn._arrays import CudaRows
+
+    rows = CudaRows(queries, "queries")
+    ids, dists = rows.results(k)
+    native = index._native
+
+    def call():
+        native.search_device(rows.ptr, rows.rows, rows.device, rows.stream, k,
+                             ids.data_ptr(), dists.data_ptr())
+
+    steps = {
+        "CudaRows": lambda: CudaRows(queries, "queries"),
+        "result tensors": lambda: rows.results(k),
+        "native search_device": call,
+        "index.search": lambda: index.search(queries, k),
+    }
+    for name, f in steps.items():
+        for _ in range(5):
+            f()
+        torch.cuda.synchronize()
+        t = []
+        for _ in range(repeat):
+            s = time.perf_counter_ns()
+            f()
+            torch.cuda.synchronize()
+            t.append((time.perf_counter_ns() - s) / 1e3)
+        print(f"  {name}: median {np.median(t):.1f} us, p90 {np.percentile(t, 90):.1f} us")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=16384)
@@ -43,6 +78,7 @@ def main():
     p.add_argument("--d", type=int, default=128)
     p.add_argument("--k", type=int, default=16)
     p.add_argument("--repeat", type=int, default=50)
+    p.add_argument("--parts", action="store_true", help="also time the parts of one search")
     a = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -68,6 +104,8 @@ def main():
     print(f"index built from a CUDA tensor in {build:.1f} ms")
     print(f"torch tensors: knn {ours:.3f} ms, torch addmm+topk {peer:.3f} ms: {peer / ours:.2f}x "
           f"(bar 4x); rows with ids equal to torch's: {same:.4f}")
+    if a.parts:
+        parts(index, queries, a.k, a.repeat)
     try:
         import cupy
     except ImportError:
