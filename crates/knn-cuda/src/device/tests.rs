@@ -188,3 +188,93 @@ fn readbacks_land_every_queued_read() {
         assert_eq!(gw[..], words[..]);
     }
 }
+
+/// The host's reading of `sq_norms`' warp: lane l sums `fmaf(v, v, s)` over j = l, l + 32, …,
+/// then the lanes' sums meet by the xor shuffles 16, 8, 4, 2, 1.
+fn warp_sq_norm(row: &[f32]) -> f32 {
+    let mut s = [0f32; 32];
+    for (l, acc) in s.iter_mut().enumerate() {
+        for v in row.iter().skip(l).step_by(32) {
+            *acc = v.mul_add(*v, *acc);
+        }
+    }
+    for o in [16, 8, 4, 2, 1] {
+        let prev = s;
+        for (l, acc) in s.iter_mut().enumerate() {
+            *acc = prev[l] + prev[l ^ o];
+        }
+    }
+    s[0]
+}
+
+/// `ready_rows` in each of its forms, bit for bit against the host: a centred copy (the given
+/// rows untouched), centring in place, norms alone, a plain copy; the cut of every row set to
+/// `u64::MAX` and nothing past it. Rows not a multiple of a block's 8, dimensions on and off
+/// the warp's 32.
+#[test]
+fn ready_rows_centre_measure_and_cut() {
+    if !knn_testkit::gpu_available_or_skip(crate::CudaEngine::available(), "ready_rows") {
+        return;
+    }
+    let gpu = super::Gpu::new(0).unwrap();
+    for (rows, d) in [(13usize, 37usize), (8, 128), (1, 1), (70, 100)] {
+        let given: Vec<f32> = (0..rows * d)
+            .map(|i| ((i * 7919) % 1009) as f32 * 0.37 - 150.0)
+            .collect();
+        let centre: Vec<f32> = (0..d).map(|j| j as f32 * 1.5 - 20.25).collect();
+        let centred: Vec<f32> = given
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| v - centre[i % d])
+            .collect();
+        let norms_of = |x: &[f32]| -> Vec<u32> {
+            x.chunks(d).map(|r| warp_sq_norm(r).to_bits()).collect()
+        };
+        let bits = |x: &[f32]| -> Vec<u32> { x.iter().map(|v| v.to_bits()).collect() };
+        let dc = gpu.upload(&centre).unwrap();
+        for (form, centred_form, copy) in [
+            ("centred copy", true, true),
+            ("in place", true, false),
+            ("norms alone", false, false),
+            ("plain copy", false, true),
+        ] {
+            let from = gpu.upload(&given).unwrap();
+            let to = gpu.alloc::<f32>(rows * d).unwrap();
+            let norms = gpu.alloc::<f32>(rows).unwrap();
+            // One word past the rows' cuts, which must keep its value.
+            let mut cut_host = vec![7u64; rows + 1];
+            cut_host[rows] = 42;
+            let cut = gpu.upload(&cut_host).unwrap();
+            let to_ptr = match (centred_form, copy) {
+                (true, false) => gpu.ptr(&from),
+                (_, true) => gpu.ptr(&to),
+                (false, false) => 0,
+            };
+            let r = super::ReadyRows {
+                from: gpu.ptr(&from),
+                to: to_ptr,
+                centre: if centred_form { gpu.ptr(&dc) } else { 0 },
+                norms: gpu.ptr(&norms),
+                cut: gpu.ptr(&cut),
+            };
+            gpu.ready_rows(rows, d, r).unwrap();
+            let got_from = gpu.download(&from, rows * d).unwrap();
+            let got_norms = gpu.download(&norms, rows).unwrap();
+            let got_cut = gpu.download(&cut, rows + 1).unwrap();
+            let want = if centred_form { &centred } else { &given };
+            assert_eq!(bits(&got_norms), norms_of(want), "{form}, {rows} x {d}: norms");
+            let kept = if (centred_form, copy) == (true, false) {
+                want
+            } else {
+                &given
+            };
+            assert_eq!(bits(&got_from), bits(kept), "{form}, {rows} x {d}: given rows");
+            if copy {
+                let got_to = gpu.download(&to, rows * d).unwrap();
+                assert_eq!(bits(&got_to), bits(want), "{form}, {rows} x {d}: copy");
+            }
+            assert!(got_cut[..rows].iter().all(|&c| c == u64::MAX), "{form}: cut");
+            assert_eq!(got_cut[rows], 42, "{form}: a word past the cut");
+        }
+    }
+}
