@@ -227,9 +227,8 @@ fn ready_rows_centre_measure_and_cut() {
             .enumerate()
             .map(|(i, &v)| v - centre[i % d])
             .collect();
-        let norms_of = |x: &[f32]| -> Vec<u32> {
-            x.chunks(d).map(|r| warp_sq_norm(r).to_bits()).collect()
-        };
+        let norms_of =
+            |x: &[f32]| -> Vec<u32> { x.chunks(d).map(|r| warp_sq_norm(r).to_bits()).collect() };
         let bits = |x: &[f32]| -> Vec<u32> { x.iter().map(|v| v.to_bits()).collect() };
         let dc = gpu.upload(&centre).unwrap();
         for (form, centred_form, copy) in [
@@ -262,18 +261,29 @@ fn ready_rows_centre_measure_and_cut() {
             let got_norms = gpu.download(&norms, rows).unwrap();
             let got_cut = gpu.download(&cut, rows + 1).unwrap();
             let want = if centred_form { &centred } else { &given };
-            assert_eq!(bits(&got_norms), norms_of(want), "{form}, {rows} x {d}: norms");
+            assert_eq!(
+                bits(&got_norms),
+                norms_of(want),
+                "{form}, {rows} x {d}: norms"
+            );
             let kept = if (centred_form, copy) == (true, false) {
                 want
             } else {
                 &given
             };
-            assert_eq!(bits(&got_from), bits(kept), "{form}, {rows} x {d}: given rows");
+            assert_eq!(
+                bits(&got_from),
+                bits(kept),
+                "{form}, {rows} x {d}: given rows"
+            );
             if copy {
                 let got_to = gpu.download(&to, rows * d).unwrap();
                 assert_eq!(bits(&got_to), bits(want), "{form}, {rows} x {d}: copy");
             }
-            assert!(got_cut[..rows].iter().all(|&c| c == u64::MAX), "{form}: cut");
+            assert!(
+                got_cut[..rows].iter().all(|&c| c == u64::MAX),
+                "{form}: cut"
+            );
             assert_eq!(got_cut[rows], 42, "{form}: a word past the cut");
         }
     }
