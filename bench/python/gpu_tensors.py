@@ -27,7 +27,8 @@ import torch
 import knn
 
 
-def median_ms(f, repeat):
+def times_ms(f, repeat):
+    """Wall times (ms) of ``repeat`` calls of ``f``, each synchronised, after three warm-up calls."""
     for _ in range(3):
         f()
     torch.cuda.synchronize()
@@ -37,7 +38,11 @@ def median_ms(f, repeat):
         f()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(times))
+    return times
+
+
+def median_ms(f, repeat):
+    return float(np.median(times_ms(f, repeat)))
 
 
 def parts(index, queries, k, repeat):
@@ -59,15 +64,7 @@ def parts(index, queries, k, repeat):
         "index.search": lambda: index.search(queries, k),
     }
     for name, f in steps.items():
-        for _ in range(5):
-            f()
-        torch.cuda.synchronize()
-        t = []
-        for _ in range(repeat):
-            s = time.perf_counter_ns()
-            f()
-            torch.cuda.synchronize()
-            t.append((time.perf_counter_ns() - s) / 1e3)
+        t = np.array(times_ms(f, repeat)) * 1e3
         print(f"  {name}: median {np.median(t):.1f} us, p90 {np.percentile(t, 90):.1f} us")
 
 
