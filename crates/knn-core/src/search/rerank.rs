@@ -5,6 +5,7 @@ use crate::engine::{CandidateRows, RowSink};
 use crate::given::{lower_floor, GivenRows, Real, RowsFn};
 use crate::matrix::MatrixRef;
 use crate::metric::Metric;
+use crate::topk::ExactTopK;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, OnceLock};
@@ -497,28 +498,20 @@ pub(super) fn exact_scan_given(
     struct Scan<'m> {
         metric: &'m Metric,
         skip: Option<u32>,
+        k: usize,
     }
     impl RowsFn<Vec<(f64, u32)>> for Scan<'_> {
         fn call<A: Real, B: Real>(self, q: &[A], base: &[B], d: usize) -> Vec<(f64, u32)> {
-            base.chunks_exact(d)
-                .zip(0u32..)
-                .filter(|&(_, b)| Some(b) != self.skip)
-                .map(|(row, b)| (self.metric.exact_key(q, row), b))
-                .collect()
+            let mut best = ExactTopK::new(self.k);
+            for (row, b) in base.chunks_exact(d).zip(0u32..) {
+                if Some(b) != self.skip {
+                    best.offer((self.metric.exact_key(q, row), b));
+                }
+            }
+            best.sorted()
         }
     }
-    smallest_k(given.with_rows(qi, Scan { metric, skip }), k)
-}
-
-/// The `k` smallest of `all` by (key, id), sorted.
-fn smallest_k(mut all: Vec<(f64, u32)>, k: usize) -> Vec<(f64, u32)> {
-    let cmp = |a: &(f64, u32), b: &(f64, u32)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
-    if k < all.len() {
-        all.select_nth_unstable_by(k - 1, cmp);
-        all.truncate(k);
-    }
-    all.sort_unstable_by(cmp);
-    all
+    given.with_rows(qi, Scan { metric, skip, k })
 }
 
 /// The k smallest exact keys of one query over the whole base, sorted by (key, id).
@@ -529,19 +522,28 @@ pub(crate) fn exact_scan(
     k: usize,
     skip: Option<u32>,
 ) -> Vec<(f64, u32)> {
-    let all: Vec<(f64, u32)> = match metric {
+    let mut best = ExactTopK::new(k);
+    match metric {
         Metric::Expr(e) => {
+            // Keys of a block of rows at a time (the expression's evaluator works on blocks).
             let ids: Vec<u32> = (0..base.rows() as u32)
                 .filter(|&b| Some(b) != skip)
                 .collect();
-            let mut all = Vec::with_capacity(ids.len());
-            e.keys(q, base, &ids, &mut all);
-            all
+            let mut keys = Vec::with_capacity(EXPR_BLOCK.min(ids.len()));
+            for block in ids.chunks(EXPR_BLOCK) {
+                keys.clear();
+                e.keys(q, base, block, &mut keys);
+                keys.iter().for_each(|&p| best.offer(p));
+            }
         }
-        _ => (0..base.rows() as u32)
-            .filter(|&b| Some(b) != skip)
-            .map(|b| (metric.exact_key(q, base.row(b as usize)), b))
-            .collect(),
-    };
-    smallest_k(all, k)
+        _ => {
+            for b in (0..base.rows() as u32).filter(|&b| Some(b) != skip) {
+                best.offer((metric.exact_key(q, base.row(b as usize)), b));
+            }
+        }
+    }
+    best.sorted()
 }
+
+/// Rows whose expression keys [`exact_scan`] computes at a time.
+const EXPR_BLOCK: usize = 4096;
