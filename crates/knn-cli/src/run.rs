@@ -772,6 +772,8 @@ pub fn verify(a: &VerifyArgs, quiet: bool) -> Result<ExitCode> {
             }
         }
         let t0 = Instant::now();
+        let rows = result.rows();
+        let progress = Progress::new("verify: the exact truth", rows, quiet);
         let rep = CheckReport::of_given(
             base.given(),
             queries.as_ref().map(Data::given),
@@ -780,7 +782,10 @@ pub fn verify(a: &VerifyArgs, quiet: bool) -> Result<ExitCode> {
             &metric,
             &result,
             knn::DEFAULT_TOLERANCE,
-        )?;
+            Some(&|done| progress.update(done, rows)),
+        );
+        progress.finish();
+        let rep = rep?;
         ok &= rep.passed() && rep.recall >= a.min_recall;
         let values = if f64_rows { "float64 values, " } else { "" };
         println!(

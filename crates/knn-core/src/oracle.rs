@@ -8,7 +8,9 @@ use crate::metric::Metric;
 use crate::neighbors::Neighbors;
 use crate::prepare::prepare;
 use crate::search::exact_scan;
+use crate::topk::ExactTopK;
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// Relative tolerance of the exactness contract (of the k-th distance).
 pub const DEFAULT_TOLERANCE: f64 = 1e-5;
@@ -22,19 +24,54 @@ pub fn oracle(
     k: usize,
     metric: &Metric,
 ) -> Result<Neighbors> {
+    oracle_counted(base, queries, k, metric, &RowCount::new(None))
+}
+
+/// Rows of a long computation done so far, told to a caller's `progress` (from any thread,
+/// once per row; the counts rise but may arrive out of order).
+struct RowCount<'a> {
+    done: AtomicUsize,
+    progress: Option<&'a (dyn Fn(usize) + Sync)>,
+}
+
+impl<'a> RowCount<'a> {
+    fn new(progress: Option<&'a (dyn Fn(usize) + Sync)>) -> Self {
+        RowCount {
+            done: AtomicUsize::new(0),
+            progress,
+        }
+    }
+
+    fn one(&self) {
+        if let Some(p) = self.progress {
+            p(self.done.fetch_add(1, Relaxed) + 1);
+        }
+    }
+}
+
+/// [`oracle`], counting its rows.
+fn oracle_counted(
+    base: MatrixRef<'_>,
+    queries: Option<MatrixRef<'_>>,
+    k: usize,
+    metric: &Metric,
+    count: &RowCount<'_>,
+) -> Result<Neighbors> {
     let prep = prepare(metric, base, queries)?;
     let xb = prep.exact_base.view();
     let xq = prep.exact_queries().unwrap_or(xb);
     let rows: Vec<Vec<(f64, u32)>> = (0..xq.rows())
         .into_par_iter()
         .map(|i| {
-            exact_scan(
+            let row = exact_scan(
                 metric,
                 xb,
                 xq.row(i),
                 k,
                 queries.is_none().then_some(i as u32),
-            )
+            );
+            count.one();
+            row
         })
         .collect();
     let mut out = Neighbors::with_shape(xq.rows(), k);
@@ -135,7 +172,10 @@ impl CheckReport {
     /// given rows within `tol` as [`check`] compares. Rows given in f32 alone are checked as
     /// [`check`] checks them; Mahalanobis and expression metrics refuse f64 rows (as
     /// [`crate::given::check_given`] says), and NaN, infinite or (for f64) beyond-f32 values
-    /// are refused as [`crate::given::round_to_f32`] refuses them.
+    /// are refused as [`crate::given::round_to_f32`] refuses them. `progress`, when given, is
+    /// told the number of rows whose truth is known so far (from any thread, once per row):
+    /// the truth is most of the time.
+    #[allow(clippy::too_many_arguments)]
     pub fn of_given<D: Copy + Into<f64> + std::fmt::Display + Sync>(
         base: Given<'_>,
         queries: Option<Given<'_>>,
@@ -144,7 +184,9 @@ impl CheckReport {
         metric: &Metric,
         result: &Neighbors<D>,
         tol: f64,
+        progress: Option<&(dyn Fn(usize) + Sync)>,
     ) -> Result<CheckReport> {
+        let count = RowCount::new(progress);
         let any_f64 = base.is_f64() || queries.is_some_and(|q| q.is_f64());
         check_given(metric, any_f64)?;
         if let (false, Given::F32(b), None | Some(Given::F32(_))) = (any_f64, base, queries) {
@@ -154,7 +196,7 @@ impl CheckReport {
                 Some(Given::F32(q)) => Some(MatrixRef::new("queries", q, dim)?),
                 _ => None,
             };
-            let truth = oracle(b, q, k, metric)?;
+            let truth = oracle_counted(b, q, k, metric, &count)?;
             return check_against(b, q, k, metric, result, &truth, tol);
         }
         // NaN, infinities and values beyond f32's range refused as the engines refuse them.
@@ -179,14 +221,12 @@ impl CheckReport {
             .into_par_iter()
             .map(|i| {
                 let skip = rows.self_join.then_some(i);
-                let mut keys: Vec<(f64, usize)> = (0..rows.base)
-                    .filter(|&b| Some(b) != skip)
-                    .map(|b| (given_key(metric, q_given, i, base, b, dim), b))
-                    .collect();
-                let cmp =
-                    |a: &(f64, usize), b: &(f64, usize)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
-                keys.select_nth_unstable_by(k - 1, cmp);
-                metric.distance_from_key_f64(keys[k - 1].0)
+                let mut best = ExactTopK::new(k);
+                for b in (0..rows.base).filter(|&b| Some(b) != skip) {
+                    best.offer((given_key(metric, q_given, i, base, b, dim), b as u32));
+                }
+                count.one();
+                metric.distance_from_key_f64(best.sorted()[k - 1].0)
             })
             .collect();
         let exact = |i: usize, id: usize| {
@@ -402,6 +442,7 @@ mod tests {
             &Metric::L2,
             result,
             DEFAULT_TOLERANCE,
+            None,
         )
         .unwrap()
     }
@@ -434,7 +475,8 @@ mod tests {
         // k = 2: a far id fails recall.
         let q = Some(Given::F64(&QUERY[..]));
         let two = answer(&[2, 0], vec![exact[0], exact[2]]);
-        let r = CheckReport::of_given(Given::F64(&BASE), q, 1, 2, &Metric::L2, &two, 1e-5).unwrap();
+        let r = CheckReport::of_given(Given::F64(&BASE), q, 1, 2, &Metric::L2, &two, 1e-5, None)
+            .unwrap();
         assert!(!r.passed() && r.recall == 0.5, "{r:?}");
     }
 
@@ -454,14 +496,23 @@ mod tests {
             rows.distances.extend(others.iter().map(|p| p.0));
         }
         assert_eq!(rows.ids_of(0), &[1, 2, 3]);
-        let r =
-            CheckReport::of_given(Given::F64(&BASE), None, 1, 3, &Metric::L2, &rows, 1e-5).unwrap();
+        let r = CheckReport::of_given(
+            Given::F64(&BASE),
+            None,
+            1,
+            3,
+            &Metric::L2,
+            &rows,
+            1e-5,
+            None,
+        )
+        .unwrap();
         assert!(r.passed(), "{r:?}");
         // The point itself is refused.
         let mut own = rows.clone();
         own.ids[0] = 0;
-        let r =
-            CheckReport::of_given(Given::F64(&BASE), None, 1, 3, &Metric::L2, &own, 1e-5).unwrap();
+        let r = CheckReport::of_given(Given::F64(&BASE), None, 1, 3, &Metric::L2, &own, 1e-5, None)
+            .unwrap();
         assert!(r.first_problem.unwrap().contains("the point itself"));
         // f32 queries against f64 rows: checked against the f64 values.
         let q32 = [1.0f32];
@@ -474,6 +525,7 @@ mod tests {
             &Metric::L2,
             &nn,
             1e-5,
+            None,
         )
         .unwrap();
         assert!(r.passed(), "{r:?}");
@@ -494,24 +546,25 @@ mod tests {
             &Metric::L2,
             &nn,
             1e-5,
+            None,
         )
         .unwrap();
         assert_eq!(r, check(b, Some(qm), 2, &Metric::L2, &nn, 1e-5).unwrap());
         assert!(r.passed());
         let maha = Metric::Mahalanobis(Covariance::FromBase);
-        let e = CheckReport::of_given(Given::F64(&BASE), None, 1, 1, &maha, &nn, 1e-5)
+        let e = CheckReport::of_given(Given::F64(&BASE), None, 1, 1, &maha, &nn, 1e-5, None)
             .unwrap_err()
             .to_string();
         assert!(e.contains("float64") && e.contains("float32"), "{e}");
         let nan = [1.0, f64::NAN];
-        let e = CheckReport::of_given(Given::F64(&nan), None, 1, 1, &Metric::L2, &nn, 1e-5)
+        let e = CheckReport::of_given(Given::F64(&nan), None, 1, 1, &Metric::L2, &nn, 1e-5, None)
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("base: row 1, column 0") && e.contains("NaN"),
             "{e}"
         );
-        let e = CheckReport::of_given(Given::F64(&BASE), None, 1, 4, &Metric::L2, &nn, 1e-5)
+        let e = CheckReport::of_given(Given::F64(&BASE), None, 1, 4, &Metric::L2, &nn, 1e-5, None)
             .unwrap_err()
             .to_string();
         assert!(e.contains("k=4") && e.contains('3'), "{e}");
