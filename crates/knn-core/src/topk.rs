@@ -15,9 +15,14 @@ pub struct TopK {
     cut: (f32, u32),
 }
 
+/// `a` before `b` in [`order`], the order of compactions and of the result; a NaN key is never
+/// before anything (such pairs are refused). One order for both, so that the kept set does not
+/// depend on the order of pushes: an IEEE comparison here (-0 == +0) refused a pair (-0, 5)
+/// after a compaction had cut at (+0, 3), which [`order`] puts first.
 #[inline]
 fn less(a: (f32, u32), b: (f32, u32)) -> bool {
-    a.0 < b.0 || (a.0 == b.0 && a.1 < b.1)
+    // (`<` first: the common case, and `order`'s answer wherever it holds.)
+    a.0 < b.0 || (a.0 == b.0 && order(&a, &b).is_lt())
 }
 
 fn order(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
@@ -94,8 +99,8 @@ fn by_key_then_id(a: &(f64, u32), b: &(f64, u32)) -> std::cmp::Ordering {
 /// The `k` smallest of a stream of exact (f64 key, id) pairs in [`by_key_then_id`] order (the
 /// exact pipeline's order: keys by `total_cmp`), without holding the stream; [`TopK`]'s
 /// reservoir for the f64 keys of the re-rank and the oracle, where [`TopK`] serves the engines'
-/// f32 candidate keys (compared as IEEE values: a merge of the two would change how the engines
-/// order -0 and +0). Pairs gather in a buffer of [`ExactTopK::CAP_PER_K`]·k (at least
+/// f32 candidate keys (and refuses NaN ones, where this keeps them last as a full sort would:
+/// a type of both would carry that difference). Pairs gather in a buffer of [`ExactTopK::CAP_PER_K`]·k (at least
 /// [`ExactTopK::CAP_MIN`]), cut back to its best `k` when full; from the first cut on, a pair
 /// that does not come before the k-th kept is dropped at once. The order is total (ids are
 /// distinct), so the result is exactly a full sort's first `k`. (Collecting a whole base's
@@ -158,6 +163,42 @@ impl ExactTopK {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Keys -0 and +0 (and NaN, refused) in every order of pushes: the same kept pairs, those
+    /// of a sort by [`order`].
+    #[test]
+    fn signed_zeros_keep_the_same_pairs_in_any_order() {
+        let items = [
+            (0.0f32, 3u32),
+            (1.0, 9),
+            (-0.0, 5),
+            (f32::NAN, 1),
+            (-0.0, 7),
+            (0.5, 2),
+        ];
+        let mut sorted: Vec<_> = items.iter().copied().filter(|p| !p.0.is_nan()).collect();
+        sorted.sort_by(order);
+        let bits = |v: &[(f32, u32)]| v.iter().map(|p| (p.0.to_bits(), p.1)).collect::<Vec<_>>();
+        for cap in 1..=5 {
+            // Every rotation and its reverse.
+            for r in 0..items.len() {
+                for rev in [false, true] {
+                    let mut it = items.to_vec();
+                    it.rotate_left(r);
+                    if rev {
+                        it.reverse();
+                    }
+                    let mut t = TopK::new(cap);
+                    it.iter().for_each(|&(k, i)| t.push(k, i));
+                    let n = t.len();
+                    let (mut k, mut i) = (vec![0.0; n], vec![0; n]);
+                    t.drain_sorted_into(&mut k, &mut i);
+                    let got: Vec<_> = k.into_iter().zip(i).collect();
+                    assert_eq!(bits(&got), bits(&sorted[..cap]), "cap {cap}, {it:?}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn keeps_smallest_with_id_tiebreak_in_any_order() {
