@@ -45,5 +45,5 @@ pub use search::{
     search, search_given, search_prepared, search_with_progress, ProgressFn,
 };
 pub use threads::Threads;
-pub use topk::TopK;
+pub use topk::{SortKey, TopK};
 pub use validate::{check_base, validate};

@@ -8,7 +8,7 @@ use crate::metric::Metric;
 use crate::neighbors::Neighbors;
 use crate::prepare::prepare;
 use crate::search::exact_scan;
-use crate::topk::ExactTopK;
+use crate::topk::TopK;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
@@ -221,12 +221,12 @@ impl CheckReport {
             .into_par_iter()
             .map(|i| {
                 let skip = rows.self_join.then_some(i);
-                let mut best = ExactTopK::new(k);
+                let mut best = TopK::<f64>::new(k);
                 for b in (0..rows.base).filter(|&b| Some(b) != skip) {
-                    best.offer((given_key(metric, q_given, i, base, b, dim), b as u32));
+                    best.push(given_key(metric, q_given, i, base, b, dim), b as u32);
                 }
                 count.one();
-                metric.distance_from_key_f64(best.sorted()[k - 1].0)
+                metric.distance_from_key_f64(best.into_sorted()[k - 1].0)
             })
             .collect();
         let exact = |i: usize, id: usize| {

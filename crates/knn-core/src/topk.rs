@@ -1,18 +1,47 @@
 //! Running selection of the `width` smallest `(key, id)` pairs.
 
+use std::cmp::Ordering;
+
+/// A key [`TopK`] selects by: the engines' f32 candidate keys, the exact pipeline's f64 keys.
+pub trait SortKey: Copy + PartialOrd {
+    /// Above every key that may enter.
+    const INFINITY: Self;
+    /// The total order of the keys (`f32::total_cmp`, `f64::total_cmp`).
+    fn total_cmp(&self, other: &Self) -> Ordering;
+}
+
+impl SortKey for f32 {
+    const INFINITY: Self = f32::INFINITY;
+    #[inline]
+    fn total_cmp(&self, other: &Self) -> Ordering {
+        f32::total_cmp(self, other)
+    }
+}
+
+impl SortKey for f64 {
+    const INFINITY: Self = f64::INFINITY;
+    #[inline]
+    fn total_cmp(&self, other: &Self) -> Ordering {
+        f64::total_cmp(self, other)
+    }
+}
+
 /// Keeps the `cap` smallest `(key, id)` pairs pushed so far, compared lexicographically
 /// (smaller id wins among equal keys), so the result does not depend on the order of pushes.
 ///
 /// A reservoir: accepted pairs are appended to a buffer of `2·cap`; when it fills, a linear-time
 /// selection keeps the `cap` smallest and raises the threshold to the largest kept. A push costs
 /// O(1) amortised, and `threshold()` is the key to beat, so most candidates stop at one
-/// comparison.
+/// comparison. The engines select f32 candidate keys with it, the exact scans (the re-rank of
+/// unproven rows, the oracle, `knn verify`) f64 exact keys: collecting a whole base's keys per
+/// query and selecting among them spent half of `knn verify`'s time on the collection's pages
+/// and the selection. NaN keys are refused.
 #[derive(Clone, Debug)]
-pub struct TopK {
+pub struct TopK<K: SortKey = f32> {
     cap: usize,
-    buf: Vec<(f32, u32)>,
+    buf: Vec<(K, u32)>,
     /// Largest kept pair after the last compaction; `(+∞, MAX)` before the first.
-    cut: (f32, u32),
+    cut: (K, u32),
 }
 
 /// `a` before `b` in [`order`], the order of compactions and of the result; a NaN key is never
@@ -20,28 +49,28 @@ pub struct TopK {
 /// depend on the order of pushes: an IEEE comparison here (-0 == +0) refused a pair (-0, 5)
 /// after a compaction had cut at (+0, 3), which [`order`] puts first.
 #[inline]
-fn less(a: (f32, u32), b: (f32, u32)) -> bool {
+fn less<K: SortKey>(a: (K, u32), b: (K, u32)) -> bool {
     // (`<` first: the common case, and `order`'s answer wherever it holds.)
     a.0 < b.0 || (a.0 == b.0 && order(&a, &b).is_lt())
 }
 
-fn order(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
+fn order<K: SortKey>(a: &(K, u32), b: &(K, u32)) -> Ordering {
     a.0.total_cmp(&b.0).then(a.1.cmp(&b.1))
 }
 
-impl TopK {
+impl<K: SortKey> TopK<K> {
     /// An empty selection keeping at most `cap` pairs.
     pub fn new(cap: usize) -> Self {
         Self {
             cap,
             buf: Vec::with_capacity(2 * cap.max(1)),
-            cut: (f32::INFINITY, u32::MAX),
+            cut: (K::INFINITY, u32::MAX),
         }
     }
 
     /// Keys above this cannot enter (`+∞` until the buffer first fills).
     #[inline]
-    pub fn threshold(&self) -> f32 {
+    pub fn threshold(&self) -> K {
         self.cut.0
     }
 
@@ -57,7 +86,7 @@ impl TopK {
 
     /// Offers a pair; kept if it is among the `cap` smallest so far.
     #[inline]
-    pub fn push(&mut self, key: f32, id: u32) {
+    pub fn push(&mut self, key: K, id: u32) {
         if self.cap == 0 || !less((key, id), self.cut) {
             return;
         }
@@ -78,85 +107,28 @@ impl TopK {
         }
     }
 
-    /// The pairs held, sorted by (key, id), written to `keys` / `ids`; the selection is emptied.
-    pub fn drain_sorted_into(&mut self, keys: &mut [f32], ids: &mut [u32]) {
+    /// Keeps the `cap` smallest, sorted by (key, id).
+    fn sort_held(&mut self) {
         self.compact();
         self.buf.sort_unstable_by(order);
+    }
+
+    /// The pairs held, sorted by (key, id).
+    pub fn into_sorted(mut self) -> Vec<(K, u32)> {
+        self.sort_held();
+        self.buf
+    }
+
+    /// The pairs held, sorted by (key, id), written to `keys` / `ids`; the selection is emptied
+    /// (its buffer kept for the next row).
+    pub fn drain_sorted_into(&mut self, keys: &mut [K], ids: &mut [u32]) {
+        self.sort_held();
         for (j, &(k, i)) in self.buf.iter().enumerate() {
             keys[j] = k;
             ids[j] = i;
         }
         self.buf.clear();
-        self.cut = (f32::INFINITY, u32::MAX);
-    }
-}
-
-/// Total order of (key, id) pairs: key by `total_cmp`, then the smaller id.
-fn by_key_then_id(a: &(f64, u32), b: &(f64, u32)) -> std::cmp::Ordering {
-    a.0.total_cmp(&b.0).then(a.1.cmp(&b.1))
-}
-
-/// The `k` smallest of a stream of exact (f64 key, id) pairs in [`by_key_then_id`] order (the
-/// exact pipeline's order: keys by `total_cmp`), without holding the stream; [`TopK`]'s
-/// reservoir for the f64 keys of the re-rank and the oracle, where [`TopK`] serves the engines'
-/// f32 candidate keys (and refuses NaN ones, where this keeps them last as a full sort would:
-/// a type of both would carry that difference). Pairs gather in a buffer of [`ExactTopK::CAP_PER_K`]·k (at least
-/// [`ExactTopK::CAP_MIN`]), cut back to its best `k` when full; from the first cut on, a pair
-/// that does not come before the k-th kept is dropped at once. The order is total (ids are
-/// distinct), so the result is exactly a full sort's first `k`. (Collecting a whole base's
-/// keys per query and selecting among them spent half of `knn verify`'s time on the
-/// collection's pages and the selection.)
-pub(crate) struct ExactTopK {
-    k: usize,
-    cap: usize,
-    kept: Vec<(f64, u32)>,
-    /// The k-th smallest so far (after a cut): nothing after it can enter.
-    worst: Option<(f64, u32)>,
-}
-
-impl ExactTopK {
-    const CAP_PER_K: usize = 4;
-    const CAP_MIN: usize = 1024;
-
-    pub(crate) fn new(k: usize) -> Self {
-        let cap = k.saturating_mul(Self::CAP_PER_K).max(Self::CAP_MIN);
-        ExactTopK {
-            k,
-            cap,
-            kept: Vec::with_capacity(cap),
-            worst: None,
-        }
-    }
-
-    #[inline]
-    pub(crate) fn offer(&mut self, pair: (f64, u32)) {
-        if self
-            .worst
-            .is_some_and(|w| by_key_then_id(&pair, &w).is_ge())
-        {
-            return;
-        }
-        self.kept.push(pair);
-        if self.kept.len() >= self.cap {
-            self.cut();
-        }
-    }
-
-    fn cut(&mut self) {
-        if self.k == 0 {
-            self.kept.clear();
-        } else if self.kept.len() > self.k {
-            self.kept.select_nth_unstable_by(self.k - 1, by_key_then_id);
-            self.kept.truncate(self.k);
-            self.worst = Some(self.kept[self.k - 1]);
-        }
-    }
-
-    /// The `k` smallest offered (all of them when fewer), sorted.
-    pub(crate) fn sorted(mut self) -> Vec<(f64, u32)> {
-        self.cut();
-        self.kept.sort_unstable_by(by_key_then_id);
-        self.kept
+        self.cut = (K::INFINITY, u32::MAX);
     }
 }
 
@@ -248,11 +220,11 @@ mod tests {
                 })
                 .collect();
             let mut want = pairs.clone();
-            want.sort_unstable_by(by_key_then_id);
+            want.sort_unstable_by(order);
             want.truncate(k);
-            let mut best = ExactTopK::new(k);
-            pairs.iter().for_each(|&p| best.offer(p));
-            prop_assert_eq!(best.sorted(), want);
+            let mut best = TopK::<f64>::new(k);
+            pairs.iter().for_each(|&(key, id)| best.push(key, id));
+            prop_assert_eq!(best.into_sorted(), want);
         }
     }
 }

@@ -5,7 +5,7 @@ use crate::engine::{CandidateRows, RowSink};
 use crate::given::{lower_floor, GivenRows, Real, RowsFn};
 use crate::matrix::MatrixRef;
 use crate::metric::Metric;
-use crate::topk::ExactTopK;
+use crate::topk::TopK;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, OnceLock};
@@ -502,13 +502,13 @@ pub(super) fn exact_scan_given(
     }
     impl RowsFn<Vec<(f64, u32)>> for Scan<'_> {
         fn call<A: Real, B: Real>(self, q: &[A], base: &[B], d: usize) -> Vec<(f64, u32)> {
-            let mut best = ExactTopK::new(self.k);
+            let mut best = TopK::<f64>::new(self.k);
             for (row, b) in base.chunks_exact(d).zip(0u32..) {
                 if Some(b) != self.skip {
-                    best.offer((self.metric.exact_key(q, row), b));
+                    best.push(self.metric.exact_key(q, row), b);
                 }
             }
-            best.sorted()
+            best.into_sorted()
         }
     }
     given.with_rows(qi, Scan { metric, skip, k })
@@ -522,7 +522,7 @@ pub(crate) fn exact_scan(
     k: usize,
     skip: Option<u32>,
 ) -> Vec<(f64, u32)> {
-    let mut best = ExactTopK::new(k);
+    let mut best = TopK::<f64>::new(k);
     match metric {
         Metric::Expr(e) => {
             // Keys of a block of rows at a time (the expression's evaluator works on blocks).
@@ -533,16 +533,16 @@ pub(crate) fn exact_scan(
             for block in ids.chunks(EXPR_BLOCK) {
                 keys.clear();
                 e.keys(q, base, block, &mut keys);
-                keys.iter().for_each(|&p| best.offer(p));
+                keys.iter().for_each(|&(key, id)| best.push(key, id));
             }
         }
         _ => {
             for b in (0..base.rows() as u32).filter(|&b| Some(b) != skip) {
-                best.offer((metric.exact_key(q, base.row(b as usize)), b));
+                best.push(metric.exact_key(q, base.row(b as usize)), b);
             }
         }
     }
-    best.sorted()
+    best.into_sorted()
 }
 
 /// Rows whose expression keys [`exact_scan`] computes at a time.
