@@ -2,7 +2,8 @@
 """Issue 21's GPU bar: an index built once from a PyTorch CUDA tensor (16384 x 128), searched
 with CUDA tensor queries (4096 x 128, k=16) that return CUDA tensors, against PyTorch
 ``addmm`` + ``topk`` on the same tensors (TF32 off, the exact float32 form), and the same with
-CuPy arrays against the same PyTorch figure. Bar: at least 4x. Answers compared (ids equal
+CuPy arrays and JAX arrays (when installed) against the same PyTorch figure. Bar: at least 4x.
+JAX's own form (jitted matmul + ``lax.top_k``, float32 precision) is timed beside it. Answers compared (ids equal
 where PyTorch's k-th distance is not tied with the next).
 
 Each side is timed from the queries' tensor to the results' tensors, synchronised, median of
@@ -19,12 +20,16 @@ result tensors, the native call alone on kept tensors, and the whole `index.sear
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
 import torch
 
 import knn
+
+# JAX, when it is imported below, takes memory as it needs it (not 75 % of the GPU at once).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
 def times_ms(f, repeat):
@@ -50,16 +55,16 @@ def parts(index, queries, k, repeat):
     from knn._arrays import CudaRows
 
     rows = CudaRows(queries, "queries")
-    ids, dists = rows.results(k)
     native = index._native
+    out = rows.results(k, native)
 
     def call():
         native.search_device(rows.ptr, rows.rows, rows.device, rows.stream, k,
-                             ids.data_ptr(), dists.data_ptr())
+                             out.ids_ptr, out.distances_ptr, out.ids_i64)
 
     steps = {
         "CudaRows": lambda: CudaRows(queries, "queries"),
-        "result tensors": lambda: rows.results(k),
+        "result tensors": lambda: rows.results(k, native),
         "native search_device": call,
         "index.search": lambda: index.search(queries, k),
     }
@@ -103,6 +108,11 @@ def main():
           f"(bar 4x); rows with ids equal to torch's: {same:.4f}")
     if a.parts:
         parts(index, queries, a.k, a.repeat)
+    cupy_arrays(index, queries, i, peer, a)
+    jax_arrays(index, base, queries, i, peer, a)
+
+
+def cupy_arrays(index, queries, i, peer, a):
     try:
         import cupy
     except ImportError:
@@ -115,6 +125,46 @@ def main():
     assert (cupy.asnumpy(ci) == i.cpu().numpy()).all()
     print(f"cupy arrays: knn {ours_cupy:.3f} ms against torch {peer:.3f} ms: "
           f"{peer / ours_cupy:.2f}x (bar 4x); ids equal to the torch tensors' search")
+
+
+def jax_arrays(index, base, queries, i, peer, a):
+    """The same queries as JAX arrays (int32 ids: JAX's default has no int64), against the
+    PyTorch figure and against JAX's own jitted search."""
+    try:
+        import jax
+        import jax.dlpack
+        import jax.numpy as jnp
+    except ImportError:
+        print("jax: not installed")
+        return
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        print("jax: no GPU backend")
+        return
+    jq = jax.dlpack.from_dlpack(queries)
+    jb = jax.dlpack.from_dlpack(base)
+
+    def sync(x):
+        jax.block_until_ready(x)
+
+    def ours():
+        sync(index.search(jq, a.k))
+
+    ours_jax = median_ms(ours, a.repeat)
+    jd, ji = index.search(jq, a.k)
+    assert isinstance(ji, jax.Array) and list(ji.devices()) == list(jq.devices())
+    assert (np.asarray(ji) == i.cpu().numpy()).all()
+
+    @jax.jit
+    def jax_search(q, b):
+        d = (jnp.sum(q * q, 1, keepdims=True) + jnp.sum(b * b, 1)
+             - 2 * jnp.matmul(q, b.T, precision=jax.lax.Precision.HIGHEST))
+        neg, ids = jax.lax.top_k(-d, a.k)
+        return -neg, ids
+
+    own = median_ms(lambda: sync(jax_search(jq, jb)), a.repeat)
+    print(f"jax arrays ({ji.dtype} ids): knn {ours_jax:.3f} ms against torch {peer:.3f} ms: "
+          f"{peer / ours_jax:.2f}x (bar 4x); against JAX's jitted matmul + top_k {own:.3f} ms: "
+          f"{own / ours_jax:.2f}x; ids equal to the torch tensors' search")
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ def as_matrix(x, what: str, *, keep_float64: bool = True) -> np.ndarray:
 
     Accepts NumPy arrays of any real dtype and memory order, nested lists (Python floats are
     float64, so a list of floats stays float64), and objects NumPy converts (PyTorch CPU
-    tensors, array-likes, host arrays through DLPack); PyTorch and CuPy arrays in GPU memory
-    are copied to the host. Refuses 1-D input with scikit-learn's hint. ``keep_float64=False``:
+    tensors, array-likes, host arrays through DLPack); PyTorch, CuPy and JAX arrays in GPU
+    memory are copied to the host. Refuses 1-D input with scikit-learn's hint. ``keep_float64=False``:
     always float32 (for parameters such as a covariance).
     """
     if cuda_library(x) is not None:
@@ -117,8 +117,8 @@ def _from_dlpack(x, what: str):
     if device_type not in (1, 3):  # kDLCPU, kDLCUDAHost
         raise ValueError(
             f"{what}: an array in device memory (DLPack device type {device_type}) of a library "
-            "other than PyTorch and CuPy: copy it to the host first (np.asarray(a)), or pass a "
-            "PyTorch tensor or CuPy array (torch.from_dlpack(a))"
+            "other than PyTorch, CuPy and JAX: copy it to the host first (np.asarray(a)), or "
+            "pass a PyTorch tensor or CuPy array (torch.from_dlpack(a))"
         )
     try:
         return np.from_dlpack(x)
@@ -127,21 +127,64 @@ def _from_dlpack(x, what: str):
 
 
 def cuda_library(x) -> str | None:
-    """``"torch"`` for a PyTorch tensor in GPU memory, ``"cupy"`` for a CuPy array, else None."""
+    """``"torch"`` for a PyTorch tensor in GPU memory, ``"cupy"`` for a CuPy array, ``"jax"``
+    for a JAX array on a CUDA GPU, else None."""
     if _is_torch_tensor(x):
         return "torch" if x.device.type == "cuda" else None
     t = type(x)
     if t.__module__.startswith("cupy") and t.__name__ == "ndarray":
         return "cupy"
+    if _is_jax_array(x) and _KDL_CUDA in (d[0] for d in _jax_dlpack_devices(x)):
+        return "jax"
     return None
 
 
 def to_host(x):
-    """A PyTorch or CuPy array in GPU memory copied to a NumPy array (after the work queued
-    on its library's current stream)."""
-    if cuda_library(x) == "torch":
+    """A PyTorch, CuPy or JAX array in GPU memory copied to a NumPy array (after the work
+    queued on its library's current stream, or once JAX computed it)."""
+    lib = cuda_library(x)
+    if lib == "torch":
         return x.detach().cpu().numpy()
+    if lib == "jax":
+        return np.asarray(x)
     return x.get()
+
+
+# DLPack's device type of CUDA device memory.
+_KDL_CUDA = 2
+
+
+def _is_jax_array(x) -> bool:
+    t = type(x)
+    return t.__module__.startswith("jax") and hasattr(x, "__dlpack_device__") and hasattr(
+        x, "devices"
+    )
+
+
+def _jax_dlpack_devices(x) -> list[tuple[int, int]]:
+    """``(DLPack device type, id)`` of each device a JAX array lies on (several when sharded)."""
+    devices = list(x.devices())
+    if len(devices) == 1:
+        return [tuple(int(v) for v in x.__dlpack_device__())]
+    return [(_KDL_CUDA if d.platform == "gpu" else 1, d.local_hardware_id or 0) for d in devices]
+
+
+def _jax_x64() -> bool:
+    """JAX's ``jax_enable_x64``: without it JAX has no int64 or float64 arrays (it makes them
+    int32 and float32), so ids are given as int32."""
+    import jax
+
+    return bool(jax.config.jax_enable_x64)
+
+
+def _jax_device(ordinal: int):
+    """JAX's device for CUDA GPU ``ordinal`` of this process."""
+    import jax
+
+    for d in jax.devices():
+        if d.platform == "gpu" and d.local_hardware_id == ordinal:
+            return d
+    raise ValueError(f"JAX has no device for cuda:{ordinal}")
 
 
 def _torch_stream(torch, device: int) -> int:
@@ -155,12 +198,19 @@ def _torch_stream(torch, device: int) -> int:
 
 
 class CudaRows:
-    """Rows in GPU memory as the native code reads them: a 2-D C-contiguous float32 tensor of
-    PyTorch or CuPy (converted on its device when it is not one), its address, device and the
-    library's current stream there, and results made of the same library on the same device.
+    """Rows in GPU memory as the native code reads them: a 2-D C-contiguous float32 array of
+    PyTorch, CuPy or JAX (converted on its device when it is not one), its address, device and
+    the library's current stream there, and results made of the same library on the same
+    device.
 
     ``float64`` is true for float64 input, which is not converted (the exact float64 search
-    runs on the host: see :meth:`knn.Index.search`)."""
+    runs on the host: see :meth:`knn.Index.search`).
+
+    JAX arrays are immutable and their computation is asynchronous: they are read once JAX
+    computed them (``block_until_ready``), through the DLPack capsule kept here, and results
+    are written into memory of the native layer's, which JAX then adopts
+    (``jax.dlpack.from_dlpack``, no copy). Ids are int64 with ``jax_enable_x64``, else int32,
+    JAX's own index type then."""
 
     def __init__(self, x, what: str, lib: str | None = None):
         self.lib = lib or cuda_library(x)
@@ -170,7 +220,10 @@ class CudaRows:
             )
         if x.ndim != 2:
             raise ValueError(f"{what}: expected a 2-D array (rows x dimension), got {x.ndim}-D")
-        if self.lib == "torch":
+        self.capsule = None
+        if self.lib == "jax":
+            self._read_jax(x, what)
+        elif self.lib == "torch":
             import torch
 
             # (A tensor that records gradients is read through a detached view.)
@@ -203,46 +256,124 @@ class CudaRows:
             self.ptr = a.data.ptr
         self.rows, self.dim = self.array.shape
 
+    def _read_jax(self, x, what: str):
+        if len(x.devices()) != 1:
+            raise ValueError(
+                f"{what}: a JAX array sharded over {len(x.devices())} devices; gather it on "
+                "one GPU first (jax.device_put(a, device))"
+            )
+        if np.dtype(x.dtype).kind not in "biuf":
+            raise ValueError(
+                f"{what}: dtype {x.dtype} is not a real number type "
+                "(use integers, float32 or float64)"
+            )
+        self.float64 = np.dtype(x.dtype) == np.float64
+        a = x if (self.float64 or np.dtype(x.dtype) == np.float32) else x.astype(np.float32)
+        self.array, self.device = a, int(a.__dlpack_device__()[1])
+        self.stream, self.ptr = 0, 0
+        if not self.float64 and a.size > 0:
+            from . import _knn
+
+            a.block_until_ready()
+            self.capsule = a.__dlpack__()
+            self.ptr = _knn.dlpack_rows(self.capsule).ptr
+
     def host(self) -> np.ndarray:
         """The rows copied to the host (float64 ones stay float64)."""
         return to_host(self.array)
 
-    def results(self, k: int):
-        """Uninitialised ``(ids, distances)`` for ``k`` neighbours of every row, int64 and
-        float32, on the rows' device in their library."""
+    def results(self, k: int, native=None) -> "DeviceResults":
+        """Uninitialised results for ``k`` neighbours of every row, int64 ids (JAX without
+        ``jax_enable_x64``: int32) and float32 distances, on the rows' device, made by their
+        library (by ``native``, the index, for JAX)."""
         shape = (self.rows, k)
         if self.lib == "torch":
             import torch
 
             new = self.array.new_empty
-            return new(shape, dtype=torch.int64), new(shape, dtype=torch.float32)
+            ids, dists = new(shape, dtype=torch.int64), new(shape, dtype=torch.float32)
+            return DeviceResults(ids, dists, ids.data_ptr(), dists.data_ptr(), True)
+        if self.lib == "jax":
+            ids_type = "int64" if _jax_x64() else "int32"
+            if ids_type == "int32" and len(native) > np.iinfo(np.int32).max:
+                raise ValueError(
+                    "ids beyond int32 need JAX's 64-bit types: "
+                    "jax.config.update('jax_enable_x64', True)"
+                )
+            if self.rows == 0:
+                ids = self.wrap(np.empty(shape, np.int64))
+                dists = self.wrap(np.empty(shape, np.float32))
+                return DeviceResults(ids, dists, 0, 0, True)
+            ids = native.device_empty(self.device, self.rows, k, ids_type)
+            dists = native.device_empty(self.device, self.rows, k, "float32")
+            return DeviceResults(ids, dists, ids.ptr, dists.ptr, ids_type == "int64", jax=True)
         import cupy
 
         with self.array.device:
-            return cupy.empty(shape, dtype=cupy.int64), cupy.empty(shape, dtype=cupy.float32)
+            ids, dists = cupy.empty(shape, dtype=cupy.int64), cupy.empty(shape, dtype=cupy.float32)
+        return DeviceResults(ids, dists, ids.data.ptr, dists.data.ptr, True)
 
     def wrap(self, a: np.ndarray):
         """A host array copied to the rows' device, in their library."""
         return to_gpu(a, (self.lib, self.device))
 
 
+class DeviceResults:
+    """Where a search in GPU memory writes: ids and distances of the rows' library (or, for
+    JAX, memory of the native layer's that JAX adopts once written), their addresses, and
+    whether the ids are int64 (else int32)."""
+
+    def __init__(self, ids, distances, ids_ptr: int, distances_ptr: int, ids_i64: bool,
+                 jax: bool = False):
+        self.ids, self.distances = ids, distances
+        self.ids_ptr, self.distances_ptr, self.ids_i64 = ids_ptr, distances_ptr, ids_i64
+        self._jax = jax
+
+    def arrays(self):
+        """``(distances, ids)`` as arrays of the rows' library, once the search wrote them."""
+        if self._jax:
+            import jax.dlpack
+
+            return jax.dlpack.from_dlpack(self.distances), jax.dlpack.from_dlpack(self.ids)
+        return self.distances, self.ids
+
+
 def gpu_home(x) -> tuple[str, int] | None:
-    """``(library, device ordinal)`` of a PyTorch tensor or CuPy array in GPU memory, else
-    None: where results computed from ``x`` go back to."""
+    """``(library, device ordinal)`` of a PyTorch tensor, CuPy array or JAX array in GPU
+    memory, else None: where results computed from ``x`` go back to."""
     lib = cuda_library(x)
     if lib is None:
         return None
+    if lib == "jax":
+        if len(x.devices()) != 1:
+            raise ValueError(
+                f"a JAX array sharded over {len(x.devices())} devices; gather it on one GPU "
+                "first (jax.device_put(a, device))"
+            )
+        return lib, int(x.__dlpack_device__()[1])
     return lib, (x.get_device() if lib == "torch" else x.device.id)
 
 
 def to_gpu(a: np.ndarray, home: tuple[str, int]):
     """A host array copied to GPU ``home[1]`` as an array of library ``home[0]`` (after the
-    work queued on that library's current stream there)."""
+    work queued on that library's current stream there). For JAX without
+    ``jax_enable_x64``, int64 ids become int32 and float64 values float32 (JAX's types then)."""
     lib, device = home
     if lib == "torch":
         import torch
 
         return torch.from_numpy(a).to(f"cuda:{device}")
+    if lib == "jax":
+        import jax
+
+        if not _jax_x64() and a.dtype.itemsize == 8:
+            if a.dtype.kind == "i" and a.size and a.max() > np.iinfo(np.int32).max:
+                raise ValueError(
+                    "ids beyond int32 need JAX's 64-bit types: "
+                    "jax.config.update('jax_enable_x64', True)"
+                )
+            a = a.astype(np.int32 if a.dtype.kind == "i" else np.float32)
+        return jax.device_put(a, _jax_device(device))
     import cupy
 
     with cupy.cuda.Device(device):

@@ -23,7 +23,8 @@ class Index:
     data : array_like, shape (n, d)
         The base points: a NumPy array of any real dtype and memory order, a nested list, a
         PyTorch CPU tensor, a host array of another library through DLPack, or anything NumPy
-        converts. Arrays in GPU memory are refused (this version). Kept in float64 when NumPy
+        converts. PyTorch, CuPy and JAX arrays in GPU memory are copied to the host once
+        (graphs then come back to their GPU, see :meth:`graph`). Kept in float64 when NumPy
         makes float64 of it (float64 arrays and tensors, lists of Python floats; longdouble
         is rounded to float64), else in float32 (float32, float16, integers: integers beyond
         2**24 in magnitude are rounded, pass float64 to keep them exact); see Notes. NaN,
@@ -146,8 +147,8 @@ class Index:
         ----------
         queries : array_like, shape (m, d)
             Query points, converted like the base (float64 stays float64, exact). A PyTorch
-            CUDA tensor or a CuPy array gives results of its own library on its device (see
-            Notes).
+            CUDA tensor, a CuPy array or a JAX array on a GPU gives results of its own library
+            on its device (see Notes).
         k : int
             Neighbours per query, 1 <= k <= len(index).
 
@@ -162,9 +163,11 @@ class Index:
 
         Notes
         -----
-        Queries in GPU memory (a PyTorch CUDA tensor, a CuPy array) give a tensor (an array)
-        of the same library on the same device for each result, after the work queued on the
-        library's current stream there. When the index computes on that GPU with float32
+        Queries in GPU memory (a PyTorch CUDA tensor, a CuPy array, a JAX array on one GPU)
+        give a tensor (an array) of the same library on the same device for each result,
+        after the work queued on the library's current stream there (a JAX array is read once
+        JAX computed it; its results are memory of ours that JAX adopts through DLPack, with
+        int32 ids unless ``jax_enable_x64`` is on, as JAX has no int64 then). When the index computes on that GPU with float32
         rows and the metric is ``"l2"``, ``"sqeuclidean"``, ``"ip"``, ``"l1"`` or
         ``"linf"``, the queries are read and the results written in GPU memory (other dtypes
         are converted to float32 there first); otherwise, and for float64 queries (whose
@@ -195,12 +198,13 @@ class Index:
         if not on_gpu:
             distances, ids = native.search(as_matrix(rows.host(), "queries"), k)
             return rows.wrap(distances), rows.wrap(ids)
-        ids, distances = rows.results(k)
+        out = rows.results(k, native)
         if rows.rows > 0:
-            ip = ids.data_ptr() if rows.lib == "torch" else ids.data.ptr
-            dp = distances.data_ptr() if rows.lib == "torch" else distances.data.ptr
-            native.search_device(rows.ptr, rows.rows, rows.device, rows.stream, k, ip, dp)
-        return distances, ids
+            native.search_device(
+                rows.ptr, rows.rows, rows.device, rows.stream, k,
+                out.ids_ptr, out.distances_ptr, out.ids_i64,
+            )
+        return out.arrays()
 
     def graph(self, k: int, symmetric="auto"):
         """The kNN graph of the base: each point's k nearest *other* points.
@@ -226,9 +230,9 @@ class Index:
 
         Notes
         -----
-        An index built from a PyTorch CUDA tensor or a CuPy array gives a tensor (an array)
-        of that library on that GPU for each result; the graph itself is computed as for a
-        host base and copied there.
+        An index built from a PyTorch CUDA tensor, a CuPy array or a JAX array on a GPU gives
+        a tensor (an array) of that library on that GPU for each result; the graph itself is
+        computed as for a host base and copied there.
         """
         distances, ids = self._graph_on_host(k, symmetric)
         if self._home is not None:

@@ -26,8 +26,17 @@ class NativeIndex:
     def search(self, queries: Rows, k: int) -> Tuple[Distances, npt.NDArray[np.int64]]: ...
     def check_search(self, dim: int, k: int) -> None: ...
     def search_device(
-        self, queries: int, rows: int, device: int, stream: int, k: int, ids: int, distances: int
+        self,
+        queries: int,
+        rows: int,
+        device: int,
+        stream: int,
+        k: int,
+        ids: int,
+        distances: int,
+        ids_i64: bool = True,
     ) -> None: ...
+    def device_empty(self, device: int, rows: int, cols: int, dtype: str) -> DeviceArray: ...
     def graph(
         self, k: int, symmetric: str = "auto"
     ) -> Tuple[Distances, npt.NDArray[np.int64]]: ...
@@ -40,5 +49,29 @@ class NativeIndex:
     nbytes: int
     shares_rows: bool
 
+class DeviceArray:
+    """Results in GPU memory of the native layer's, handed over through DLPack."""
+
+    ptr: int
+    def __dlpack__(
+        self,
+        *,
+        stream: Optional[object] = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> object: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+
+class CapsuleRows:
+    """The 2-D array a DLPack capsule describes."""
+
+    ptr: int
+    rows: int
+    cols: int
+    device: Tuple[int, int]
+    dtype: str
+
+def dlpack_rows(capsule: object) -> CapsuleRows: ...
 def devices() -> list[tuple[int, str]]: ...
 def gpu_status() -> str: ...

@@ -1,12 +1,16 @@
-"""Queries in GPU memory (PyTorch CUDA tensors, CuPy arrays): results of the same library on
-the same device, equal to the NumPy path's, for the device's own path (float32, l2/ip/l1/...)
-and the host's (float64, cosine, Hellinger, an index on the CPU); a stream of the caller's;
-graphs of points in GPU memory; errors with the library's messages. Skipped without a GPU, PyTorch or CuPy."""
+"""Queries in GPU memory (PyTorch CUDA tensors, CuPy arrays, JAX arrays): results of the same
+library on the same device, equal to the NumPy path's, for the device's own path (float32,
+l2/ip/l1/...) and the host's (float64, cosine, Hellinger, an index on the CPU); a stream of the
+caller's; graphs of points in GPU memory; errors with the library's messages. Skipped without a
+GPU or without the library. Also, on any machine: the DLPack capsule reader."""
+
+import os
 
 import numpy as np
 import pytest
 
 import knn
+from knn import _knn
 
 try:
     import torch
@@ -22,11 +26,28 @@ except Exception:  # pragma: no cover - no CuPy, or no driver
     HAS_CUPY = False
 
 GPU = bool(knn.devices())
+if GPU:
+    # JAX takes 75 % of a GPU's memory at its first array unless told not to.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    try:
+        import jax
+        import jax.numpy as jnp
+
+        jax.config.update("jax_enable_x64", True)  # float64 arrays, int64 ids (see below)
+        HAS_JAX = any(d.platform == "gpu" for d in jax.devices())
+    except Exception:  # pragma: no cover - no JAX, or a CPU-only JAX
+        HAS_JAX = False
+else:
+    HAS_JAX = False
+
 need_torch = pytest.mark.skipif(
     not (GPU and HAS_TORCH), reason="no usable GPU with PyTorch (SKIPPED; runs on the GPU machine)"
 )
 need_cupy = pytest.mark.skipif(
     not (GPU and HAS_CUPY), reason="no usable GPU with CuPy (SKIPPED; runs on the GPU machine)"
+)
+need_jax = pytest.mark.skipif(
+    not HAS_JAX, reason="no usable GPU with JAX's CUDA backend (SKIPPED; runs on the GPU machine)"
 )
 
 
@@ -38,8 +59,20 @@ def _to_cupy(a):
     return cupy.asarray(a)
 
 
+def _to_jax(a):
+    return jax.device_put(a, jax.devices("gpu")[0])
+
+
+def _is_jax(x):
+    return HAS_JAX and isinstance(x, jax.Array)
+
+
 def _host(x):
-    return x.cpu().numpy() if isinstance(x, torch.Tensor) else cupy.asnumpy(x)
+    if HAS_TORCH and isinstance(x, torch.Tensor):
+        return x.cpu().numpy()
+    if _is_jax(x):
+        return np.asarray(x)
+    return cupy.asnumpy(x)
 
 
 def _same_answer_there(got, want, like):
@@ -57,10 +90,14 @@ def _same_answer_there(got, want, like):
 LIBS = [
     pytest.param(_to_torch, id="torch", marks=need_torch),
     pytest.param(_to_cupy, id="cupy", marks=need_cupy),
+    pytest.param(_to_jax, id="jax", marks=need_jax),
 ]
 
 
 def _same_library_and_device(result, queries):
+    if _is_jax(queries):
+        assert _is_jax(result) and result.devices() == queries.devices()
+        return
     assert type(result) is type(queries)
     if HAS_TORCH and isinstance(queries, torch.Tensor):
         assert result.device == queries.device
@@ -160,3 +197,61 @@ def test_gpu_query_errors_are_the_librarys(rng, to_gpu):
     big[250, 1] = np.inf
     with pytest.raises(ValueError, match="row 250, column 1"):
         index.search(to_gpu(big), 5)
+
+
+@need_jax
+def test_jax_without_x64_gives_int32_ids(rng):
+    """JAX's default has no 64-bit types: ids come as int32 (JAX's index type then), from the
+    device's own path and from the host's."""
+    base = rng.random((4000, 24)).astype(np.float32)
+    queries = rng.random((300, 24)).astype(np.float32)
+    want_d, want_i = knn.Index(base, device="cuda").search(queries, 10)
+    jax.config.update("jax_enable_x64", False)
+    try:
+        for index in (knn.Index(base, device="cuda"), knn.Index(base, "cosine", device="cuda")):
+            d, i = index.search(_to_jax(queries), 10)
+            assert i.dtype == jnp.int32 and d.dtype == jnp.float32
+            if index.metric == "l2":
+                np.testing.assert_array_equal(np.asarray(i), want_i)
+                np.testing.assert_array_equal(np.asarray(d), want_d)
+            else:
+                np.testing.assert_array_equal(np.asarray(i), index.search(queries, 10)[1])
+    finally:
+        jax.config.update("jax_enable_x64", True)
+
+
+@need_jax
+def test_jax_results_outlive_the_index_and_are_freed(rng):
+    """Results made by the native layer belong to JAX: they stay valid after the index goes,
+    can be computed on, and many of them do not pile up in GPU memory."""
+    base = rng.random((3000, 16)).astype(np.float32)
+    q = _to_jax(rng.random((500, 16)).astype(np.float32))
+    index = knn.Index(base, device="cuda")
+    want = index.search(np.asarray(q), 8)
+    d, i = index.search(q, 8)
+    del index
+    np.testing.assert_array_equal(np.asarray(i), want[1])
+    assert float(jnp.sum(d)) == pytest.approx(float(want[0].astype(np.float64).sum()), rel=1e-5)
+    index = knn.Index(base, device="cuda")
+    for _ in range(200):  # 200 x 500 x 8 x 12 bytes: 9.6 MB if nothing were freed
+        index.search(q, 8)
+    assert np.asarray(index.search(q, 8)[1]).tolist() == want[1].tolist()
+
+
+def test_dlpack_capsules_are_read_as_given():
+    """The capsule reader behind JAX's queries, on NumPy's capsules (host memory, any machine):
+    address, shape, type; refuses what the engine cannot read as one block of rows."""
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    r = _knn.dlpack_rows(a.__dlpack__())
+    assert (r.ptr, r.rows, r.cols, r.device, r.dtype) == (a.ctypes.data, 3, 4, (1, 0), "float32")
+    view = a[1:]  # an offset into the same memory
+    assert _knn.dlpack_rows(view.__dlpack__()).ptr == a.ctypes.data + 16
+    assert _knn.dlpack_rows(np.zeros((2, 3)).__dlpack__()).dtype == "float64"
+    assert _knn.dlpack_rows(a[::2][:1].__dlpack__()).rows == 1  # one row: its stride is unused
+    for strided in (a[:, ::2], a[::2]):
+        with pytest.raises(ValueError, match="not C-contiguous"):
+            _knn.dlpack_rows(strided.__dlpack__())
+    with pytest.raises(ValueError, match="2-D"):
+        _knn.dlpack_rows(a.ravel().__dlpack__())
+    with pytest.raises(ValueError, match="DLPack capsule"):
+        _knn.dlpack_rows(a)

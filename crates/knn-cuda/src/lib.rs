@@ -48,7 +48,9 @@ mod staging;
 mod tuning;
 
 pub use device::{devices, DeviceInfo};
-pub use engine::{CudaEngine, DeviceQueries, DeviceResults, DeviceSearch, Method, Plain};
+pub use engine::{
+    CudaEngine, DeviceMemory, DeviceQueries, DeviceResults, DeviceSearch, Method, Plain,
+};
 pub use fused::GraphShare;
 pub use grid::{CudaGridEngine, GRID_WIDTH_MAX};
 pub use tuning::{CollectPlan, CudaTuning};

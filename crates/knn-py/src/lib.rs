@@ -7,9 +7,11 @@
 //! graph: for rows given in float64), else float32.
 
 mod base;
+mod dlpack;
 mod errors;
 
 use base::{Base, Found};
+use dlpack::DeviceArray;
 use errors::to_py;
 use knn::given::{round_to_f32, Given};
 use knn::{
@@ -169,11 +171,12 @@ impl NativeIndex {
 
     /// Queries in GPU memory searched there (`knn::Index::search_device`): `rows × dim`
     /// float32 values at device address `queries` on GPU `device`, written on CUDA stream
-    /// `stream` (0: the legacy default stream); the results go to `rows × k` int64 ids at
-    /// `ids` and float32 distances at `distances`. In pieces between Ctrl-C checks, with the
+    /// `stream` (0: the legacy default stream); the results go to `rows × k` ids at `ids`
+    /// (int64, or int32 with `ids_i64` false) and float32 distances at `distances`. In pieces between Ctrl-C checks, with the
     /// GIL released. The Python side (`knn._arrays.CudaRows`) vouches for the addresses: live
     /// C-contiguous tensors of those shapes and types on that device.
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (queries, rows, device, stream, k, ids, distances, ids_i64=true))]
     fn search_device(
         &self,
         py: Python<'_>,
@@ -184,6 +187,7 @@ impl NativeIndex {
         k: usize,
         ids: u64,
         distances: u64,
+        ids_i64: bool,
     ) -> PyResult<()> {
         let index = self.base.snapshot();
         let dim = index.dim();
@@ -200,8 +204,8 @@ impl NativeIndex {
             };
             let at = (start * k) as u64;
             let out = DeviceResults {
-                ids: ids + at * 8,
-                ids_i64: true,
+                ids: ids + at * if ids_i64 { 8 } else { 4 },
+                ids_i64,
                 distances: distances + at * 4,
             };
             // SAFETY: the addresses are of live tensors of these shapes on `device` (above).
@@ -213,6 +217,28 @@ impl NativeIndex {
             py.check_signals()?;
             start = end;
         }
+    }
+
+    /// Uninitialised `rows × cols` values of `dtype` (float32, int32 or int64) in GPU
+    /// `device`'s memory, for `search_device`'s results where the caller's library makes no
+    /// writable arrays (JAX): handed over with `__dlpack__`.
+    fn device_empty(
+        &self,
+        device: usize,
+        rows: usize,
+        cols: usize,
+        dtype: &str,
+    ) -> PyResult<DeviceArray> {
+        let bytes = rows
+            .checked_mul(cols)
+            .and_then(|n| n.checked_mul(DeviceArray::item_bytes(dtype)))
+            .ok_or_else(|| PyValueError::new_err(format!("{rows} x {cols} values: too many")))?;
+        let memory = self
+            .base
+            .snapshot()
+            .alloc_device(device, bytes)
+            .map_err(to_py)?;
+        DeviceArray::new(memory, rows, cols, dtype)
     }
 
     /// The kNN graph of the base (each point's k nearest other points): (distances, ids).
@@ -522,6 +548,13 @@ fn to_numpy<D: Element>(py: Python<'_>, nn: Neighbors<D>) -> Pair<'_> {
     )
 }
 
+/// The 2-D array in a DLPack capsule (`x.__dlpack__()`): its address, rows, cols, device
+/// and dtype. The address is valid while the capsule lives.
+#[pyfunction]
+fn dlpack_rows(capsule: Bound<'_, PyAny>) -> PyResult<dlpack::CapsuleRows> {
+    dlpack::read_capsule(&capsule, "queries")
+}
+
 /// Usable CUDA devices: a list of (ordinal, description).
 #[pyfunction]
 fn devices() -> Vec<(usize, String)> {
@@ -537,6 +570,8 @@ fn gpu_status() -> String {
 #[pymodule]
 fn _knn(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeIndex>()?;
+    m.add_class::<DeviceArray>()?;
+    m.add_function(wrap_pyfunction!(dlpack_rows, m)?)?;
     m.add_function(wrap_pyfunction!(devices, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_status, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -62,7 +62,7 @@ use std::sync::OnceLock;
 mod index;
 mod multi;
 
-pub use index::{DeviceQueries, DeviceResults, Index, Rows};
+pub use index::{DeviceMemory, DeviceQueries, DeviceResults, Index, Rows};
 
 /// Where to compute.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -5,7 +5,9 @@
 use super::{CudaEngine, Method};
 use crate::fused::DeviceIo;
 use crate::staging::{bytes_of, bytes_of_mut};
-use knn_core::{CandidateRequest, Metric, Result, RowSlices};
+use cudarc::driver::{result as driver, CudaContext};
+use knn_core::{CandidateRequest, KnnError, Metric, Result, RowSlices};
+use std::sync::Arc;
 
 /// Queries in this GPU's memory: `rows × d` f32 values, row-major and contiguous, at device
 /// address `ptr` (memory of the device's primary context, where PyTorch and CuPy allocate).
@@ -50,6 +52,50 @@ pub struct DeviceSearch {
     /// infinite (the rows written are then meaningless): the caller checks that the queries
     /// are valid and leave the base's preparation as it is.
     pub query_top: f32,
+}
+
+/// Device memory allocated for a caller, such as results handed to another library (JAX
+/// adopts arrays through DLPack but lets no one write into its own): `len()` bytes at
+/// [`DeviceMemory::ptr`] in the device's primary context, freed on drop. The driver's free
+/// waits for the device's queued work, so memory another library read on its own streams
+/// is not reused under it.
+#[derive(Debug)]
+pub struct DeviceMemory {
+    ctx: Arc<CudaContext>,
+    ptr: u64,
+    len: usize,
+}
+
+impl DeviceMemory {
+    /// Device address of the first byte.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an allocation of no bytes (its address is 0).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device's ordinal (`cuda:N`).
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        if self.ptr != 0 && self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `ptr` came from `malloc_sync` in this context and is freed once. A
+            // failure (a context already torn down at exit) leaves nothing to do.
+            let _ = unsafe { driver::free_sync(self.ptr) };
+        }
+    }
 }
 
 mod sealed {
@@ -125,6 +171,28 @@ impl CudaEngine {
             proven: done.proven,
             query_top: done.query_top.unwrap_or(f32::NAN) + c_top,
         }))
+    }
+
+    /// `bytes` of this device's memory, uninitialised, owned by the caller (see
+    /// [`DeviceMemory`]).
+    pub fn alloc_device(&self, bytes: usize) -> Result<DeviceMemory> {
+        let ctx = self.locked()?.ctx.clone();
+        let ptr = if bytes == 0 {
+            0
+        } else {
+            // SAFETY: the context is bound to this thread (`locked`).
+            unsafe { driver::malloc_sync(bytes) }.map_err(|e| {
+                KnnError::Device(format!(
+                    "cuda:{}: allocating {bytes} bytes for results: {e}",
+                    self.ordinal
+                ))
+            })?
+        };
+        Ok(DeviceMemory {
+            ctx,
+            ptr,
+            len: bytes,
+        })
     }
 
     /// Orders this engine's later device work (searches, [`CudaEngine::read_device`],

@@ -5,7 +5,7 @@ mod finish;
 mod method;
 mod rows;
 
-pub use device_io::{DeviceQueries, DeviceResults, DeviceSearch, Plain};
+pub use device_io::{DeviceMemory, DeviceQueries, DeviceResults, DeviceSearch, Plain};
 pub use method::Method;
 
 use crate::device::{driver_device_count, Gpu};

@@ -3,8 +3,8 @@
 
 use super::Index;
 use knn_core::{validate, CandidateRequest, Engine, KnnError, MatrixRef, Result};
-pub use knn_cuda::DeviceResults;
 use knn_cuda::{CudaEngine, DeviceSearch};
+pub use knn_cuda::{DeviceMemory, DeviceResults};
 
 /// Queries in a GPU's memory, for [`Index::search_device`].
 #[derive(Clone, Copy, Debug)]
@@ -89,6 +89,24 @@ impl Index {
                 Err(e)
             }
         }
+    }
+
+    /// `bytes` of GPU `device`'s memory (its primary context), uninitialised, freed when
+    /// the [`DeviceMemory`] drops: room for [`Index::search_device`]'s results where the
+    /// caller's library does not make writable arrays (JAX, which adopts this memory through
+    /// DLPack). Errors when the index does not compute on that one GPU.
+    pub fn alloc_device(&self, device: usize, bytes: usize) -> Result<DeviceMemory> {
+        let cuda = self
+            .knn
+            .cuda()
+            .filter(|c| c.ordinal() == device)
+            .ok_or_else(|| {
+                KnnError::Option(format!(
+                    "results in the memory of cuda:{device}, but the index computes on {}",
+                    self.device()
+                ))
+            })?;
+        cuda.alloc_device(bytes)
     }
 
     /// The errors [`Index::search`] gives for queries of dimension `dim` and this `k` before

@@ -3,7 +3,7 @@
 
 mod device;
 
-pub use device::{DeviceQueries, DeviceResults};
+pub use device::{DeviceMemory, DeviceQueries, DeviceResults};
 
 use crate::{Device, Knn, Options};
 use knn_core::given::{
