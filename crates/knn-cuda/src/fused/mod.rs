@@ -4,8 +4,11 @@
 mod few;
 mod finish;
 mod graph;
+mod plan;
+mod queries;
 mod resident;
 mod results;
+mod search;
 mod select;
 mod share;
 mod timing;
@@ -16,14 +19,17 @@ pub(crate) use resident::{BaseView, Prefetched, Resident};
 pub(crate) use results::{HostLists, Results};
 pub use share::GraphShare;
 
-use crate::device::{dev_err, Gpu, ReadyRows};
+use crate::device::{dev_err, Gpu};
 use crate::tuning::CudaTuning;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
-use finish::{exact_keys, finish_lists, FinishedChunk, RowFacts};
-use graph::{graph_finished, graph_lists, list_slots};
+use graph::{graph_finished, graph_lists};
 use knn_core::{CandidateRequest, Kernel, KnnError, Result};
-use resident::{rows_within, upload_base, upload_rows};
-use select::{large, merge_runs, prime_thresholds, Large, Lists, FILTER_CAP};
+use plan::CallPlan;
+use queries::{ready_queries, QueryChunk, QuerySource};
+use resident::make_resident;
+use results::CallRows;
+use search::{graph_rows, search_base, BaseSearch, ChunkView};
+use select::{prime_thresholds, Lists};
 use timing::Phases;
 
 /// Queries per block tile of the fused kernels (`BQ` in `kernels/tiles.cu`).
@@ -345,11 +351,17 @@ fn tile_lists(
 /// [`kernel_tag`], or an expression module's) under `tuning`; returns `nq × W` composites,
 /// rows sorted. Also returns the device time of the kernels (CUDA events), when it could be
 /// measured.
+///
+/// Its steps: the call's plan ([`CallPlan`]), the base made resident when it stays whole
+/// (`make_resident`), a whole graph's lists when the call is a first try of one, then per
+/// query chunk: its rows readied (`ready_queries`), its lists taken from the graph's or
+/// searched over the base (`search_base`) and taken to the host or finished
+/// (`CallRows::take_chunk`); last, the rows landed with one wait (`CallRows::land`).
 pub(crate) fn run(
     gpu: &Gpu,
     req: &CandidateRequest<'_>,
     budget: usize,
-    base: BaseView<'_>,
+    mut base: BaseView<'_>,
     tag: &str,
     tuning: &CudaTuning,
     to: Results<'_>,
@@ -359,16 +371,8 @@ pub(crate) fn run(
         Results::Finished(f) => (Some(f), HostLists::default()),
     };
     let device_io = finish.as_ref().and_then(|f| f.device);
-    let (nq, nb, d, w) = (
-        device_io.map_or(req.queries.rows(), |io| io.rows),
-        req.base.rows(),
-        req.base.dim(),
-        req.width,
-    );
-    let small = w <= SMALL_WIDTH_MAX;
-    let slots = list_slots(w);
-    // Base: resident when it takes at most half the budget, else streamed in chunks.
-    let row_bytes = (d + 1) * 4;
+    // Base: resident when it is kept from an earlier call or takes at most half the budget
+    // (see `CallPlan`), else streamed in chunks.
     let cached = match (req.base_key, base.cache.as_ref()) {
         (Some(key), Some(r)) => r.serves(key, base.centre, base.exact),
         _ => false,
@@ -386,111 +390,23 @@ pub(crate) fn run(
         (None, c) => c.map_or(0, |c| gpu.ptr(c)),
     };
     let centred = base.centre.is_some();
-    let derived = req.base.centred_roots().is_some() && !centred;
-    let fits = base_fits(nb, d, base.exact, (centred, derived), budget);
-    let copies = copies(base.exact, centred, derived);
-    let bc = if cached || fits {
-        nb
-    } else {
-        ((budget / 2 / row_bytes) / BASE_TILE * BASE_TILE).max(BASE_TILE)
-    };
-    let base_bytes = bc * row_bytes;
-    let rest = budget.saturating_sub(base_bytes).max(1 << 20);
-    let nsplit_max = (8 * gpu.sm_count).max(1);
-    let tf = uses_tf32(req);
-    let cap = FILTER_CAP.max(2 * w);
-    let per_query = d * 4
-        + 8
-        + 2 * w * 8
-        + if small {
-            nsplit_max.min(nb.div_ceil(BASE_TILE)) * w * 8
-        } else {
-            cap * 8 + 4
-        };
-    let mut qc = rest / per_query;
-    if small {
-        // The split lists of one call number at most 4·slots + qblocks tiles of QUERY_TILE rows
-        // (see `split_count`; slots ≤ 2 per SM), far fewer than `nsplit_max` per query once
-        // the chunk is large: with that bound, a streamed base is sent once per call instead
-        // of once per small query chunk.
-        let fixed = (nsplit_max + 1) * QUERY_TILE * w * 8;
-        let lean = d * 4 + 8 + 3 * w * 8;
-        qc = qc.max(rest.saturating_sub(fixed) / lean);
-    }
-    let qc = qc.clamp(1, nq.max(1));
-    let qc = if qc >= QUERY_TILE {
-        qc / QUERY_TILE * QUERY_TILE
-    } else {
-        qc
-    };
+    let plan = CallPlan::new(gpu, req, device_io, budget, (centred, base.exact), cached);
+    let CallPlan {
+        nq,
+        nb,
+        d,
+        w,
+        small,
+        bc,
+        rest,
+        qc,
+        ..
+    } = plan;
 
     let mut phases = Phases::new();
     let mut own = None;
-    // The first try of a graph whose pairs several GPUs share: each uploads a share of the
-    // rows and takes the others' from their devices (see `GraphShare::gathered_base`).
-    let gathered = match (base.share, req.base_key) {
-        (Some(s), Some(key)) if base.graph.is_some() && small && !s.began((key, w)) => {
-            Some((s, (key, w)))
-        }
-        _ => None,
-    };
-    let mut given_rows = |rows: &[f32]| match gathered {
-        Some((s, key)) => {
-            // This part's rows, prefetched for a search of the base split among the GPUs.
-            let part = Some(knn_core::part_key(key.0, s.part().0));
-            s.gathered_base(gpu, key, (rows, d), |own| {
-                upload_rows(gpu, base.prefetched, part, own)
-            })
-        }
-        None => upload_rows(gpu, base.prefetched, req.base_key, rows),
-    };
-    if bc == nb && !cached {
-        let r = if let Some(roots) = req.base.centred_roots().filter(|_| derived) {
-            // Hellinger's centred roots, derived here from the given rows (uploaded once, and
-            // kept for the exact keys) with the host's centre: the same bits as the host's.
-            let orig = given_rows(roots.given.as_slice())?;
-            let centre = gpu.upload(roots.centre)?;
-            let (b, norm_up) = (gpu.alloc::<f32>(nb * d)?, gpu.alloc::<f32>(nb)?);
-            let ptrs = (gpu.ptr(&b), gpu.ptr(&norm_up));
-            gpu.hellinger_roots(gpu.ptr(&orig), nb, d, gpu.ptr(&centre), ptrs)?;
-            let bn = gpu.alloc::<f32>(nb)?;
-            gpu.sq_norms(gpu.ptr(&b), nb, d, gpu.ptr(&bn))?;
-            Resident {
-                key: req.base_key.unwrap_or(0),
-                centre: None,
-                centre_dev: None,
-                b,
-                bn,
-                orig: Some(orig),
-                hellinger: true,
-                norm_up: Some(gpu.download(&norm_up, nb)?),
-            }
-        } else {
-            let given = given_rows(req.base.as_slice())?;
-            let orig = match base.exact {
-                Some(Exact::Hellinger { base: rows, .. }) => {
-                    Some(upload_rows(gpu, base.prefetched, req.base_key, rows)?)
-                }
-                _ if copies == 2 => Some(
-                    gpu.stream
-                        .clone_dtod(&given)
-                        .map_err(dev_err("copying on the device"))?,
-                ),
-                _ => None,
-            };
-            let bn = gpu.alloc::<f32>(nb)?;
-            gpu.centre_sq_norms(gpu.ptr(&given), nb, d, centre_ptr, gpu.ptr(&bn))?;
-            Resident {
-                key: req.base_key.unwrap_or(0),
-                centre: base.centre.map(<[f32]>::to_vec),
-                centre_dev: centre_dev.take(),
-                b: given,
-                bn,
-                orig,
-                hellinger: matches!(base.exact, Some(Exact::Hellinger { .. })),
-                norm_up: None,
-            }
-        };
+    let centre = (centre_ptr, &mut centre_dev);
+    if let Some(r) = make_resident(gpu, req, &mut base, &plan, cached, centre)? {
         if req.base_key.is_some() {
             *base.cache = Some(r);
         } else {
@@ -542,32 +458,15 @@ pub(crate) fn run(
     let input_abs = graph.map_or(0.0, |(g, _)| g.input_abs);
     let given_base = base.exact.zip(held).and_then(|(e, r)| r.given(e));
     // Rows finish here only with exact keys at hand.
-    let mut finish = finish.take().filter(|_| given_base.is_some());
+    let finish = finish.take().filter(|_| given_base.is_some());
     // Finished rows whose query norms the kernels measure (not rows of the resident base,
     // read where it lies) are proven here too: the host then reads one summary, not each
     // row's k-th key, W-th composite, cut and norm.
     let proof = finish.as_ref().and_then(|f| f.proof).filter(|_| {
         device_io.is_some() || resident.is_none() || req.queries.row_offset_in(&req.base).is_none()
     });
-    let host_facts = if proof.is_some() { 0 } else { nq };
-    let lists = if finish.is_some() { 0 } else { nq * w };
-    // Every row is written by a download below.
-    let (mut out, mut exact) = lists_made.take(lists, given_base.is_some());
-    let mut cut_all = vec![0u64; host_facts];
-    let mut finished = finish.as_ref().map(|_| Finished {
-        kth: vec![0.0; host_facts],
-        last: vec![0; host_facts],
-        proof: None,
-    });
-    // Made when the first rows are finished, behind the first chunk's kernels: the device
-    // starts on those meanwhile.
-    let mut proven: Option<CudaSlice<u8>> = None;
-    let mut bad_flagged = false;
-    // Word 0: a bad id in a finished row; 1–3: `prove_rows`' summary.
-    let mut summary: Option<CudaSlice<u32>> = None;
-    // Finished rows read back to the host, landed by the call's one wait at its end.
-    let mut reads = gpu.readback();
-    let mut in_flight = Vec::new();
+    let exact = given_base.is_some();
+    let mut call_rows = CallRows::new(gpu, finish, proof, lists_made, exact, (nq, w));
     let mut kernel_ms = Some(graph.map_or(0.0, |g| g.1));
     // Which exact keys the given rows give: Hellinger's, or the kernel's.
     let exact_kind = match base.exact {
@@ -577,90 +476,44 @@ pub(crate) fn run(
     phases.lap(gpu, "base up");
     // A graph's call for no rows (`Engine::begin_graph`): every row is finished now, queued on
     // the device for the calls to come.
-    if let (0, Some((g, _)), Some(f), Some(gb)) = (nq, graph, finish.as_ref(), given_base) {
+    if let (0, Some((g, _)), Some(f), Some(gb)) = (nq, graph, call_rows.finish.as_ref(), given_base)
+    {
         graph_finished(gpu, g, (f.k, f.mode), (exact_kind, gpu.ptr(gb), d), rest)?;
     }
+    let src = QuerySource {
+        device_io,
+        resident,
+        exact: base.exact,
+        given_base,
+        centre: centre_ptr,
+        d,
+    };
+    let search = BaseSearch {
+        req,
+        tuning,
+        tag,
+        plan,
+        resident,
+        centre: centre_ptr,
+    };
     for qs in (0..nq).step_by(qc) {
         let qe = (qs + qc).min(nq);
         let n = qe - qs;
-        // Queries that are rows of the resident base (a graph's rounds) are read where the
-        // base lies: nothing to upload, centre or measure again.
-        let alias = match device_io {
-            Some(_) => None,
-            None => resident.and_then(|_| req.queries.slice_rows(qs, qe).row_offset_in(&req.base)),
-        };
-        // Buffers of this chunk's own, kept until its kernels are done.
-        let (mut q_up, mut q_own, mut _qn_own) = (None, None, None);
-        let mut given_own: Option<CudaSlice<f32>> = None;
-        // The query rows as given (the caller's, or uploaded) when they are not rows of the
-        // resident base, readied below in one launch: centred into a copy of their own (the
-        // given rows stay for the exact keys), measured, and their cut made empty.
-        let mut given_q = None;
-        let (q, qn) = match (alias, resident) {
-            (Some(at), Some((b, bn))) => (
-                gpu.ptr(b) + (at * d * 4) as u64,
-                gpu.ptr(bn) + (at * 4) as u64,
-            ),
-            _ => {
-                let from = *given_q.insert(match device_io {
-                    Some(io) => io.queries + (qs * d * 4) as u64,
-                    None => {
-                        gpu.ptr(q_up.insert(gpu.upload(req.queries.slice_rows(qs, qe).as_slice())?))
-                    }
-                });
-                let q = match centre_ptr {
-                    0 => from,
-                    _ => gpu.ptr(q_own.insert(gpu.alloc::<f32>(n * d)?)),
-                };
-                (q, gpu.ptr(_qn_own.insert(gpu.alloc::<f32>(n)?)))
-            }
-        };
-        // The given query rows, for exact keys (uncentred; Hellinger's: not square-rooted).
-        let q_given = match (base.exact, given_base) {
-            (Some(Exact::Hellinger { base: hb, queries }), Some(gb)) => {
-                let rows = &queries[qs * d..qe * d];
-                match rows_within(hb, rows, d) {
-                    Some(at) => gpu.ptr(gb) + (at * d * 4) as u64,
-                    None => gpu.ptr(given_own.insert(gpu.upload(rows)?)),
-                }
-            }
-            (_, Some(gb)) if centre_ptr != 0 => match (alias, given_q) {
-                (Some(at), _) => gpu.ptr(gb) + (at * d * 4) as u64,
-                (None, from) => from.expect("set above for rows not of the base"),
-            },
-            _ => q,
-        };
-        let mut cut = None;
-        if let Some(from) = given_q {
-            let c = gpu.ptr(cut.insert(gpu.alloc::<u64>(n)?));
-            let to = if centre_ptr == 0 { 0 } else { q };
-            let ready = ReadyRows {
-                from,
-                to,
-                centre: centre_ptr,
-                norms: qn,
-                cut: c,
-            };
-            gpu.ready_rows(n, d, ready)?;
-        }
+        let QueryChunk {
+            held: _held,
+            alias,
+            q,
+            qn,
+            q_given,
+            cut,
+        } = ready_queries(gpu, req, &src, (qs, qe))?;
 
         phases.lap(gpu, "queries up");
         // Rows of a graph whose lists are made: every row is finished at once, by the first
         // call, and each call downloads its own.
-        if let (Some((g, _)), Some(at), Some(f), Some(done), Some(gb)) =
-            (graph, alias, finish.as_mut(), finished.as_mut(), given_base)
-        {
-            let given = (exact_kind, gpu.ptr(gb), d);
-            if let Some(all) = graph_finished(gpu, g, (f.k, f.mode), given, rest)? {
-                let k = f.k;
-                let (ids, dists) = f.host.buffers();
-                let rows = FinishedChunk {
-                    ids: &mut ids[qs * k..qe * k],
-                    dists: &mut dists[qs * k..qe * k],
-                    kth: &mut done.kth[qs..qe],
-                    last: &mut done.last[qs..qe],
-                };
-                all.download(gpu, at, rows, (&g.cut, &mut cut_all[qs..qe]))?;
+        if let (Some((g, _)), Some(at), Some(gb)) = (graph, alias, given_base) {
+            let given = (exact_kind, gb, d);
+            if call_rows.download_graph_rows(gpu, (g, at), given, rest, (qs, qe))? {
                 phases.lap(gpu, "finished or keys down");
                 continue;
             }
@@ -680,161 +533,31 @@ pub(crate) fn run(
         };
         let mut running: Option<Lists> = None;
         let t0 = timing::kernel_event(gpu)?;
-        let copied = if let (Some((g, _)), Some(at), Some((parts, own))) = (graph, alias, &parts) {
-            // The parts' lists of these rows, merged (see `share::merged_rows`).
-            let (rows, least) = share::merged_rows(gpu, parts, *own, (at, n, g.cut.len(), w))?;
-            if let Some(s) = base.share {
-                s.merged(n);
+        let copied = match (graph, alias) {
+            (Some((g, _)), Some(at)) => {
+                let into = (&mut running, &mut cut);
+                graph_rows(gpu, (g, at), parts.as_ref(), base.share, (n, w), into)?;
+                true
             }
-            running = Some(rows);
-            cut = least;
-            true
-        } else if let (Some((g, _)), Some(at)) = (graph, alias) {
-            // The graph's lists of these rows (the same candidates and floors as the kernels'
-            // below would give: every other point was met once, by row or by column).
-            let mut rows = gpu.alloc::<u64>(n * w)?;
-            gpu.stream
-                .memcpy_dtod(&g.lists.slice(at * w..(at + n) * w), &mut rows)
-                .map_err(dev_err("copying on the device"))?;
-            running = Some(Lists { buf: rows });
-            gpu.stream
-                .memcpy_dtod(&g.cut.slice(at..at + n), &mut cut)
-                .map_err(dev_err("copying on the device"))?;
-            true
-        } else {
-            false
+            _ => false,
         };
         let chunks = if copied { 0 } else { nb };
-        for bs in (0..chunks).step_by(bc) {
-            let be = (bs + bc).min(nb);
-            let chunk;
-            let (b, bn) = match resident {
-                Some((b, bn)) => (b, bn),
-                None => {
-                    chunk = upload_base(gpu, req, bs, be, centre_ptr)?;
-                    (&chunk.0, &chunk.1)
-                }
-            };
-            let bl = be - bs;
-            if small {
-                // A few queries read the base once, a warp per row (see `few.rs`).
-                let few = Chunk {
-                    q,
-                    qn,
-                    n,
-                    b: (gpu.ptr(b), gpu.ptr(bn)),
-                    rows: bl,
-                    id0: bs,
-                    d,
-                    exclude: excl_ptr,
-                    w,
-                };
-                let (partial, nsplit) = match few::lists(gpu, tag, slots, &few)? {
-                    Some(done) => done,
-                    None => {
-                        let tile = (tf, tag, slots);
-                        let prior = running.as_ref().map(|r| gpu.ptr(&r.buf));
-                        tile_lists(gpu, tuning, tile, &few, gpu.ptr(&cut), prior)?
-                    }
-                };
-                // One split and no earlier chunk: the split's sorted list is the answer.
-                let next = if nsplit == 1 && running.is_none() {
-                    Lists { buf: partial }
-                } else {
-                    merge_runs(
-                        gpu,
-                        n,
-                        w,
-                        32 * slots,
-                        (gpu.ptr(&partial), nsplit),
-                        running.as_ref().map_or(0, |r| gpu.ptr(&r.buf)),
-                    )?
-                };
-                // A streamed chunk's host staging is reused by the next upload; resident
-                // buffers are freed in stream order, so the host need not wait here.
-                if resident.is_none() {
-                    gpu.sync()?;
-                }
-                running = Some(next);
-            } else {
-                let ctx = Large {
-                    tag,
-                    tf,
-                    n,
-                    d,
-                    w,
-                    cap,
-                    q,
-                    qn,
-                    excl: excl_ptr,
-                    b: gpu.ptr(b),
-                    bn: gpu.ptr(bn),
-                    id0: bs,
-                };
-                running = Some(large(gpu, &ctx, bl, running)?);
-            }
-        }
+        let view = ChunkView {
+            qs,
+            qe,
+            q,
+            qn,
+            q_given,
+            excl: excl_ptr,
+            cut: &cut,
+        };
+        search_base(gpu, &search, &view, chunks, &mut running)?;
         // Read once the chunk's downloads are done: waiting for it here would leave the device
         // idle while the host queues the launches that follow.
         let t1 = timing::kernel_event(gpu)?;
         let r = running.expect("the base is not empty");
         phases.lap(gpu, "kernels");
-        if let (Some(gb), Some(ex)) = (given_base, exact.as_mut()) {
-            let (gb, rb) = (gpu.ptr(gb), gpu.ptr(&r.buf));
-            let keys = exact_keys(gpu, exact_kind, (q_given, n), (gb, nb), rb, w, d)?;
-            phases.lap(gpu, "exact keys");
-            if let (Some(f), Some(done)) = (finish.as_mut(), finished.as_mut()) {
-                if summary.is_none() {
-                    let words = gpu.stream.alloc_zeros::<u32>(4);
-                    summary = Some(words.map_err(dev_err("allocating device memory"))?);
-                }
-                if proof.is_some() && proven.is_none() {
-                    proven = Some(gpu.alloc::<u8>(nq)?);
-                }
-                let summary = summary.as_ref().expect("made above");
-                let (k, mode) = (f.k, f.mode);
-                let lists = (&r.buf, &keys, w);
-                let on_device = f.device.map(|io| {
-                    let at = (qs * k) as u64;
-                    let id_bytes = if io.ids_i64 { 8 } else { 4 };
-                    (io.ids + at * id_bytes, io.ids_i64, io.dists + at * 4)
-                });
-                let flags = (nb, excl_ptr);
-                let facts = match (proof, &proven) {
-                    (Some(plan), Some(p)) => RowFacts::Device {
-                        plan,
-                        cut: gpu.ptr(&cut),
-                        qsq: qn,
-                        proven: gpu.ptr(p) + qs as u64,
-                        summary: gpu.ptr(summary),
-                    },
-                    _ => RowFacts::Host(&mut done.kth[qs..qe], &mut done.last[qs..qe]),
-                };
-                in_flight.extend(finish_lists(
-                    gpu,
-                    lists,
-                    (k, mode),
-                    flags,
-                    gpu.ptr(summary),
-                    (&mut *f.host, qs * k..qe * k),
-                    facts,
-                    on_device,
-                    &mut reads,
-                    n,
-                )?);
-                bad_flagged = true;
-            } else {
-                gpu.download_into(&keys, &mut ex[qs * w..qe * w])?;
-            }
-        }
-        phases.lap(gpu, "finished or keys down");
-        if finished.is_none() {
-            gpu.download_into(&r.buf, &mut out[qs * w..qe * w])?;
-        }
-        if proof.is_none() {
-            gpu.download_into(&cut, &mut cut_all[qs..qe])?;
-        }
-        phases.lap(gpu, "downloads");
+        call_rows.take_chunk(gpu, (exact_kind, given_base), &plan, &view, &r, &mut phases)?;
         kernel_ms = match (&t0, &t1) {
             (Some(t0), Some(t1)) => {
                 t1.synchronize().map_err(dev_err("event"))?;
@@ -844,65 +567,7 @@ pub(crate) fn run(
         };
     }
     phases.print(nq);
-    // The output, asked for before the wait: its pages are made while the device works.
-    let output = match finish.as_mut() {
-        Some(f) if !in_flight.is_empty() => Some(f.host.buffers()),
-        _ => None,
-    };
-    // The summary's words, behind the finished rows: one wait lands them all. (Only
-    // `finish_lists` flags a bad id: rows from a finished graph were checked by their own
-    // download, and waiting here would wait for the graph's later launches too.) No summary:
-    // no rows were finished, none flagged.
-    let read_words = bad_flagged || proof.is_some();
-    let mut words = [0u32; 4];
-    let queued = match &summary {
-        // SAFETY: the summary holds 4 words, alive until the wait below.
-        Some(s) if read_words => Some(unsafe { reads.queue::<u32>(gpu.ptr(s), 4)? }.ok_or(s)),
-        _ => None,
-    };
-    reads.wait()?;
-    match queued {
-        Some(Ok(q)) => reads.take(q, &mut words),
-        // No room left in the readback: read on its own.
-        Some(Err(s)) => gpu.download_into(s, &mut words)?,
-        None => {}
-    }
-    if let Some((ids, dists)) = output {
-        for rows in in_flight {
-            rows.land(&reads, (&mut *ids, &mut *dists));
-        }
-    }
-    drop(reads);
-    if read_words {
-        if words[0] != 0 {
-            return Err(KnnError::Device(
-                "a candidate list holds an unwritten slot or an excluded id".into(),
-            ));
-        }
-        if let (Some(done), Some(_)) = (finished.as_mut(), proof) {
-            // Every row proven (the usual case): no verdicts to read.
-            let rows = match &proven {
-                Some(p) if words[1] != 0 => {
-                    gpu.download(p, nq)?.into_iter().map(|b| b != 0).collect()
-                }
-                _ => vec![true; nq],
-            };
-            let query_top = if words[3] != 0 {
-                f32::NAN
-            } else {
-                f32::from_bits(words[2])
-            };
-            done.proof = Some(Proven { rows, query_top });
-        }
-    }
-    Ok(Output {
-        composites: out,
-        cut: cut_all,
-        exact: exact.filter(|_| finished.is_none()),
-        finished,
-        kernel_ms,
-        input_abs,
-    })
+    call_rows.land(gpu, kernel_ms, input_abs)
 }
 
 #[cfg(test)]

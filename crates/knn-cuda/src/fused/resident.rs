@@ -1,9 +1,11 @@
 //! What stays on the device between calls: the resident base ([`Resident`], with the given rows
 //! its exact keys are taken of), the view a call has of it ([`BaseView`]), rows copied ahead
-//! ([`Prefetched`]), and the uploads of base and query rows.
+//! ([`Prefetched`]), the uploads of base and query rows, and the making of a call's resident
+//! base (`make_resident`).
 
+use super::plan::CallPlan;
 use super::{Exact, GraphLists, GraphShare};
-use crate::device::Gpu;
+use crate::device::{dev_err, Gpu};
 use cudarc::driver::CudaSlice;
 use knn_core::{CandidateRequest, Result};
 
@@ -129,4 +131,97 @@ pub(super) fn upload_base(
     let bn = gpu.alloc::<f32>(be - bs)?;
     gpu.centre_sq_norms(gpu.ptr(&b), be - bs, d, centre, gpu.ptr(&bn))?;
     Ok((b, bn))
+}
+
+/// The base made resident for a call that keeps it whole (`plan.bc == nb`) and found no copy
+/// of it (`cached` false); `None` otherwise. Its rows are uploaded (taken from the other GPUs'
+/// parts on a shared graph's first try), centred by the device vector `centre.0` when it is not
+/// 0 (the device's copy `centre.1` is then kept with the base), and measured; Hellinger's
+/// centred roots are derived on the device from the given rows, which stay for the exact keys.
+pub(super) fn make_resident(
+    gpu: &Gpu,
+    req: &CandidateRequest<'_>,
+    base: &mut BaseView<'_>,
+    plan: &CallPlan,
+    cached: bool,
+    (centre_ptr, centre_dev): (u64, &mut Option<CudaSlice<f32>>),
+) -> Result<Option<Resident>> {
+    let CallPlan {
+        nb,
+        d,
+        w,
+        small,
+        derived,
+        copies,
+        bc,
+        ..
+    } = *plan;
+    // The first try of a graph whose pairs several GPUs share: each uploads a share of the
+    // rows and takes the others' from their devices (see `GraphShare::gathered_base`).
+    let gathered = match (base.share, req.base_key) {
+        (Some(s), Some(key)) if base.graph.is_some() && small && !s.began((key, w)) => {
+            Some((s, (key, w)))
+        }
+        _ => None,
+    };
+    let mut given_rows = |rows: &[f32]| match gathered {
+        Some((s, key)) => {
+            // This part's rows, prefetched for a search of the base split among the GPUs.
+            let part = Some(knn_core::part_key(key.0, s.part().0));
+            s.gathered_base(gpu, key, (rows, d), |own| {
+                upload_rows(gpu, base.prefetched, part, own)
+            })
+        }
+        None => upload_rows(gpu, base.prefetched, req.base_key, rows),
+    };
+    if bc == nb && !cached {
+        let r = if let Some(roots) = req.base.centred_roots().filter(|_| derived) {
+            // Hellinger's centred roots, derived here from the given rows (uploaded once, and
+            // kept for the exact keys) with the host's centre: the same bits as the host's.
+            let orig = given_rows(roots.given.as_slice())?;
+            let centre = gpu.upload(roots.centre)?;
+            let (b, norm_up) = (gpu.alloc::<f32>(nb * d)?, gpu.alloc::<f32>(nb)?);
+            let ptrs = (gpu.ptr(&b), gpu.ptr(&norm_up));
+            gpu.hellinger_roots(gpu.ptr(&orig), nb, d, gpu.ptr(&centre), ptrs)?;
+            let bn = gpu.alloc::<f32>(nb)?;
+            gpu.sq_norms(gpu.ptr(&b), nb, d, gpu.ptr(&bn))?;
+            Resident {
+                key: req.base_key.unwrap_or(0),
+                centre: None,
+                centre_dev: None,
+                b,
+                bn,
+                orig: Some(orig),
+                hellinger: true,
+                norm_up: Some(gpu.download(&norm_up, nb)?),
+            }
+        } else {
+            let given = given_rows(req.base.as_slice())?;
+            let orig = match base.exact {
+                Some(Exact::Hellinger { base: rows, .. }) => {
+                    Some(upload_rows(gpu, base.prefetched, req.base_key, rows)?)
+                }
+                _ if copies == 2 => Some(
+                    gpu.stream
+                        .clone_dtod(&given)
+                        .map_err(dev_err("copying on the device"))?,
+                ),
+                _ => None,
+            };
+            let bn = gpu.alloc::<f32>(nb)?;
+            gpu.centre_sq_norms(gpu.ptr(&given), nb, d, centre_ptr, gpu.ptr(&bn))?;
+            Resident {
+                key: req.base_key.unwrap_or(0),
+                centre: base.centre.map(<[f32]>::to_vec),
+                centre_dev: centre_dev.take(),
+                b: given,
+                bn,
+                orig,
+                hellinger: matches!(base.exact, Some(Exact::Hellinger { .. })),
+                norm_up: None,
+            }
+        };
+        return Ok(Some(r));
+    }
+    Ok(None)
 }
