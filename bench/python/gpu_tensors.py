@@ -50,8 +50,9 @@ def median_ms(f, repeat):
     return float(np.median(times_ms(f, repeat)))
 
 
-def parts(index, queries, k, repeat):
-    """Median and 90th percentile (µs) of each part of a PyTorch tensor search."""
+def parts(index, queries, k, repeat, sync=None):
+    """Median and 90th percentile (µs) of each part of a search of GPU ``queries`` (PyTorch,
+    CuPy or JAX), each call followed by ``sync`` (default: PyTorch's device synchronisation)."""
     from knn._arrays import CudaRows
 
     rows = CudaRows(queries, "queries")
@@ -64,12 +65,13 @@ def parts(index, queries, k, repeat):
 
     steps = {
         "CudaRows": lambda: CudaRows(queries, "queries"),
-        "result tensors": lambda: rows.results(k, native),
+        "result arrays": lambda: rows.results(k, native),
         "native search_device": call,
+        "results handed over": out.arrays,
         "index.search": lambda: index.search(queries, k),
     }
     for name, f in steps.items():
-        t = np.array(times_ms(f, repeat)) * 1e3
+        t = np.array(times_ms(lambda: (f(), sync and sync()), repeat)) * 1e3
         print(f"  {name}: median {np.median(t):.1f} us, p90 {np.percentile(t, 90):.1f} us")
 
 
@@ -162,6 +164,8 @@ def jax_arrays(index, base, queries, i, peer, a):
         return -neg, ids
 
     own = median_ms(lambda: sync(jax_search(jq, jb)), a.repeat)
+    if a.parts:
+        parts(index, jq, a.k, a.repeat)
     print(f"jax arrays ({ji.dtype} ids): knn {ours_jax:.3f} ms against torch {peer:.3f} ms: "
           f"{peer / ours_jax:.2f}x (bar 4x); against JAX's jitted matmul + top_k {own:.3f} ms: "
           f"{own / ours_jax:.2f}x; ids equal to the torch tensors' search")

@@ -304,8 +304,7 @@ class CudaRows:
                 ids = self.wrap(np.empty(shape, np.int64))
                 dists = self.wrap(np.empty(shape, np.float32))
                 return DeviceResults(ids, dists, 0, 0, True)
-            ids = native.device_empty(self.device, self.rows, k, ids_type)
-            dists = native.device_empty(self.device, self.rows, k, "float32")
+            dists, ids = native.device_results(self.device, self.rows, k, ids_type == "int64")
             return DeviceResults(ids, dists, ids.ptr, dists.ptr, ids_type == "int64", jax=True)
         import cupy
 

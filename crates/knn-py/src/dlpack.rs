@@ -157,60 +157,59 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
 
 /// A `rows × cols` array in a GPU's memory, allocated for results and filled by a search,
 /// handed to a library through DLPack (`jax.dlpack.from_dlpack(array)`); several consumers
-/// may share it, and the memory goes when the last of them (and this object) does.
+/// may share it, and the memory goes when the last of them (and this object) does. A
+/// search's distances and ids are two such arrays in one allocation (see [`DeviceArray::pair`]).
 #[pyclass(module = "knn._knn", frozen)]
 pub struct DeviceArray {
     memory: Arc<DeviceMemory>,
+    /// Bytes from the allocation's start to the first value (a multiple of [`ALIGN`]).
+    offset: usize,
     rows: usize,
     cols: usize,
     dtype: DLDataType,
 }
 
+/// Alignment of each array in an allocation: XLA adopts only aligned buffers (it copies the
+/// others), and the driver's allocations start on 256 bytes.
+const ALIGN: usize = 256;
+
+const FLOAT32: DLDataType = DLDataType {
+    code: KDL_FLOAT,
+    bits: 32,
+    lanes: 1,
+};
+
 impl DeviceArray {
-    /// Memory for `rows × cols` values of `dtype` (`"float32"`, `"int32"` or `"int64"`).
-    pub fn new(
-        memory: DeviceMemory,
-        rows: usize,
-        cols: usize,
-        dtype: &str,
-    ) -> PyResult<DeviceArray> {
-        let dtype = match dtype {
-            "float32" => DLDataType {
-                code: KDL_FLOAT,
-                bits: 32,
-                lanes: 1,
-            },
-            "int32" => DLDataType {
-                code: KDL_INT,
-                bits: 32,
-                lanes: 1,
-            },
-            "int64" => DLDataType {
-                code: KDL_INT,
-                bits: 64,
-                lanes: 1,
-            },
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "dtype {other:?}: expected float32, int32 or int64"
-                )))
-            }
-        };
-        Ok(DeviceArray {
-            memory: Arc::new(memory),
-            rows,
-            cols,
-            dtype,
-        })
+    /// Bytes of the results of `rows × k` neighbours: float32 distances, then ids (int64 with
+    /// `ids_i64`, else int32) from the next multiple of [`ALIGN`].
+    pub fn pair_bytes(rows: usize, k: usize, ids_i64: bool) -> Option<usize> {
+        let n = rows.checked_mul(k)?;
+        let ids_at = n.checked_mul(4)?.checked_next_multiple_of(ALIGN)?;
+        ids_at.checked_add(n.checked_mul(if ids_i64 { 8 } else { 4 })?)
     }
 
-    /// Bytes of one value of `dtype`.
-    pub fn item_bytes(dtype: &str) -> usize {
-        if dtype == "int64" {
-            8
-        } else {
-            4
-        }
+    /// `(distances, ids)` of `rows × k` neighbours in `memory` (of [`DeviceArray::pair_bytes`]).
+    pub fn pair(
+        memory: DeviceMemory,
+        rows: usize,
+        k: usize,
+        ids_i64: bool,
+    ) -> (DeviceArray, DeviceArray) {
+        let memory = Arc::new(memory);
+        let ids_at = (rows * k * 4).next_multiple_of(ALIGN);
+        let array = |offset, dtype| DeviceArray {
+            memory: memory.clone(),
+            offset,
+            rows,
+            cols: k,
+            dtype,
+        };
+        let ids = DLDataType {
+            code: KDL_INT,
+            bits: if ids_i64 { 64 } else { 32 },
+            lanes: 1,
+        };
+        (array(0, FLOAT32), array(ids_at, ids))
     }
 }
 
@@ -219,7 +218,7 @@ impl DeviceArray {
     /// Device address of the first value.
     #[getter]
     fn ptr(&self) -> u64 {
-        self.memory.ptr()
+        self.memory.ptr() + self.offset as u64
     }
 
     /// `(kDLCUDA, device ordinal)`.
@@ -253,7 +252,7 @@ impl DeviceArray {
         let mut exported = Box::new(Exported {
             managed: DLManagedTensor {
                 dl_tensor: DLTensor {
-                    data: self.memory.ptr() as *mut c_void,
+                    data: self.ptr() as *mut c_void,
                     device: DLDevice {
                         device_type: KDL_CUDA,
                         device_id: self.memory.ordinal() as i32,

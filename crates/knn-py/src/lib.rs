@@ -219,26 +219,25 @@ impl NativeIndex {
         }
     }
 
-    /// Uninitialised `rows × cols` values of `dtype` (float32, int32 or int64) in GPU
-    /// `device`'s memory, for `search_device`'s results where the caller's library makes no
-    /// writable arrays (JAX): handed over with `__dlpack__`.
-    fn device_empty(
+    /// Uninitialised results of `rows × k` neighbours in GPU `device`'s memory, `(distances,
+    /// ids)`: float32 distances and int64 ids (int32 without `ids_i64`), in one allocation, for
+    /// `search_device` where the caller's library makes no writable arrays (JAX): handed over
+    /// with `__dlpack__`.
+    fn device_results(
         &self,
         device: usize,
         rows: usize,
-        cols: usize,
-        dtype: &str,
-    ) -> PyResult<DeviceArray> {
-        let bytes = rows
-            .checked_mul(cols)
-            .and_then(|n| n.checked_mul(DeviceArray::item_bytes(dtype)))
-            .ok_or_else(|| PyValueError::new_err(format!("{rows} x {cols} values: too many")))?;
+        k: usize,
+        ids_i64: bool,
+    ) -> PyResult<(DeviceArray, DeviceArray)> {
+        let bytes = DeviceArray::pair_bytes(rows, k, ids_i64)
+            .ok_or_else(|| PyValueError::new_err(format!("{rows} x {k} results: too many")))?;
         let memory = self
             .base
             .snapshot()
             .alloc_device(device, bytes)
             .map_err(to_py)?;
-        DeviceArray::new(memory, rows, cols, dtype)
+        Ok(DeviceArray::pair(memory, rows, k, ids_i64))
     }
 
     /// The kNN graph of the base (each point's k nearest other points): (distances, ids).
