@@ -61,9 +61,12 @@ def on_cluster(base, queries, k, workers, threads, device, base_chunks=4, repeat
         b = client.persist(da.from_array(base, chunks=(-(-nb // base_chunks), d)))
         q = client.persist(da.from_array(queries, chunks=(-(-len(queries) // 4), d)))
         wait([b, q])
-        # Each worker's engine opened first (a GPU's context and kernels), as in this process,
-        # and its modules imported by a small job (a fresh worker's first task otherwise
-        # imports dask.array and compiles its bytecode: seconds, once per process).
+        # Every worker's modules imported and engine opened (a GPU's context and kernels), as
+        # in this process: a fresh worker's first task otherwise imports dask.array and
+        # knn.dask while its task is unpickled, before the task starts (1.3 s with no task
+        # running in a 4-worker job). A small job then warms the scheduler's path; its tasks
+        # need not reach every worker.
+        client.run(warm_worker, d, opts)
         small = da.from_array(base[:1000], chunks=(250, d))
         client.compute(kd.search(small, small[:10], 1, **opts), sync=True)
         before = sum(client.run(index_moves, base_name=b.name).values())
@@ -93,6 +96,16 @@ def on_cluster(base, queries, k, workers, threads, device, base_chunks=4, repeat
         spread = sorted((holders.count(a) for a in set(holders)), reverse=True)
     (dist, ids), t = runs[0][0], sorted(r[1] for r in runs)[len(runs) // 2]
     return dist, ids, t, f"{moved} indexes or base chunks moved between workers, base chunks per worker {spread}"
+
+
+def warm_worker(d, opts):
+    """In a worker: the modules a search task needs imported, and the engine opened by a
+    small search."""
+    import dask.array  # noqa: F401
+    import knn.dask  # noqa: F401
+
+    rows = np.random.default_rng(0).standard_normal((1000, d), dtype=np.float32)
+    knn.search(rows, rows[:10], 1, **opts)
 
 
 def task_profile(tasks, wall):
