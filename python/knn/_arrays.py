@@ -276,7 +276,13 @@ class CudaRows:
 
             a.block_until_ready()
             self.capsule = a.__dlpack__()
-            self.ptr = _knn.dlpack_rows(self.capsule).ptr
+            held = _knn.dlpack_rows(self.capsule)
+            if (held.rows, held.cols, held.dtype) != (*a.shape, "float32"):
+                raise ValueError(
+                    f"{what}: JAX described the array as {held.rows} x {held.cols} "
+                    f"{held.dtype}, not {a.shape[0]} x {a.shape[1]} float32"
+                )
+            self.ptr = held.ptr
 
     def host(self) -> np.ndarray:
         """The rows copied to the host (float64 ones stay float64)."""
@@ -295,7 +301,7 @@ class CudaRows:
             return DeviceResults(ids, dists, ids.data_ptr(), dists.data_ptr(), True)
         if self.lib == "jax":
             ids_type = "int64" if _jax_x64() else "int32"
-            if ids_type == "int32" and len(native) > np.iinfo(np.int32).max:
+            if ids_type == "int32" and len(native) - 1 > np.iinfo(np.int32).max:
                 raise ValueError(
                     "ids beyond int32 need JAX's 64-bit types: "
                     "jax.config.update('jax_enable_x64', True)"

@@ -233,9 +233,33 @@ def test_jax_results_outlive_the_index_and_are_freed(rng):
     np.testing.assert_array_equal(np.asarray(i), want[1])
     assert float(jnp.sum(d)) == pytest.approx(float(want[0].astype(np.float64).sum()), rel=1e-5)
     index = knn.Index(base, device="cuda")
-    for _ in range(200):  # 200 x 500 x 8 x 12 bytes: 9.6 MB if nothing were freed
-        index.search(q, 8)
+    big = _to_jax(rng.random((20000, 16)).astype(np.float32))
+    for _ in range(3):
+        index.search(big, 64)
+    free = _free_memory()
+    # 100 searches of 20000 x 64 results (15.4 MB each): 1.5 GB if nothing were freed. The
+    # frees happen on a thread of the library's, shortly after each result goes.
+    for _ in range(100):
+        index.search(big, 64)
     assert np.asarray(index.search(q, 8)[1]).tolist() == want[1].tolist()
+    if free is not None:
+        import gc
+        import time
+
+        gc.collect()
+        deadline = time.monotonic() + 5
+        while free - _free_memory() > 500 << 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert free - _free_memory() <= 500 << 20
+
+
+def _free_memory():
+    """Free memory of the GPU JAX uses (bytes, as the driver counts it), or None."""
+    if HAS_TORCH:
+        return torch.cuda.mem_get_info(jax.devices("gpu")[0].local_hardware_id)[0]
+    if HAS_CUPY:
+        return cupy.cuda.runtime.memGetInfo()[0]
+    return None
 
 
 def test_dlpack_capsules_are_read_as_given():

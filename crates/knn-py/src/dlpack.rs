@@ -195,6 +195,7 @@ impl DeviceArray {
         k: usize,
         ids_i64: bool,
     ) -> (DeviceArray, DeviceArray) {
+        debug_assert!(Self::pair_bytes(rows, k, ids_i64).is_some_and(|b| b <= memory.len()));
         let memory = Arc::new(memory);
         let ids_at = (rows * k * 4).next_multiple_of(ALIGN);
         let array = |offset, dtype| DeviceArray {
@@ -226,9 +227,10 @@ impl DeviceArray {
         (KDL_CUDA, self.memory.ordinal() as i32)
     }
 
-    /// A DLPack capsule of the array. The values are written before this object is handed
-    /// out (the search that fills it returns once they are), so every stream may read them:
-    /// `stream` asks for nothing. `copy=True` is refused (the consumer copies if it must).
+    /// A DLPack capsule of the array. The package hands this object to a consumer only once
+    /// the search that fills it has returned, and a search returns once its values are
+    /// written: every stream may read them, so `stream` asks for nothing. `copy=True` is
+    /// refused (the consumer copies if it must).
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         &self,
@@ -249,7 +251,7 @@ impl DeviceArray {
                 "copy=True: this producer does not copy",
             ));
         }
-        let mut exported = Box::new(Exported {
+        let exported = Box::new(Exported {
             managed: DLManagedTensor {
                 dl_tensor: DLTensor {
                     data: self.ptr() as *mut c_void,
@@ -269,10 +271,11 @@ impl DeviceArray {
             shape: [self.rows as i64, self.cols as i64],
             _memory: self.memory.clone(),
         });
-        exported.managed.dl_tensor.shape = exported.shape.as_mut_ptr();
         let raw = Box::into_raw(exported);
-        // SAFETY: `raw` is a live, leaked box; its first field is the `DLManagedTensor`.
+        // SAFETY: `raw` is a live, leaked box; its first field is the `DLManagedTensor`, whose
+        // shape and context point into the box itself (set through `raw`, after the move).
         unsafe {
+            (*raw).managed.dl_tensor.shape = std::ptr::addr_of_mut!((*raw).shape).cast();
             (*raw).managed.manager_ctx = raw as *mut c_void;
             let capsule = ffi::PyCapsule_New(
                 raw as *mut c_void,

@@ -225,6 +225,7 @@ impl NativeIndex {
     /// with `__dlpack__`.
     fn device_results(
         &self,
+        py: Python<'_>,
         device: usize,
         rows: usize,
         k: usize,
@@ -232,10 +233,11 @@ impl NativeIndex {
     ) -> PyResult<(DeviceArray, DeviceArray)> {
         let bytes = DeviceArray::pair_bytes(rows, k, ids_i64)
             .ok_or_else(|| PyValueError::new_err(format!("{rows} x {k} results: too many")))?;
-        let memory = self
-            .base
-            .snapshot()
-            .alloc_device(device, bytes)
+        let index = self.base.snapshot();
+        // (The GIL released: the allocation waits for the device's lock, which another
+        // thread's search may hold.)
+        let memory = py
+            .detach(|| index.alloc_device(device, bytes))
             .map_err(to_py)?;
         Ok(DeviceArray::pair(memory, rows, k, ids_i64))
     }

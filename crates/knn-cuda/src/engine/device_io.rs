@@ -7,7 +7,8 @@ use crate::fused::DeviceIo;
 use crate::staging::{bytes_of, bytes_of_mut};
 use cudarc::driver::{result as driver, CudaContext};
 use knn_core::{CandidateRequest, KnnError, Metric, Result, RowSlices};
-use std::sync::Arc;
+use std::sync::mpsc::{channel, SendError, Sender};
+use std::sync::{Arc, OnceLock};
 
 /// Queries in this GPU's memory: `rows × d` f32 values, row-major and contiguous, at device
 /// address `ptr` (memory of the device's primary context, where PyTorch and CuPy allocate).
@@ -56,9 +57,8 @@ pub struct DeviceSearch {
 
 /// Device memory allocated for a caller, such as results handed to another library (JAX
 /// adopts arrays through DLPack but lets no one write into its own): `len()` bytes at
-/// [`DeviceMemory::ptr`] in the device's primary context, freed on drop. The driver's free
-/// waits for the device's queued work, so memory another library read on its own streams
-/// is not reused under it.
+/// [`DeviceMemory::ptr`] in the device's primary context, freed after the drop by a thread of
+/// its own (see [`release`]).
 #[derive(Debug)]
 pub struct DeviceMemory {
     ctx: Arc<CudaContext>,
@@ -90,11 +90,46 @@ impl DeviceMemory {
 
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
-        if self.ptr != 0 && self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: `ptr` came from `malloc_sync` in this context and is freed once. A
-            // failure (a context already torn down at exit) leaves nothing to do.
-            let _ = unsafe { driver::free_sync(self.ptr) };
+        if self.ptr != 0 {
+            release(self.ctx.clone(), self.ptr);
         }
+    }
+}
+
+/// Memory to free: its context and address (from `malloc_sync`, freed once).
+type Freed = (Arc<CudaContext>, u64);
+
+/// Frees `ptr` (of `ctx`) on a thread of its own. `cuMemFree` waits until the whole device is
+/// idle, which keeps memory that another library read on streams of its own from being reused
+/// under it; but the last owner of the memory may be a Python thread holding the GIL, or
+/// another library's callback thread, neither of which should wait for the device or have its
+/// current context changed. Frees still pending at exit are left to the process's end.
+fn release(ctx: Arc<CudaContext>, ptr: u64) {
+    static FREES: OnceLock<Option<Sender<Freed>>> = OnceLock::new();
+    let frees = FREES.get_or_init(|| {
+        let (tx, rx) = channel::<Freed>();
+        std::thread::Builder::new()
+            .name("knn-free".into())
+            .spawn(move || rx.into_iter().for_each(free_now))
+            .ok()
+            .map(|_| tx)
+    });
+    // (Freed here when the thread could not start, or has stopped.)
+    match frees {
+        Some(tx) => {
+            if let Err(SendError(item)) = tx.send((ctx, ptr)) {
+                free_now(item);
+            }
+        }
+        None => free_now((ctx, ptr)),
+    }
+}
+
+fn free_now((ctx, ptr): Freed) {
+    if ctx.bind_to_thread().is_ok() {
+        // SAFETY: `ptr` came from `malloc_sync` in this context and is freed once. A failure
+        // (a context already torn down at exit) leaves nothing to do.
+        let _ = unsafe { driver::free_sync(ptr) };
     }
 }
 
