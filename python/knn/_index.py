@@ -122,6 +122,13 @@ class Index:
         gpu_memory: int | str | None = None,
         threads: int | None = None,
     ):
+        self._build(data, metric, device, metric_expr, covariance, gpu_memory, threads, "auto")
+
+    def _build(self, data, metric, device, metric_expr, covariance, gpu_memory, threads,
+               symmetric: str):
+        """``__init__``'s work; ``symmetric`` ("auto", "on" or "off") is how the index's graphs
+        compute pairs (``graph`` with another setting builds a second index for that call,
+        so a one-off :func:`graph` builds its index with its own)."""
         if not isinstance(metric, str):
             raise TypeError(f"metric must be a string, not {metric!r}")
         if not isinstance(device, str):
@@ -137,7 +144,7 @@ class Index:
             gpu_memory=gpu_memory, threads=threads,
         )
         self._native = _knn.NativeIndex(
-            rows, metric, device, metric_expr, cov, parse_bytes(gpu_memory), threads
+            rows, metric, device, metric_expr, cov, parse_bytes(gpu_memory), threads, symmetric
         )
 
     def search(self, queries, k: int):
@@ -241,13 +248,7 @@ class Index:
 
     def _graph_on_host(self, k: int, symmetric):
         """:meth:`graph` as NumPy arrays, wherever the base came from."""
-        try:
-            mode = _SYMMETRIC[symmetric]
-        except (KeyError, TypeError):
-            raise ValueError(
-                f"symmetric={symmetric!r}: expected 'auto', 'on', 'off', True or False"
-            ) from None
-        return self._native.graph(as_k(k), mode)
+        return self._native.graph(as_k(k), _symmetric_mode(symmetric))
 
     def add(self, data) -> None:
         """Append points to the base; their ids continue from ``len(index)``.
@@ -297,6 +298,16 @@ def _rebuild(rows, args):
     return Index(rows, **args)
 
 
+def _symmetric_mode(symmetric) -> str:
+    """``symmetric`` as the native layer takes it: "auto", "on" or "off"."""
+    try:
+        return _SYMMETRIC[symmetric]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"symmetric={symmetric!r}: expected 'auto', 'on', 'off', True or False"
+        ) from None
+
+
 def search(base, queries, k: int, metric: str = "l2", device: str = "auto", **options):
     """The k nearest ``base`` points of every query, in one call.
 
@@ -337,7 +348,13 @@ def graph(
     """
     if format not in ("arrays", "csr"):
         raise ValueError(f"format={format!r}: expected 'arrays' or 'csr'")
-    index = Index(points, metric, device, **options)
+    # Built with the graph's own setting, so that the graph does not build a second index.
+    index = Index.__new__(Index)
+    index._build(points, metric, device, options.pop("metric_expr", None),
+                 options.pop("covariance", None), options.pop("gpu_memory", None),
+                 options.pop("threads", None), _symmetric_mode(symmetric))
+    if options:
+        raise TypeError(f"graph() got an unexpected keyword argument {next(iter(options))!r}")
     if format == "arrays":
         return index.graph(k, symmetric)
     distances, ids = index._graph_on_host(k, symmetric)

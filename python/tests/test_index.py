@@ -167,6 +167,19 @@ def test_graph_leaves_each_point_out_and_keeps_duplicates(rng):
     np.testing.assert_allclose(dist, want_d[:, 1:], rtol=1e-5, atol=1e-6)
 
 
+def test_one_off_graphs_take_their_symmetry_setting(rng):
+    """knn.graph builds its index with its own `symmetric` (one index per call, not two): the
+    same graph as an index's, for every setting."""
+    points = rng.random((300, 6)).astype(np.float32)
+    points[40] = points[7]
+    index = knn.Index(points, device="cpu")
+    for symmetric in ("auto", "on", "off", True, False):
+        got = knn.graph(points, 5, device="cpu", symmetric=symmetric, threads=2)
+        want = index.graph(5, symmetric=symmetric)
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_array_equal(got[0], want[0])
+
+
 def test_graph_as_csr(rng):
     scipy_sparse = pytest.importorskip("scipy.sparse")
     points = rng.random((60, 4))
@@ -276,6 +289,8 @@ ERRORS = [
     (lambda: knn.Index(np.eye(3)).graph(3), ValueError, "k=3 is larger than the 2 points available"),
     (lambda: knn.Index(np.eye(3)).graph(1, symmetric="maybe"), ValueError, "symmetric='maybe'"),
     (lambda: knn.graph(np.eye(3), 1, format="coo"), ValueError, "format='coo'"),
+    (lambda: knn.graph(np.eye(3), 1, symmetric="maybe"), ValueError, "symmetric='maybe'"),
+    (lambda: knn.graph(np.eye(3), 1, colour="red"), TypeError, "unexpected keyword argument 'colour'"),
     (lambda: knn.Index(np.eye(3)).add(np.eye(2)), ValueError, "the added rows have d=2, the index has d=3"),
     (lambda: knn.Index(np.eye(3)).add([[0, np.nan, 0]]), ValueError, "added rows: row 0, column 1 is NaN"),
     (lambda: knn.Index(np.eye(3, dtype=np.float32)).add([[0, np.inf, 0]]), ValueError, "added rows: row 0, column 1 is inf"),

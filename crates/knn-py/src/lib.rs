@@ -79,7 +79,9 @@ fn device_options(device: &str) -> knn::Result<(Device, Vec<usize>)> {
 #[pymethods]
 impl NativeIndex {
     #[new]
-    #[pyo3(signature = (data, metric="l2", device="auto", metric_expr=None, covariance=None, gpu_memory=None, threads=None))]
+    /// `symmetric`: how the index's graphs compute pairs (`graph` with another setting builds
+    /// a second index for that call); a one-off graph passes its own.
+    #[pyo3(signature = (data, metric="l2", device="auto", metric_expr=None, covariance=None, gpu_memory=None, threads=None, symmetric="auto"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -90,7 +92,9 @@ impl NativeIndex {
         covariance: Option<PyReadonlyArray2<'_, f32>>,
         gpu_memory: Option<usize>,
         threads: Option<usize>,
+        symmetric: &str,
     ) -> PyResult<Self> {
+        let symmetric: Symmetry = symmetric.parse().map_err(to_py)?;
         let metric = parse_metric(metric, metric_expr, covariance)?;
         let (device, gpus) = device_options(device).map_err(to_py)?;
         if threads == Some(0) {
@@ -103,6 +107,7 @@ impl NativeIndex {
             threads,
             gpu_memory,
             gpus: gpus.clone(),
+            symmetric,
             ..Options::default()
         };
         let (rows, dim) = shared_rows(data)?;
