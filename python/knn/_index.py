@@ -226,7 +226,9 @@ class Index:
         symmetric : {"auto", "on", "off"} or bool, default "auto"
             Compute each unordered pair's distance once and take it into both points' lists:
             ``"auto"`` where that was measured faster, ``"on"``/``"off"`` force it. The answer
-            is the same either way.
+            is the same either way. An index is built for ``"auto"``: ``"on"`` or ``"off"``
+            builds a second index of the same rows for the call (its preparation, and on a GPU
+            its upload), which the one-off :func:`graph` avoids.
 
         Returns
         -------
