@@ -169,6 +169,16 @@ def _jax_dlpack_devices(x) -> list[tuple[int, int]]:
     return [(_KDL_CUDA if d.platform == "gpu" else 1, d.local_hardware_id or 0) for d in devices]
 
 
+def _jax_ordinal(x, what: str) -> int:
+    """The CUDA ordinal of the one GPU a JAX array lies on; a sharded array is refused."""
+    if len(x.devices()) != 1:
+        raise ValueError(
+            f"{what}: a JAX array sharded over {len(x.devices())} devices; gather it on one "
+            "GPU first (jax.device_put(a, device))"
+        )
+    return int(x.__dlpack_device__()[1])
+
+
 def _jax_x64() -> bool:
     """JAX's ``jax_enable_x64``: without it JAX has no int64 or float64 arrays (it makes them
     int32 and float32), so ids are given as int32."""
@@ -257,11 +267,7 @@ class CudaRows:
         self.rows, self.dim = self.array.shape
 
     def _read_jax(self, x, what: str):
-        if len(x.devices()) != 1:
-            raise ValueError(
-                f"{what}: a JAX array sharded over {len(x.devices())} devices; gather it on "
-                "one GPU first (jax.device_put(a, device))"
-            )
+        _jax_ordinal(x, what)
         if np.dtype(x.dtype).kind not in "biuf":
             raise ValueError(
                 f"{what}: dtype {x.dtype} is not a real number type "
@@ -350,12 +356,7 @@ def gpu_home(x) -> tuple[str, int] | None:
     if lib is None:
         return None
     if lib == "jax":
-        if len(x.devices()) != 1:
-            raise ValueError(
-                f"a JAX array sharded over {len(x.devices())} devices; gather it on one GPU "
-                "first (jax.device_put(a, device))"
-            )
-        return lib, int(x.__dlpack_device__()[1])
+        return lib, _jax_ordinal(x, "base")
     return lib, (x.get_device() if lib == "torch" else x.device.id)
 
 
