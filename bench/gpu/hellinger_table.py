@@ -4,7 +4,9 @@ n = 10 000 .. 80 000, side by side with PyTorch and with the seed's 2×GTX280 fi
 PyTorch (the issue's peer): data already on the GPU, sqrt transform, then for chunks of rows
 ‖a‖² + ‖b‖² − 2abᵀ (`torch.addmm`, TF32 off), the row's own point masked, `topk`; CUDA events,
 median after warm-up; and "h2h": the same from the host array to host arrays (upload and download
-timed too, as ours is). Ours: `knn graph --metric hellinger` end to end (host arrays in, host
+timed too, as ours is). "ours GPU": the points as a PyTorch CUDA tensor, `knn.Index` of it built
+once, `index.graph(k)` timed between CUDA events, the graph left in GPU memory: like for like
+with the peer (see `ours_gpu_ms`). Ours: `knn graph --metric hellinger` end to end (host arrays in, host
 results out, the exact f64 re-rank included), median of `--repeat` runs after the same two
 warm-up runs PyTorch gets (the first run of a process loads modules and grows memory pools;
 each run computes its whole graph: before 2a1be41 later runs reused the first run's lists),
@@ -68,6 +70,40 @@ def torch_graph_ms(x_host, chunk=10000, reps=5, host=False):
 WARMUP = 2  # runs before the timed ones, for both (PyTorch's loop above does the same)
 
 
+def ours_gpu_ms(x_host, reps, want):
+    """Ours as the PyTorch peer runs: the points already on the GPU (a PyTorch tensor) and the
+    graph left there. `knn.Index` of the tensor built once, outside the timing (it checks and
+    prepares the points, the square roots included, and keeps them on the GPU); then
+    `index.graph(K)` between CUDA events on the current stream, median of `reps` after WARMUP
+    calls, each computing its whole graph anew. Also the one-off `knn.graph` of the tensor
+    (the index's build timed too). Returns (graph ms, one-off ms, same graph as the CLI's
+    files `want`)."""
+    import knn
+
+    x_dev = torch.from_numpy(x_host).cuda()
+    index = knn.Index(x_dev, "hellinger", device="cuda")
+
+    def timed(f):
+        for _ in range(WARMUP):
+            f()
+        ts = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            out = f()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b))
+        return sorted(ts)[len(ts) // 2], out
+
+    t_graph, (d, i) = timed(lambda: index.graph(K))
+    t_once, _ = timed(lambda: knn.graph(x_dev, K, "hellinger", device="cuda"))
+    assert d.is_cuda and i.is_cuda
+    same = (np.array_equal(i.cpu().numpy(), np.load(want))
+            and np.array_equal(d.cpu().numpy(), np.load(want[:-4] + ".dist.npy")))
+    return t_graph, t_once, same
+
+
 def ours_ms(knn, path, out, extra, reps):
     """Median ms of `reps` runs of ours after WARMUP runs in the same process (`--repeat`)."""
     timing = out + ".json"
@@ -92,6 +128,8 @@ def main():
     ap.add_argument("--no-expr", action="store_true", help="skip the --metric-expr run")
     ap.add_argument("--symmetric", default="both", choices=["both", "on", "off", "auto"],
                     help="symmetric mode(s) of ours (both: on and off, same graph required)")
+    ap.add_argument("--no-gpu-index", action="store_true",
+                    help="skip ours on a PyTorch CUDA tensor (needs the knn package)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="hellinger-")
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}; d={D}, k={K}, Hellinger")
@@ -128,16 +166,26 @@ def main():
                            [(out, eout), (out[:-4] + ".dist.npy", eout[:-4] + ".dist.npy")])
             except subprocess.CalledProcessError as e:
                 print(f"--metric-expr run failed: {e}")
+        t_gpu = None
+        if not args.no_gpu_index:
+            t_gpu, t_once, gpu_same = ours_gpu_ms(x, args.repeat, out)
+            print(f"n={n}: ours on a CUDA tensor, index built once: graph {t_gpu:.2f} ms "
+                  f"(PyTorch {t_torch:.2f} ms: {t_torch / t_gpu:.2f}x); one-off knn.graph "
+                  f"(index built in the call) {t_once:.2f} ms ({t_torch / t_once:.2f}x); "
+                  f"same graph as the CLI's: {gpu_same}", flush=True)
         rows.append((n, SEED_2X_GTX280_S[n] * 1e3 if n in SEED_2X_GTX280_S else None,
-                     t_torch, t_torch_host, t_ours, t_expr, same))
+                     t_torch, t_torch_host, t_ours, t_expr, same, t_gpu))
     print(f"{'n':>6} | {'seed 2xGTX280':>13} | {'PyTorch':>9} | {'PyTorch h2h':>11} | {'ours':>9} |"
-          f" {'PyTorch/ours':>12} | {'h2h/ours':>8} | {'expr':>9} | {'expr/builtin':>12} | same graph")
-    for n, seed, tt, th, to, te, same in rows:
+          f" {'PyTorch/ours':>12} | {'h2h/ours':>8} | {'ours GPU':>9} | {'PyTorch/GPU':>11} |"
+          f" {'expr':>9} | {'expr/builtin':>12} | same graph")
+    for n, seed, tt, th, to, te, same, tg in rows:
+        tg_s = f"{tg:6.2f} ms" if tg else "-"
+        ratio_g = f"{tt / tg:10.2f}x" if tg else "-"
         seed_s = f"{seed:10.0f} ms" if seed else "-"
         te_s = f"{te:6.1f} ms" if te else "-"
         ratio_e = f"{te / to:11.2f}x" if te else "-"
         print(f"{n:>6} | {seed_s:>13} | {tt:6.1f} ms | {th:8.1f} ms | {to:6.1f} ms | {tt / to:11.2f}x |"
-              f" {th / to:7.2f}x |"
+              f" {th / to:7.2f}x | {tg_s:>9} | {ratio_g:>11} |"
               f" {te_s:>9} | {ratio_e:>12} | {same}")
 
 

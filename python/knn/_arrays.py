@@ -298,31 +298,8 @@ class CudaRows:
         """Uninitialised results for ``k`` neighbours of every row, int64 ids (JAX without
         ``jax_enable_x64``: int32) and float32 distances, on the rows' device, made by their
         library (by ``native``, the index, for JAX)."""
-        shape = (self.rows, k)
-        if self.lib == "torch":
-            import torch
-
-            new = self.array.new_empty
-            ids, dists = new(shape, dtype=torch.int64), new(shape, dtype=torch.float32)
-            return DeviceResults(ids, dists, ids.data_ptr(), dists.data_ptr(), True)
-        if self.lib == "jax":
-            ids_type = "int64" if _jax_x64() else "int32"
-            if ids_type == "int32" and len(native) - 1 > np.iinfo(np.int32).max:
-                raise ValueError(
-                    "ids beyond int32 need JAX's 64-bit types: "
-                    "jax.config.update('jax_enable_x64', True)"
-                )
-            if self.rows == 0:
-                ids = self.wrap(np.empty(shape, np.int64))
-                dists = self.wrap(np.empty(shape, np.float32))
-                return DeviceResults(ids, dists, 0, 0, True)
-            dists, ids = native.device_results(self.device, self.rows, k, ids_type == "int64")
-            return DeviceResults(ids, dists, ids.ptr, dists.ptr, ids_type == "int64", jax=True)
-        import cupy
-
-        with self.array.device:
-            ids, dists = cupy.empty(shape, dtype=cupy.int64), cupy.empty(shape, dtype=cupy.float32)
-        return DeviceResults(ids, dists, ids.data.ptr, dists.data.ptr, True)
+        like = self.array if self.lib == "torch" else None
+        return device_results((self.lib, self.device), self.rows, k, native, like)
 
     def wrap(self, a: np.ndarray):
         """A host array copied to the rows' device, in their library."""
@@ -347,6 +324,61 @@ class DeviceResults:
 
             return jax.dlpack.from_dlpack(self.distances), jax.dlpack.from_dlpack(self.ids)
         return self.distances, self.ids
+
+
+def device_results(
+    home: tuple[str, int], rows: int, k: int, native, like=None
+) -> "DeviceResults":
+    """Uninitialised results for ``k`` neighbours of ``rows`` rows, int64 ids (JAX without
+    ``jax_enable_x64``: int32) and float32 distances, on GPU ``home[1]``, made by library
+    ``home[0]`` (by ``native``, the index, for JAX; PyTorch's as ``like``'s, a tensor on that
+    GPU, when given: ``new_empty`` costs less than ``torch.empty``)."""
+    lib, device = home
+    shape = (rows, k)
+    if lib == "torch":
+        import torch
+
+        if like is not None:
+            new = like.new_empty
+            ids, dists = new(shape, dtype=torch.int64), new(shape, dtype=torch.float32)
+        else:
+            ids = torch.empty(shape, dtype=torch.int64, device=f"cuda:{device}")
+            dists = torch.empty(shape, dtype=torch.float32, device=f"cuda:{device}")
+        return DeviceResults(ids, dists, ids.data_ptr(), dists.data_ptr(), True)
+    if lib == "jax":
+        ids_type = "int64" if _jax_x64() else "int32"
+        if ids_type == "int32" and len(native) - 1 > np.iinfo(np.int32).max:
+            raise ValueError(
+                "ids beyond int32 need JAX's 64-bit types: "
+                "jax.config.update('jax_enable_x64', True)"
+            )
+        if rows == 0:
+            ids = to_gpu(np.empty(shape, np.int64), home)
+            dists = to_gpu(np.empty(shape, np.float32), home)
+            return DeviceResults(ids, dists, 0, 0, True)
+        dists, ids = native.device_results(device, rows, k, ids_type == "int64")
+        return DeviceResults(ids, dists, ids.ptr, dists.ptr, ids_type == "int64", jax=True)
+    import cupy
+
+    with cupy.cuda.Device(device):
+        ids, dists = cupy.empty(shape, dtype=cupy.int64), cupy.empty(shape, dtype=cupy.float32)
+    return DeviceResults(ids, dists, ids.data.ptr, dists.data.ptr, True)
+
+
+def current_stream(home: tuple[str, int]) -> int:
+    """Library ``home[0]``'s current stream on GPU ``home[1]`` as a ``CUstream`` address (0,
+    the legacy default stream, for JAX, whose arrays are read once computed)."""
+    lib, device = home
+    if lib == "torch":
+        import torch
+
+        return _torch_stream(torch, device)
+    if lib == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(device):
+            return cupy.cuda.get_current_stream().ptr
+    return 0
 
 
 def gpu_home(x) -> tuple[str, int] | None:

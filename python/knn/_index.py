@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import _knn
-from ._arrays import CudaRows, as_k, as_matrix, cuda_library, gpu_home, parse_bytes, to_gpu
+from ._arrays import (
+    CudaRows, as_k, as_matrix, cuda_library, current_stream, device_results, gpu_home,
+    parse_bytes, to_gpu,
+)
 
 _SYMMETRIC = {True: "on", False: "off", "auto": "auto", "on": "on", "off": "off"}
 
@@ -240,12 +243,29 @@ class Index:
         Notes
         -----
         An index built from a PyTorch CUDA tensor, a CuPy array or a JAX array on a GPU gives
-        a tensor (an array) of that library on that GPU for each result; the graph itself is
-        computed as for a host base and copied there.
+        a tensor (an array) of that library on that GPU for each result, after the work
+        queued on the library's current stream there (JAX: int32 ids unless
+        ``jax_enable_x64`` is on, as for :meth:`search`). When the index computes on that
+        GPU with float32 rows, the graph is computed from the base the index keeps there and
+        written where the results lie (for ``"l2"``, ``"sqeuclidean"``, ``"ip"`` and
+        ``"hellinger"``; others, and float64 bases, are computed on the host's path and
+        copied there). The answer is the same either way. Ctrl-C is then seen once the graph
+        is written.
         """
+        k = as_k(k)
+        home, native = self._home, self._native
+        # (k checked first: the results' memory is made before the native call.)
+        on_gpu = home is not None and native.device == f"cuda:{home[1]}" and not native.float64
+        if on_gpu and k < len(native):
+            out = device_results(home, len(native), k, native)
+            native.graph_device(
+                k, _symmetric_mode(symmetric), home[1], current_stream(home),
+                out.ids_ptr, out.distances_ptr, out.ids_i64,
+            )
+            return out.arrays()
         distances, ids = self._graph_on_host(k, symmetric)
-        if self._home is not None:
-            return to_gpu(distances, self._home), to_gpu(ids, self._home)
+        if home is not None:
+            return to_gpu(distances, home), to_gpu(ids, home)
         return distances, ids
 
     def _graph_on_host(self, k: int, symmetric):

@@ -43,6 +43,16 @@ class NativeIndex:
     def graph(
         self, k: int, symmetric: str = "auto"
     ) -> Tuple[Distances, npt.NDArray[np.int64]]: ...
+    def graph_device(
+        self,
+        k: int,
+        symmetric: str,
+        device: int,
+        stream: int,
+        ids: int,
+        distances: int,
+        ids_i64: bool = True,
+    ) -> None: ...
     def add(self, data: Rows) -> None: ...
     def rows(self) -> Rows: ...
     def __len__(self) -> int: ...
@@ -51,6 +61,7 @@ class NativeIndex:
     device: str
     nbytes: int
     shares_rows: bool
+    float64: bool
 
 class DeviceArray:
     """Results in GPU memory of the native layer's, handed over through DLPack."""

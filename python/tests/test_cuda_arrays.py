@@ -180,6 +180,38 @@ def test_a_graph_of_gpu_points_comes_back_in_their_library(rng, to_gpu, dtype):
 
 
 @pytest.mark.parametrize("to_gpu", LIBS)
+@pytest.mark.parametrize("metric", ["hellinger", "l2", "sqeuclidean", "ip", "l1", "cosine"])
+def test_a_graph_of_a_gpu_index_is_written_on_its_gpu(rng, to_gpu, metric):
+    """An index of float32 points in GPU memory writes its graph where the results lie (the
+    device's own path for the first four metrics, the host's for the others): the NumPy
+    index's graph, in the points' library, on their device, again on a second call."""
+    points = rng.random((3000, 32)).astype(np.float32)
+    points[200:204] = points[7]  # duplicates: ties within and across rows
+    want = knn.Index(points, metric, device="cuda").graph(25)
+    p = to_gpu(points)
+    index = knn.Index(p, metric, device="cuda")
+    for _ in range(2):
+        _same_answer_there(index.graph(25), want, p)
+    with pytest.raises(ValueError, match="k=3000"):
+        index.graph(3000)
+
+
+@need_torch
+def test_a_gpu_graph_follows_the_current_stream():
+    """Results made on a side stream are written after the work queued there."""
+    points = np.random.default_rng(5).random((10_000, 256)).astype(np.float32)
+    want = knn.Index(points, "hellinger", device="cuda").graph(100)
+    index = knn.Index(torch.from_numpy(points).cuda(), "hellinger", device="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(10_000_000)  # the stream busy while the graph is asked for
+        d, i = index.graph(100)
+    side.synchronize()
+    np.testing.assert_array_equal(i.cpu().numpy(), want[1])
+    np.testing.assert_array_equal(d.cpu().numpy(), want[0])
+
+
+@pytest.mark.parametrize("to_gpu", LIBS)
 def test_gpu_query_errors_are_the_librarys(rng, to_gpu):
     index = knn.Index(rng.random((300, 8)).astype(np.float32), device="cuda")
     queries = rng.random((40, 8)).astype(np.float32)
@@ -216,6 +248,9 @@ def test_jax_without_x64_gives_int32_ids(rng):
                 np.testing.assert_array_equal(np.asarray(d), want_d)
             else:
                 np.testing.assert_array_equal(np.asarray(i), index.search(queries, 10)[1])
+        gd, gi = knn.Index(_to_jax(base), device="cuda").graph(10)
+        assert gi.dtype == jnp.int32 and gd.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(gi), knn.Index(base, device="cuda").graph(10)[1])
     finally:
         jax.config.update("jax_enable_x64", True)
 

@@ -35,11 +35,17 @@ pub fn max_norm(m: MatrixRef<'_>) -> f32 {
 
 /// [`max_norm`] of the rows less `centre` (each difference rounded to f32, as the device does).
 pub fn centred_max_norm(m: MatrixRef<'_>, centre: Option<&[f32]>) -> f32 {
+    centred_norms(m, centre).into_iter().fold(0.0, f32::max)
+}
+
+/// An upper bound on the norm of each row less `centre` (when given): what [`floors`] takes
+/// of a query row whose norm it is not given.
+pub fn centred_norms(m: MatrixRef<'_>, centre: Option<&[f32]>) -> Vec<f32> {
     (0..m.rows())
         .into_par_iter()
         .with_min_len(1024)
         .map(|i| norm(m.row(i), centre))
-        .reduce(|| 0.0, f32::max)
+        .collect()
 }
 
 /// Column means of the rows (f64 sums, rounded to f32).

@@ -5,7 +5,10 @@
 //! waits for no search.
 
 use knn::given::{round_to_f32, Given};
-use knn::{Device, Index, KnnError, MatrixRef, Metric, Neighbors, Options, Result, Rows, Symmetry};
+use knn::{
+    Device, DeviceResults, Index, KnnError, MatrixRef, Metric, Neighbors, Options, Result, Rows,
+    Symmetry,
+};
 use std::sync::{Arc, Mutex};
 
 /// Neighbours with their distances in the precision of the rows they came from: f32, or f64
@@ -71,32 +74,48 @@ impl Base {
         Ok(())
     }
 
-    /// The kNN graph of `index` with pairs computed once where `symmetric` says: the index
-    /// itself for `Auto` (its options), else an index of the same rows with that setting.
-    /// Distances in f64 when the rows were given in f64.
+    /// The kNN graph of `index` with pairs computed once where `symmetric` says (see
+    /// [`Base::with_symmetry`]). Distances in f64 when the rows were given in f64.
     pub fn graph(&self, index: &Index, k: usize, symmetric: Symmetry) -> Result<Found> {
-        let other;
-        let index = if symmetric == self.opts.symmetric {
-            index
-        } else {
-            let opts = Options {
-                symmetric,
-                ..self.opts.clone()
-            };
-            other = Index::new(
-                index.rows().clone(),
-                index.dim(),
-                index.metric().clone(),
-                &opts,
-            )?;
-            &other
-        };
+        let other = self.with_symmetry(index, symmetric)?;
+        let index = other.as_ref().unwrap_or(index);
         match index.rows().given() {
             Given::F32(_) => index.graph(k).map(Found::F32),
             Given::F64(_) => index
                 .graph_rows_f64(0..index.len(), k, &|_, _| {})
                 .map(Found::F64),
         }
+    }
+
+    /// [`Base::graph`] of f32 rows written to GPU memory (see [`Index::graph_device`]).
+    ///
+    /// # Safety
+    /// As [`Index::graph_device`].
+    pub unsafe fn graph_device(
+        &self,
+        index: &Index,
+        (k, symmetric): (usize, Symmetry),
+        (device, stream): (usize, u64),
+        out: DeviceResults,
+    ) -> Result<()> {
+        let other = self.with_symmetry(index, symmetric)?;
+        let index = other.as_ref().unwrap_or(index);
+        // SAFETY: as the caller vouches.
+        unsafe { index.graph_device(k, device, stream, out) }
+    }
+
+    /// `None` when `index` computes graphs with the `symmetric` setting (its options), else
+    /// an index of the same rows with that setting (the engines take it when they are made).
+    fn with_symmetry(&self, index: &Index, symmetric: Symmetry) -> Result<Option<Index>> {
+        if symmetric == self.opts.symmetric {
+            return Ok(None);
+        }
+        let opts = Options {
+            symmetric,
+            ..self.opts.clone()
+        };
+        let rows = index.rows().clone();
+        Index::new(rows, index.dim(), index.metric().clone(), &opts).map(Some)
     }
 
     /// The device of the index (`Auto` resolved).

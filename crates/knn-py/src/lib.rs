@@ -281,6 +281,41 @@ impl NativeIndex {
         }
     }
 
+    /// The kNN graph of the base written to GPU `device`'s memory: `len × k` ids (int64, or
+    /// int32 without `ids_i64`) at `ids` and float32 distances at `distances`, after the work
+    /// queued on `stream` (a `CUstream`, 0: the legacy default stream). The caller checks that
+    /// the rows are float32 and passes C-contiguous arrays of those shapes and types on that
+    /// device. Ctrl-C is seen once the graph is written (the arrays it writes are the
+    /// caller's, which must outlive the work).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (k, symmetric, device, stream, ids, distances, ids_i64=true))]
+    fn graph_device(
+        &self,
+        py: Python<'_>,
+        k: usize,
+        symmetric: &str,
+        device: usize,
+        stream: u64,
+        ids: u64,
+        distances: u64,
+        ids_i64: bool,
+    ) -> PyResult<()> {
+        let symmetric: Symmetry = symmetric.parse().map_err(to_py)?;
+        let index = self.base.snapshot();
+        let out = DeviceResults {
+            ids,
+            ids_i64,
+            distances,
+        };
+        // SAFETY: the addresses are of live arrays of these shapes on `device` (above).
+        py.detach(|| unsafe {
+            self.base
+                .graph_device(&index, (k, symmetric), (device, stream), out)
+        })
+        .map_err(to_py)?;
+        py.check_signals()
+    }
+
     /// Appends rows (float32 or float64, kept as given); their ids continue from len(index).
     fn add(&self, py: Python<'_>, data: Bound<'_, PyAny>) -> PyResult<()> {
         let data = Values::extract(&data, "added rows")?;
@@ -326,6 +361,12 @@ impl NativeIndex {
                 Given::F32(_) => 4,
                 Given::F64(_) => 8,
             }
+    }
+
+    /// Whether the rows are kept in float64 (given so, or added so).
+    #[getter]
+    fn float64(&self) -> bool {
+        self.base.snapshot().rows().as_f32().is_none()
     }
 
     /// Whether the index uses the given array's memory in place (no copy of it).

@@ -128,6 +128,39 @@ pub fn graph_prepared(
     run(engine, base, None, k, metric, rows, progress)
 }
 
+/// The first try of the whole kNN graph of a prepared base (see [`graph_prepared`]) as the
+/// pipeline hands it to an engine that finishes rows itself ([`Engine::finish_rows`]): every
+/// point's row, `k` neighbours, each excluding itself, the engine's first width; given to `f`
+/// with the scale of the engine's keys (engine keys are exact keys times it), for an engine
+/// that writes a graph where the pipeline's output is not (device memory). `None`, and `f`
+/// not called, where the pipeline would not ask an engine to finish a graph's rows
+/// (expression metrics, cosine, a base given in f64). Errors as [`graph_prepared`] on `k`.
+pub fn with_graph_first_try<R>(
+    engine: &dyn Engine,
+    prepared: &PreparedBase,
+    points: MatrixRef<'_>,
+    k: usize,
+    metric: &Metric,
+    f: impl FnOnce(&crate::engine::CandidateRequest<'_>, f64) -> R,
+) -> Result<Option<R>> {
+    let available = crate::validate::validate(metric, points, None, k)?;
+    let Some(prep) = prepared.with_queries(metric, points, None) else {
+        return Ok(None);
+    };
+    let width0 = engine
+        .candidate_width(k, available, metric.kernel())
+        .clamp(k, available);
+    let sizes = (k, available, width0, points.rows());
+    let run = rounds::Run::new(metric, &prep, None, true, sizes, prepared.key, false);
+    if !run.engine_may_finish() {
+        return Ok(None);
+    }
+    let n = points.rows();
+    let own: Vec<u32> = (0..n as u32).collect();
+    let req = run.request(run.eq.slice_rows(0, n), &own, width0, Some(0..n), false);
+    Ok(Some(f(&req, run.key_scale)))
+}
+
 /// [`search_prepared`] (or, with `prepared` `None`, [`search_with_progress`]) of rows given in
 /// f64 as `given` (see [`crate::given`]): `base` and `queries` are their f32 rounding
 /// ([`crate::given::round_to_f32`]; rows given in f32 are their own), on which the engine

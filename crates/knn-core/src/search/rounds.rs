@@ -9,8 +9,10 @@ use crate::engine::{
     CandidateRequest, Engine, ExactFrom, FinishedRows, GraphRequest, OutputRows, RowSlices,
 };
 use crate::error::{KnnError, Result};
+use crate::given::GivenRows;
 use crate::matrix::{Matrix, MatrixRef};
 use crate::metric::Metric;
+use crate::prepare::Prepared;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, OnceLock};
@@ -62,6 +64,47 @@ pub(super) struct Run<'a> {
     /// The rows as given, when some came in f64 (see [`crate::given`]): the engine's rows are
     /// then their f32 rounding, and only the pipeline takes exact keys.
     pub(super) given: Option<&'a crate::given::GivenRows<'a>>,
+}
+
+impl<'a> Run<'a> {
+    /// The run of `k` neighbours under `metric` on the preparation `prep` (queries, or a
+    /// self-join), `available` candidates a row, first tries `width0` wide, first-try lists
+    /// of `candidate_rows` rows held at once.
+    pub(super) fn new(
+        metric: &'a Metric,
+        prep: &'a Prepared<'a>,
+        given: Option<&'a GivenRows<'a>>,
+        self_join: bool,
+        (k, available, width0, candidate_rows): (usize, usize, usize, usize),
+        base_key: u64,
+        profile: bool,
+    ) -> Self {
+        let xb = prep.exact_base.view();
+        Run {
+            metric,
+            eb: prep.engine_base(),
+            eq: prep.engine_queries(),
+            xb,
+            xq: prep.exact_queries().unwrap_or(xb),
+            key_scale: prep.key_scale,
+            same_space: prep.engine.is_none()
+                && given.is_none()
+                && !matches!(metric, Metric::Cosine | Metric::Hellinger),
+            self_join,
+            k,
+            available,
+            width0,
+            candidate_rows,
+            base_key,
+            exact_data: prep.engine.is_none(),
+            expr: prep.expr.as_ref(),
+            symmetric: None,
+            aux: OnceLock::new(),
+            loose: AtomicBool::new(false),
+            profile,
+            given,
+        }
+    }
 }
 
 impl Run<'_> {

@@ -14,7 +14,7 @@ use crate::prepare::{prepare, Data, EngineRows, Prepared, PreparedBase};
 use crate::validate::{check_domains, validate};
 use rayon::prelude::*;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 /// Queries handled per round of the pipeline, so that candidate lists stay a small fraction of
 /// memory next to the output.
@@ -253,31 +253,9 @@ pub(super) fn run(
             // them.
             let prep = domain.and(prep)?;
             let prep = prepared.get_or_init(|| prep);
-            let xb = prep.exact_base.view();
-            let mut ctx = Run {
-                metric,
-                eb: prep.engine_base(),
-                eq: prep.engine_queries(),
-                xb,
-                xq: prep.exact_queries().unwrap_or(xb),
-                key_scale: prep.key_scale,
-                same_space: prep.engine.is_none()
-                    && given.is_none()
-                    && !matches!(metric, Metric::Cosine | Metric::Hellinger),
-                self_join: queries.is_none(),
-                k,
-                available,
-                width0,
-                candidate_rows,
-                base_key,
-                exact_data: prep.engine.is_none(),
-                expr: prep.expr.as_ref(),
-                symmetric: None,
-                aux: OnceLock::new(),
-                loose: AtomicBool::new(false),
-                profile,
-                given,
-            };
+            let sizes = (k, available, width0, candidate_rows);
+            let self_join = queries.is_none();
+            let mut ctx = Run::new(metric, prep, given, self_join, sizes, base_key, profile);
             ctx.lap("prepare", &mut since);
             // A whole graph of a symmetric metric: the engine may compute every row's first
             // candidate lists at once, each unordered pair once (see

@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 /// Queries in this GPU's memory: `rows × d` f32 values, row-major and contiguous, at device
 /// address `ptr` (memory of the device's primary context, where PyTorch and CuPy allocate).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceQueries {
     /// Device address of the first value.
     pub ptr: u64,
@@ -179,8 +179,7 @@ impl CudaEngine {
             return Ok(None);
         }
         let io = DeviceIo {
-            queries: queries.ptr,
-            rows: queries.rows,
+            queries: Some(queries),
             ids: out.ids,
             ids_i64: out.ids_i64,
             dists: out.distances,
@@ -206,6 +205,66 @@ impl CudaEngine {
             proven: done.proven,
             query_top: done.query_top.unwrap_or(f32::NAN) + c_top,
         }))
+    }
+
+    /// The whole kNN graph of `req`'s base finished on the device for `k` neighbours under
+    /// `metric`, written into `out`: row i of the results holds point i's k nearest other
+    /// points by exact key in (distance, id) order, final where the returned verdicts say so
+    /// (the caller computes the others again). `req` is the graph's first try, every point's
+    /// row (see `knn_core::with_graph_first_try`), of a base this engine keeps resident; the
+    /// graph is made anew (each unordered pair once where this engine's [`Symmetry`] says
+    /// so). `None`: this engine does not finish such a graph on the device (method, metric,
+    /// width, a base that is not resident, a graph shared by several GPUs, inner products
+    /// that may overflow f32); nothing was written.
+    ///
+    /// A row is left unproven when its floor does not prove it, and when its k-th distance is
+    /// not finite in f32 (the caller's path then reports the overflow).
+    ///
+    /// # Safety
+    /// `out` must have room for `n × k` ids and distances in this device's primary context,
+    /// with no work pending on it that this engine's stream does not follow (see
+    /// [`CudaEngine::follow_stream`]) and no other use until this returns.
+    ///
+    /// [`Symmetry`]: knn_core::Symmetry
+    pub unsafe fn graph_device(
+        &self,
+        req: &CandidateRequest<'_>,
+        metric: &Metric,
+        k: usize,
+        key_scale: f64,
+        out: DeviceResults,
+    ) -> Result<Option<Vec<bool>>> {
+        let n = req.base.rows();
+        let whole = n > 0
+            && req.queries.rows() == n
+            && req.queries.row_offset_in(&req.base) == Some(0)
+            && req.exclude.is_some_and(|e| e.len() == n);
+        if self.method != Method::Fused || self.share.is_some() || !whole {
+            return Ok(None);
+        }
+        // Inner products are distances as they are: |q·b| ≤ ‖q‖‖b‖ must stay within f32.
+        if matches!(metric, Metric::InnerProduct) {
+            let top = self.base_info(req).bn_max as f64;
+            let fits = top * top < f32::MAX as f64 / 2.0;
+            if !fits {
+                return Ok(None);
+            }
+        }
+        self.graph_anew(req)?;
+        let io = DeviceIo {
+            queries: None,
+            ids: out.ids,
+            ids_i64: out.ids_i64,
+            dists: out.distances,
+        };
+        // The rows go to device memory: no host rows.
+        let mut no_host = RowSlices {
+            ids: &mut [],
+            distances: &mut [],
+            k,
+        };
+        let done = self.finish_on_device(req, metric, k, key_scale, &mut no_host, Some(io))?;
+        Ok(done.map(|d| d.proven))
     }
 
     /// `bytes` of this device's memory, uninitialised, owned by the caller (see

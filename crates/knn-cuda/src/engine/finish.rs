@@ -96,8 +96,13 @@ impl CudaEngine {
             info.centre.as_deref(),
             (u, u_in, input_abs),
         );
+        // A k-th key beyond f32 is a distance that overflows: left to the caller's path,
+        // which reports it (rows written to device memory are not checked otherwise).
         let proven = (0..cut.len())
-            .map(|i| complete || finished.kth[i] * key_scale < floor[i] as f64)
+            .map(|i| {
+                let kth = finished.kth[i];
+                (complete || kth * key_scale < floor[i] as f64) && (kth as f32).is_finite()
+            })
             .collect();
         Ok(Some(FinishedOnDevice {
             proven,

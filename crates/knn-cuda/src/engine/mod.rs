@@ -9,7 +9,9 @@ pub use device_io::{DeviceMemory, DeviceQueries, DeviceResults, DeviceSearch, Pl
 pub use method::Method;
 
 use crate::device::{driver_device_count, Gpu};
-use crate::floor::{centred_max_norm, floors, mean, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
+use crate::floor::{
+    centred_max_norm, centred_norms, floors, mean, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT,
+};
 use crate::fused::{
     self, GraphLists, GraphShare, Resident, Results, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX,
 };
@@ -94,6 +96,10 @@ struct BaseInfo {
     centre: Option<Vec<f32>>,
     /// Upper bound on the norms of the (centred) base rows.
     bn_max: f32,
+    /// Upper bounds on each (centred) base row's norm, as `floors` takes them: the floors of
+    /// a graph's rows (rows of the base) read them instead of measuring the rows per call.
+    /// `None` for L1 and L∞, and for rows the device derives and measures.
+    norms: Option<Arc<[f32]>>,
 }
 
 /// Smallest working budget tried before giving up with `OutOfMemory`.
@@ -282,14 +288,15 @@ impl CudaEngine {
         // `CandidateRequest::exact_data`); the baselines keep the data as given.
         let centre = (self.method == Method::Fused && req.kernel == Kernel::SqL2 && req.exact_data)
             .then(|| mean(req.base));
-        let bn_max = if !req.kernel.is_gemm() {
-            0.0
+        let (bn_max, norms) = if !req.kernel.is_gemm() {
+            (0.0, None)
         } else if self.method == Method::Fused && req.base.centred_roots().is_some_and(|r| !r.made)
         {
             // Rows the device derives and measures itself (see `CudaEngine::device_norms`).
-            f32::NAN
+            (f32::NAN, None)
         } else {
-            centred_max_norm(req.base, centre.as_deref())
+            let norms: Arc<[f32]> = centred_norms(req.base, centre.as_deref()).into();
+            (norms.iter().copied().fold(0.0, f32::max), Some(norms))
         };
         let info = BaseInfo {
             key: req.base_key,
@@ -297,6 +304,7 @@ impl CudaEngine {
             exact_data: req.exact_data,
             centre,
             bn_max,
+            norms,
         };
         *self.base_info.lock().unwrap_or_else(|p| p.into_inner()) = Some(info.clone());
         info
@@ -304,7 +312,8 @@ impl CudaEngine {
 
     /// After a call on `req`: the norm bound of its base when the device measured the rows it
     /// derived (`info.bn_max` is NaN until then; measured on the host if the device did not
-    /// keep them), and the norms of the queries when they are rows of that base.
+    /// keep them), and the norms of the queries when they are rows of that base (the
+    /// device's, else those `info` keeps).
     fn device_norms(&self, req: &CandidateRequest<'_>, info: &mut BaseInfo) -> Option<Vec<f32>> {
         let resident = self.resident.lock().unwrap_or_else(|p| p.into_inner());
         let norms = resident
@@ -325,7 +334,11 @@ impl CudaEngine {
             }
         }
         let at = req.queries.row_offset_in(&req.base)?;
-        norms.map(|n| n[at..at + req.queries.rows()].to_vec())
+        let rows = at..at + req.queries.rows();
+        match norms {
+            Some(n) => Some(n[rows].to_vec()),
+            None => info.norms.as_ref().map(|n| n[rows].to_vec()),
+        }
     }
 
     /// Every slot of the `w`-wide rows `ids` of `req` holds a valid base id that its row may
@@ -357,6 +370,24 @@ impl CudaEngine {
             .bind_to_thread()
             .map_err(crate::device::dev_err("binding the context"))?;
         Ok(gpu)
+    }
+
+    /// Remembers that `first` (a graph's first try) starts a graph: its rows are made anew
+    /// by the next call that asks for them. Lists (and finished rows) kept from an earlier
+    /// graph of the same base would answer this one from that call's work, which is not what
+    /// a caller times or what a peer recomputing its graph is compared with. Returns the
+    /// graph's (base key, width).
+    fn graph_anew(&self, first: &CandidateRequest<'_>) -> Result<Option<(u64, usize)>> {
+        let ahead = first.base_key.map(|key| (key, first.width));
+        *self.graph_ahead.lock().unwrap_or_else(|p| p.into_inner()) = ahead;
+        // Device memory is freed with its context bound to the thread (cudarc's drop does not
+        // bind it).
+        let _gpu = self.locked()?;
+        *self.graph.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if let Some(share) = &self.share {
+            share.restart();
+        }
+        Ok(ahead)
     }
 
     /// The distance mode (`finish_lists`) in which this engine finishes `req`'s rows for `k`
@@ -540,20 +571,7 @@ impl Engine for CudaEngine {
         first: &CandidateRequest<'_>,
         finish: Option<(&Metric, usize)>,
     ) -> Result<()> {
-        let ahead = first.base_key.map(|key| (key, first.width));
-        *self.graph_ahead.lock().unwrap_or_else(|p| p.into_inner()) = ahead;
-        // Each graph is computed anew: lists (and finished rows) kept from an earlier graph of
-        // the same base would answer this one from that call's work, which is not what a
-        // caller times or what a peer recomputing its graph is compared with.
-        // Device memory is freed with its context bound to the thread (cudarc's drop does not
-        // bind it).
-        {
-            let _gpu = self.locked()?;
-            *self.graph.lock().unwrap_or_else(|p| p.into_inner()) = None;
-            if let Some(share) = &self.share {
-                share.restart();
-            }
-        }
+        let ahead = self.graph_anew(first)?;
         if let (Some(share), Some(graph)) = (&self.share, ahead) {
             // Every part is made now, whatever finishes the rows: the other parts wait for
             // this one's thresholds. However the attempt ends, the others learn of it.
@@ -641,6 +659,7 @@ impl Engine for CudaEngine {
                 exact_data: false,
                 centre: None,
                 bn_max: 0.0,
+                norms: None,
             };
             let rows = self.rows(&mut gpu, req, &info, false, Some(&tag), to)?;
             (rows.lists, rows.cut)

@@ -2,6 +2,7 @@
 //! distances ([`Finish`], [`Finished`]), and the exact keys themselves (`exact_keys`).
 
 use crate::device::{dev_err, Gpu, Queued, Readback};
+use crate::DeviceQueries;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use knn_core::{Kernel, OutputRows, Result};
 
@@ -60,16 +61,27 @@ pub(super) enum RowFacts<'a> {
     },
 }
 
-/// A call whose queries and results lie in device memory (the request's host queries are then
-/// empty and unused): `rows × d` f32 queries at `queries`, rows finished into `rows × k` ids
-/// at `ids` (u32, or i64 with `ids_i64`) and f32 distances at `dists`.
-#[derive(Clone, Copy, Debug)]
+/// Rows finished into device memory (the output's host rows then unused): `k` ids (u32, or
+/// i64 with `ids_i64`) and `k` f32 distances per row, the call's row i at row i of `ids` and
+/// `dists`. With `queries`, the call's query rows are read from device memory too (the
+/// request's host queries are then empty and unused); without, they are the request's own
+/// (a graph's rows, which lie in the resident base).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct DeviceIo {
-    pub queries: u64,
-    pub rows: usize,
+    pub queries: Option<DeviceQueries>,
     pub ids: u64,
     pub ids_i64: bool,
     pub dists: u64,
+}
+
+impl DeviceIo {
+    /// Where row `at` of the results goes for `k` neighbours a row: its ids (and whether they
+    /// are i64) and its distances.
+    pub(crate) fn row(&self, at: usize, k: usize) -> (u64, bool, u64) {
+        let id_bytes = if self.ids_i64 { 8 } else { 4 };
+        let at = (at * k) as u64;
+        (self.ids + at * id_bytes, self.ids_i64, self.dists + at * 4)
+    }
 }
 
 impl Finish<'_> {
@@ -94,10 +106,10 @@ pub(crate) struct Finished {
     pub proof: Option<Proven>,
 }
 
-/// One query chunk's share of the finished rows.
+/// One query chunk's share of the finished rows: ids and distances (unless they were written
+/// to device memory), and the facts of each row for its floor.
 pub(super) struct FinishedChunk<'a> {
-    pub(super) ids: &'a mut [u32],
-    pub(super) dists: &'a mut [f32],
+    pub(super) rows: Option<(&'a mut [u32], &'a mut [f32])>,
     pub(super) kth: &'a mut [f64],
     pub(super) last: &'a mut [u64],
 }

@@ -4,7 +4,7 @@
 //! from a sample, buffers sorted); and the graph's rows finished at once for the calls that
 //! copy theirs out.
 
-use super::finish::{exact_keys, launch_finish, FinishedChunk};
+use super::finish::{exact_keys, launch_finish, DeviceIo, FinishedChunk};
 use super::select::merge_runs;
 use super::share::{gather_thresholds, record, GraphShare, PartLists, Thresholds};
 use super::timing::KernelTimer;
@@ -41,12 +41,12 @@ pub(crate) struct GraphLists {
 }
 
 /// Every row of a graph finished on the device (see `finish_lists`): `n × k` ids and
-/// distances, and per row the k-th exact key and the W-th composite.
+/// distances (in buffers of its own, or written to the caller's device memory), and per row
+/// the k-th exact key and the W-th composite.
 pub(super) struct GraphFinished {
     k: usize,
     mode: i32,
-    ids: CudaSlice<u32>,
-    dists: CudaSlice<f32>,
+    rows: RowsAt,
     kth: CudaSlice<f64>,
     last: CudaSlice<u64>,
     /// Per launch of [`FINISH_ROWS`] rows: recorded behind it (its rows' downloads wait for it
@@ -56,9 +56,39 @@ pub(super) struct GraphFinished {
     bad: CudaSlice<u32>,
 }
 
+/// Where a finished graph's ids and distances are.
+enum RowsAt {
+    /// In buffers of its own, `n × k` each.
+    Own(CudaSlice<u32>, CudaSlice<f32>),
+    /// In the caller's device memory.
+    Into(DeviceIo),
+}
+
+impl RowsAt {
+    /// The device addresses of row `at`'s ids (i64 or not) and distances, `k` a row.
+    fn row(&self, gpu: &Gpu, at: usize, k: usize) -> (u64, bool, u64) {
+        match self {
+            RowsAt::Own(ids, dists) => {
+                let at = (at * k * 4) as u64;
+                (gpu.ptr(ids) + at, false, gpu.ptr(dists) + at)
+            }
+            RowsAt::Into(io) => io.row(at, k),
+        }
+    }
+
+    /// The caller's memory the rows went to, if any.
+    fn caller(&self) -> Option<DeviceIo> {
+        match self {
+            RowsAt::Own(..) => None,
+            RowsAt::Into(io) => Some(*io),
+        }
+    }
+}
+
 impl GraphFinished {
-    /// Rows `at..at + ids.len() / k` into the host slices, once their launches are done (see
-    /// `ready`); an error when one of those launches flagged a bad list.
+    /// Rows `at..at + out.kth.len()` into the host slices (their ids and distances only when
+    /// `out.rows` asks for them: they are in buffers of this graph's own), once their launches
+    /// are done (see `ready`); an error when one of those launches flagged a bad list.
     pub(super) fn download(
         &self,
         gpu: &Gpu,
@@ -73,8 +103,10 @@ impl GraphFinished {
         let (first, last) = (at / FINISH_ROWS, (at + m - 1) / FINISH_ROWS);
         let after = &self.ready[last];
         let k = self.k;
-        gpu.download_range_after(&self.ids, at * k, out.ids, after)?;
-        gpu.download_range_after(&self.dists, at * k, out.dists, after)?;
+        if let (RowsAt::Own(ids, dists), Some((ids_out, dists_out))) = (&self.rows, out.rows) {
+            gpu.download_range_after(ids, at * k, ids_out, after)?;
+            gpu.download_range_after(dists, at * k, dists_out, after)?;
+        }
         gpu.download_range_after(&self.kth, at, out.kth, after)?;
         gpu.download_range_after(&self.last, at, out.last, after)?;
         gpu.download_range_after(cut.0, at, cut.1, after)?;
@@ -93,31 +125,38 @@ impl GraphFinished {
 const FINISH_ROWS: usize = 16384;
 
 /// The finished rows of graph `g` for `k` neighbours as distances of `mode`, made now if they
-/// were not (exact keys of `kind` of the given base at `given`, `n × d`), or `None` when their
-/// buffers do not fit `budget` or `g` was finished for another `k` or `mode`.
+/// were not (exact keys of `kind` of the given base at `given`, `n × d`), their ids and
+/// distances written `into` the caller's device memory when given, else kept in buffers of
+/// their own; `None` when their buffers do not fit `budget`, or `g` was finished for another
+/// `k`, `mode` or destination.
 pub(super) fn graph_finished<'g>(
     gpu: &Gpu,
     g: &'g GraphLists,
     (k, mode): (usize, i32),
     (kind, given, d): (Option<Kernel>, u64, usize),
     budget: usize,
+    into: Option<DeviceIo>,
 ) -> Result<Option<&'g GraphFinished>> {
     if let Some(f) = g.finished.get() {
-        return Ok((f.k == k && f.mode == mode).then_some(f));
+        return Ok((f.k == k && f.mode == mode && f.rows.caller() == into).then_some(f));
     }
     // A part's lists are merged with the other parts' round by round.
     if g.shared {
         return Ok(None);
     }
     let (n, w) = (g.cut.len(), g.width);
-    if n * (8 * k + 16) + FINISH_ROWS * w * 8 > budget / 4 {
+    let own_rows = if into.is_some() { 0 } else { n * 8 * k };
+    if own_rows + n * 16 + FINISH_ROWS * w * 8 > budget / 4 {
         return Ok(None);
     }
+    let rows = match into {
+        Some(io) => RowsAt::Into(io),
+        None => RowsAt::Own(gpu.alloc::<u32>(n * k)?, gpu.alloc::<f32>(n * k)?),
+    };
     let mut f = GraphFinished {
         k,
         mode,
-        ids: gpu.alloc::<u32>(n * k)?,
-        dists: gpu.alloc::<f32>(n * k)?,
+        rows,
         kth: gpu.alloc::<f64>(n)?,
         last: gpu.alloc::<u64>(n)?,
         ready: Vec::new(),
@@ -134,9 +173,10 @@ pub(super) fn graph_finished<'g>(
         let lists = gpu.ptr(&g.lists) + (at * w * 8) as u64;
         let q = given + (at * d * 4) as u64;
         let keys = exact_keys(gpu, kind, (q, m), (given, n), lists, w, d)?;
+        let (ids, ids_i64, dists) = f.rows.row(gpu, at, k);
         let out = (
-            (gpu.ptr(&f.ids) + (at * k * 4) as u64, false),
-            gpu.ptr(&f.dists) + (at * k * 4) as u64,
+            (ids, ids_i64),
+            dists,
             gpu.ptr(&f.kth) + (at * 8) as u64,
             gpu.ptr(&f.last) + (at * 8) as u64,
         );
@@ -295,7 +335,8 @@ pub(super) fn graph_lists<'g>(
         .map_err(dev_err("allocating device memory"))?;
     let cut = gpu.alloc::<u64>(n)?;
     gpu.fill_u64(gpu.ptr(&cut), n, SENTINEL)?;
-    let timer = KernelTimer::start(gpu)?;
+    let profile = std::env::var_os("KNN_PROFILE").is_some();
+    let timer = KernelTimer::start(gpu, gpu.kernel_timing || profile)?;
     let (n64, d32, w32, ws32, ns32) = (n as i64, d as i32, w as i32, ws as i32, nsplit as i32);
     let (pr, pl, pc) = (gpu.ptr(&runs), gpu.ptr(&locks), gpu.ptr(&cut));
     let mut l = gpu.stream.launch_builder(f);
@@ -341,7 +382,7 @@ pub(super) fn graph_lists<'g>(
     }
     let merged = merge_runs(gpu, n, w, 32 * list_slots(w), (pr, 2 * nsplit), 0)?;
     let (ms, _) = timer.stop(gpu, "")?;
-    if std::env::var_os("KNN_PROFILE").is_some() {
+    if profile {
         eprintln!(
             "cuda symmetric graph: {n} rows, {tiles} tiles, {nsplit} splits keeping {ws} of \
              {w} by row and by column, {ms:.2} ms"
@@ -427,8 +468,8 @@ fn collected_lists(
     let mine = share.map_or(0..tiles, |(s, _)| s.tiles(tiles));
     let partners = (tiles - 1) / 2 + 1;
     let nsplit = partners.min(8);
-    let mut timer = KernelTimer::start(gpu)?;
     let profile = std::env::var_os("KNN_PROFILE").is_some();
+    let mut timer = KernelTimer::start(gpu, gpu.kernel_timing || profile)?;
     // The points rounded once (the product's fragments are then taken as they are).
     let rounded = rounded_points(gpu, b, n, d)?;
     let (pt, us) = (rounded.ptr, rounded.us);

@@ -371,6 +371,7 @@ pub(crate) fn run(
         Results::Finished(f) => (Some(f), HostLists::default()),
     };
     let device_io = finish.as_ref().and_then(|f| f.device);
+    let device_queries = device_io.and_then(|io| io.queries);
     // Base: resident when it is kept from an earlier call or takes at most half the budget
     // (see `CallPlan`), else streamed in chunks.
     let cached = match (req.base_key, base.cache.as_ref()) {
@@ -390,7 +391,14 @@ pub(crate) fn run(
         (None, c) => c.map_or(0, |c| gpu.ptr(c)),
     };
     let centred = base.centre.is_some();
-    let plan = CallPlan::new(gpu, req, device_io, budget, (centred, base.exact), cached);
+    let plan = CallPlan::new(
+        gpu,
+        req,
+        device_queries,
+        budget,
+        (centred, base.exact),
+        cached,
+    );
     let CallPlan {
         nq,
         nb,
@@ -463,7 +471,9 @@ pub(crate) fn run(
     // read where it lies) are proven here too: the host then reads one summary, not each
     // row's k-th key, W-th composite, cut and norm.
     let proof = finish.as_ref().and_then(|f| f.proof).filter(|_| {
-        device_io.is_some() || resident.is_none() || req.queries.row_offset_in(&req.base).is_none()
+        device_queries.is_some()
+            || resident.is_none()
+            || req.queries.row_offset_in(&req.base).is_none()
     });
     let exact = given_base.is_some();
     let mut call_rows = CallRows::new(gpu, finish, proof, lists_made, exact, (nq, w));
@@ -478,10 +488,11 @@ pub(crate) fn run(
     // the device for the calls to come.
     if let (0, Some((g, _)), Some(f), Some(gb)) = (nq, graph, call_rows.finish.as_ref(), given_base)
     {
-        graph_finished(gpu, g, (f.k, f.mode), (exact_kind, gpu.ptr(gb), d), rest)?;
+        let given = (exact_kind, gpu.ptr(gb), d);
+        graph_finished(gpu, g, (f.k, f.mode), given, rest, f.device)?;
     }
     let src = QuerySource {
-        device_io,
+        device_queries,
         resident,
         exact: base.exact,
         given_base,

@@ -4,10 +4,9 @@
 
 use super::graph::list_slots;
 use super::select::FILTER_CAP;
-use super::{
-    base_fits, copies, uses_tf32, DeviceIo, Exact, BASE_TILE, QUERY_TILE, SMALL_WIDTH_MAX,
-};
+use super::{base_fits, copies, uses_tf32, Exact, BASE_TILE, QUERY_TILE, SMALL_WIDTH_MAX};
 use crate::device::Gpu;
+use crate::DeviceQueries;
 use knn_core::CandidateRequest;
 
 /// The sizes of one call, fixed before it touches the base (see [`CallPlan::new`]).
@@ -38,20 +37,20 @@ pub(super) struct CallPlan {
 }
 
 impl CallPlan {
-    /// The plan of `req` under `budget` (queries in device memory when `device_io` is set):
+    /// The plan of `req` under `budget` (queries in device memory when `device_queries` is set):
     /// the base resident when it is `cached` or its copies take at most half the budget
     /// (`centred`: a centre is given; `exact`: the exact keys asked for), else streamed in
     /// chunks of half the budget; the query chunks as large as the rest allows.
     pub(super) fn new(
         gpu: &Gpu,
         req: &CandidateRequest<'_>,
-        device_io: Option<DeviceIo>,
+        device_queries: Option<DeviceQueries>,
         budget: usize,
         (centred, exact): (bool, Option<Exact<'_>>),
         cached: bool,
     ) -> CallPlan {
         let (nq, nb, d, w) = (
-            device_io.map_or(req.queries.rows(), |io| io.rows),
+            device_queries.map_or(req.queries.rows(), |q| q.rows),
             req.base.rows(),
             req.base.dim(),
             req.width,

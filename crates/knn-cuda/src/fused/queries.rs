@@ -3,16 +3,17 @@
 //! the given rows kept for the exact keys.
 
 use super::resident::rows_within;
-use super::{DeviceIo, Exact};
+use super::Exact;
 use crate::device::{Gpu, ReadyRows};
+use crate::DeviceQueries;
 use cudarc::driver::CudaSlice;
 use knn_core::{CandidateRequest, Result};
 
 /// Where a call's query rows are read, the same for each of its chunks.
 #[derive(Clone, Copy)]
 pub(super) struct QuerySource<'a> {
-    /// Queries in device memory (see [`DeviceIo`]), if so.
-    pub(super) device_io: Option<DeviceIo>,
+    /// Queries in device memory (see [`super::DeviceIo`]), if so.
+    pub(super) device_queries: Option<DeviceQueries>,
     /// The resident base's rows and squared norms, if it is resident.
     pub(super) resident: Option<(&'a CudaSlice<f32>, &'a CudaSlice<f32>)>,
     /// The exact keys asked for, and the given base rows they are taken of (when held).
@@ -58,7 +59,7 @@ pub(super) fn ready_queries(
     (qs, qe): (usize, usize),
 ) -> Result<QueryChunk> {
     let QuerySource {
-        device_io,
+        device_queries,
         resident,
         exact,
         given_base,
@@ -68,7 +69,7 @@ pub(super) fn ready_queries(
     let n = qe - qs;
     // Queries that are rows of the resident base (a graph's rounds) are read where the
     // base lies: nothing to upload, centre or measure again.
-    let alias = match device_io {
+    let alias = match device_queries {
         Some(_) => None,
         None => resident.and_then(|_| req.queries.slice_rows(qs, qe).row_offset_in(&req.base)),
     };
@@ -85,8 +86,8 @@ pub(super) fn ready_queries(
             gpu.ptr(bn) + (at * 4) as u64,
         ),
         _ => {
-            let from = *given_q.insert(match device_io {
-                Some(io) => io.queries + (qs * d * 4) as u64,
+            let from = *given_q.insert(match device_queries {
+                Some(dq) => dq.ptr + (qs * d * 4) as u64,
                 None => {
                     gpu.ptr(q_up.insert(gpu.upload(req.queries.slice_rows(qs, qe).as_slice())?))
                 }

@@ -156,12 +156,18 @@ impl<'g, 'f> CallRows<'g, 'f> {
         } = self;
         if let (Some(f), Some(done)) = (finish.as_mut(), finished.as_mut()) {
             let given = (exact_kind, gpu.ptr(gb), d);
-            if let Some(all) = graph_finished(gpu, g, (f.k, f.mode), given, rest)? {
+            if let Some(all) = graph_finished(gpu, g, (f.k, f.mode), given, rest, f.device)? {
                 let k = f.k;
-                let (ids, dists) = f.host.buffers();
+                // Rows written to device memory stay there.
+                let rows = match f.device {
+                    Some(_) => None,
+                    None => {
+                        let (ids, dists) = f.host.buffers();
+                        Some((&mut ids[qs * k..qe * k], &mut dists[qs * k..qe * k]))
+                    }
+                };
                 let rows = FinishedChunk {
-                    ids: &mut ids[qs * k..qe * k],
-                    dists: &mut dists[qs * k..qe * k],
+                    rows,
                     kth: &mut done.kth[qs..qe],
                     last: &mut done.last[qs..qe],
                 };
@@ -228,11 +234,7 @@ impl<'g, 'f> CallRows<'g, 'f> {
                 let summary = summary.as_ref().expect("made above");
                 let (k, mode) = (f.k, f.mode);
                 let lists = (&r.buf, &keys, w);
-                let on_device = f.device.map(|io| {
-                    let at = (qs * k) as u64;
-                    let id_bytes = if io.ids_i64 { 8 } else { 4 };
-                    (io.ids + at * id_bytes, io.ids_i64, io.dists + at * 4)
-                });
+                let on_device = f.device.map(|io| io.row(qs, k));
                 let flags = (nb, excl_ptr);
                 let facts = match (proof, &*proven) {
                     (Some(plan), Some(p)) => RowFacts::Device {

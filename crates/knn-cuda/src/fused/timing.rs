@@ -5,8 +5,8 @@ use crate::device::{dev_err, Gpu};
 use cudarc::driver::sys;
 use knn_core::Result;
 
-/// Device time between its start and [`KernelTimer::stop`] (CUDA events; 0 after a plain
-/// sync when events are not available), with the parts between its marks.
+/// Device time between its start and [`KernelTimer::stop`] (CUDA events), with the parts
+/// between its marks; nothing (no events, no wait) when the call is not timed.
 pub(super) struct KernelTimer {
     start: Option<cudarc::driver::CudaEvent>,
     marks: Vec<(&'static str, cudarc::driver::CudaEvent)>,
@@ -34,9 +34,10 @@ impl KernelTimer {
         Ok(e)
     }
 
-    pub(super) fn start(gpu: &Gpu) -> Result<Self> {
+    /// Starts timing here when `on` (the engine times its kernels, or the call is profiled).
+    pub(super) fn start(gpu: &Gpu, on: bool) -> Result<Self> {
         Ok(KernelTimer {
-            start: Self::event(gpu)?,
+            start: if on { Self::event(gpu)? } else { None },
             marks: Vec::new(),
         })
     }
@@ -49,10 +50,14 @@ impl KernelTimer {
         Ok(())
     }
 
-    /// The total ms and "part ms, ..." of the marked parts (the rest is `last`).
+    /// The total ms and "part ms, ..." of the marked parts (the rest is `last`), once the
+    /// device has done the work queued so far; 0 at once when not timed. (Waiting there while
+    /// a graph's lists were made left the device idle while the host queued their finishing.)
     pub(super) fn stop(self, gpu: &Gpu, last: &str) -> Result<(f32, String)> {
-        let (Some(t0), Some(t1)) = (self.start, Self::event(gpu)?) else {
-            gpu.sync()?;
+        let Some(t0) = self.start else {
+            return Ok((0.0, String::new()));
+        };
+        let Some(t1) = Self::event(gpu)? else {
             return Ok((0.0, String::new()));
         };
         t1.synchronize().map_err(dev_err("event"))?;

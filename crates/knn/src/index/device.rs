@@ -2,7 +2,7 @@
 //! tensor's), results written to its memory.
 
 use super::Index;
-use knn_core::{validate, CandidateRequest, Engine, KnnError, MatrixRef, Result};
+use knn_core::{validate, CandidateRequest, Engine, KnnError, MatrixRef, Neighbors, Result};
 use knn_cuda::{CudaEngine, DeviceSearch};
 pub use knn_cuda::{DeviceMemory, DeviceResults};
 
@@ -51,19 +51,11 @@ impl Index {
         k: usize,
         out: DeviceResults,
     ) -> Result<()> {
-        let cuda = self
-            .knn
-            .cuda()
-            .filter(|c| c.ordinal() == queries.device)
-            .ok_or_else(|| {
-                KnnError::Option(format!(
-                    "the queries lie in the memory of cuda:{}, but the index computes on {}: \
-                     copy them to the host and search them there",
-                    queries.device,
-                    self.engine_name()
-                        .unwrap_or_else(|_| self.device().to_string())
-                ))
-            })?;
+        let cuda = self.cuda_on(
+            queries.device,
+            "the queries lie",
+            ": copy them to the host and search them there",
+        )?;
         self.check_search(self.dim, k)?;
         if queries.rows == 0 {
             return Ok(());
@@ -96,17 +88,81 @@ impl Index {
     /// caller's library does not make writable arrays (JAX, which adopts this memory through
     /// DLPack). Errors when the index does not compute on that one GPU.
     pub fn alloc_device(&self, device: usize, bytes: usize) -> Result<DeviceMemory> {
-        let cuda = self
-            .knn
+        self.cuda_on(device, "results", "")?.alloc_device(bytes)
+    }
+
+    /// [`Index::graph`] with its results written to GPU memory: row i of `out` gets point
+    /// i's k nearest other points (its own id left out), `k` ids (u32, or i64 with
+    /// `out.ids_i64`) and `k` f32 distances, ordered by (distance, id), exactly what
+    /// [`Index::graph`] gives. The device work follows the work queued on `stream` (a
+    /// `CUstream` of GPU `device`'s primary context; 0: its legacy default stream), such as
+    /// the stream the caller's results were made on. Returns once the results are written.
+    ///
+    /// On the index's own GPU with float32 rows and a metric it finishes there (squared L2,
+    /// L2, inner product, Hellinger; L1 and L∞ where the graph is made on the device), the
+    /// graph is computed from the resident base and written where the results lie: per point
+    /// only the facts of its floor cross the bus, and the rows the floors do not prove (rare)
+    /// are computed again on the host's path. Other cases compute the graph on the host's path
+    /// and copy it there: the same answer, with the copy's time.
+    ///
+    /// Errors as [`Index::graph`] (k = 0 or k ≥ [`Index::len`], an overflow), and when the
+    /// index does not compute on that one GPU.
+    ///
+    /// # Safety
+    /// `out` must have room for `len × k` ids and as many distances in GPU `device`'s memory,
+    /// valid and not written by anything else until this returns; `stream` must be 0 or a
+    /// live stream of that device's primary context.
+    pub unsafe fn graph_device(
+        &self,
+        k: usize,
+        device: usize,
+        stream: u64,
+        out: DeviceResults,
+    ) -> Result<()> {
+        let cuda = self.cuda_on(device, "the results lie", "")?;
+        let n = self.len();
+        validate(&self.metric, self.base(), None, k)?;
+        // SAFETY (here and below): as the caller vouches.
+        unsafe { cuda.follow_stream(stream)? };
+        let base = self.base();
+        let brute = std::ptr::addr_eq(
+            self.knn.engine_for(base.rows(), self.dim, &self.metric)?,
+            self.knn.engine(),
+        );
+        let done = match brute && self.rounded.is_none() {
+            true => knn_core::with_graph_first_try(
+                self.knn.engine(),
+                &self.prepared,
+                base,
+                k,
+                &self.metric,
+                |req, key_scale| unsafe { cuda.graph_device(req, &self.metric, k, key_scale, out) },
+            )?
+            .transpose()?
+            .flatten(),
+            false => None,
+        };
+        let proven = done.unwrap_or_else(|| vec![false; n]);
+        for rows in redo_runs(&proven) {
+            let found = self.graph_rows(rows.clone(), k, &|_, _| {})?;
+            unsafe { write_rows(cuda, &found, rows.start, out)? };
+        }
+        Ok(())
+    }
+
+    /// The index's engine on GPU `device`, or an error saying that `what` (lie) in that
+    /// GPU's memory while the index computes elsewhere, then `hint`.
+    fn cuda_on(&self, device: usize, what: &str, hint: &str) -> Result<&CudaEngine> {
+        self.knn
             .cuda()
             .filter(|c| c.ordinal() == device)
             .ok_or_else(|| {
                 KnnError::Option(format!(
-                    "results in the memory of cuda:{device}, but the index computes on {}",
-                    self.device()
+                    "{what} in the memory of cuda:{device}, but the index computes on {}{hint}",
+                    self.engine_name()
+                        .unwrap_or_else(|_| self.device().to_string())
                 ))
-            })?;
-        cuda.alloc_device(bytes)
+            })
     }
 
     /// The errors [`Index::search`] gives for queries of dimension `dim` and this `k` before
@@ -186,33 +242,80 @@ impl Index {
         let found = MatrixRef::new("queries", &host, d)
             .and_then(|q| self.search(q, k))
             .map_err(|e| e.renumber_query_rows(|i| rows[i]))?;
-        // The ids in the caller's type.
-        let wide: Vec<i64> = match out.ids_i64 {
-            true => found.ids.iter().map(|&i| i64::from(i)).collect(),
-            false => Vec::new(),
-        };
-        // Ids `from` of the found rows, to device address `to`.
-        let write_ids = |from: std::ops::Range<usize>, to: u64| -> Result<()> {
-            unsafe {
-                match out.ids_i64 {
-                    true => cuda.write_device(&wide[from], to),
-                    false => cuda.write_device(&found.ids[from], to),
-                }
-            }
-        };
+        // SAFETY (here and below): each row lies in the caller's buffers.
         if rows.len() == queries.rows {
-            write_ids(0..found.ids.len(), out.ids)?;
-            unsafe { cuda.write_device(&found.distances, out.distances)? };
-        } else {
-            for (i, &r) in rows.iter().enumerate() {
-                write_ids(
-                    i * k..(i + 1) * k,
-                    out.ids + (r * k * out.id_bytes()) as u64,
-                )?;
-                let at = (r * k * 4) as u64;
-                unsafe { cuda.write_device(found.distances_of(i), out.distances + at)? };
-            }
+            return unsafe { write_rows(cuda, &found, 0, out) };
+        }
+        for (i, &r) in rows.iter().enumerate() {
+            let one = Neighbors {
+                k,
+                ids: found.ids[i * k..(i + 1) * k].to_vec(),
+                distances: found.distances_of(i).to_vec(),
+            };
+            unsafe { write_rows(cuda, &one, r, out)? };
         }
         Ok(())
+    }
+}
+
+/// Runs of rows a device graph redoes one by one before it redoes the whole graph.
+const MAX_REDO_RUNS: usize = 64;
+
+/// The rows not `proven`, in runs of consecutive rows (each computed again as rows of the
+/// graph); more than [`MAX_REDO_RUNS`] runs: every row, as one.
+fn redo_runs(proven: &[bool]) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for i in (0..proven.len()).filter(|&i| !proven[i]) {
+        match runs.last_mut() {
+            Some(r) if r.end == i => r.end += 1,
+            _ => runs.push(i..i + 1),
+        }
+    }
+    if runs.len() > MAX_REDO_RUNS {
+        runs.clear();
+        runs.push(0..proven.len());
+    }
+    runs
+}
+
+/// Writes the rows of `found` to rows `at..` of `out` (ids in the caller's type).
+///
+/// # Safety
+/// `out` must have room for those rows in `cuda`'s device memory.
+unsafe fn write_rows(
+    cuda: &CudaEngine,
+    found: &Neighbors,
+    at: usize,
+    out: DeviceResults,
+) -> Result<()> {
+    let k = found.k;
+    let ids_at = out.ids + (at * k * out.id_bytes()) as u64;
+    // SAFETY: as the caller vouches.
+    unsafe {
+        if out.ids_i64 {
+            let wide: Vec<i64> = found.ids.iter().map(|&i| i64::from(i)).collect();
+            cuda.write_device(&wide, ids_at)?;
+        } else {
+            cuda.write_device(&found.ids, ids_at)?;
+        }
+        cuda.write_device(&found.distances, out.distances + (at * k * 4) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{redo_runs, MAX_REDO_RUNS};
+
+    #[test]
+    fn unproven_rows_are_redone_in_runs() {
+        assert!(redo_runs(&[true; 5]).is_empty());
+        assert_eq!(redo_runs(&[false; 3]), [0..3]);
+        let p = [true, false, false, true, false, true, true, false];
+        assert_eq!(redo_runs(&p), [1..3, 4..5, 7..8]);
+        // Scattered beyond the limit: the whole graph once.
+        let every_other: Vec<bool> = (0..2 * MAX_REDO_RUNS + 2).map(|i| i % 2 == 0).collect();
+        assert_eq!(redo_runs(&every_other), [0..every_other.len()]);
+        let at_limit: Vec<bool> = (0..2 * MAX_REDO_RUNS).map(|i| i % 2 == 0).collect();
+        assert_eq!(redo_runs(&at_limit).len(), MAX_REDO_RUNS);
     }
 }
