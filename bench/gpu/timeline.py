@@ -9,8 +9,9 @@ gaps as upper bounds and the device's durations as they are; time a call without
 
 Usage (GPU machine, the package installed):
     python3 bench/gpu/timeline.py search NB NQ D K [--metric l2] [--where host|torch]
-    python3 bench/gpu/timeline.py graph N D K [--metric hellinger] [--symmetric auto]
-`--where torch`: queries in a PyTorch CUDA tensor (results there too); `host`: NumPy arrays.
+    python3 bench/gpu/timeline.py graph N D K [--metric hellinger] [--symmetric auto] [--where ..]
+`--where torch`: queries (a graph: the index's points) in a PyTorch CUDA tensor (results there
+too); `host`: NumPy arrays.
 """
 import argparse
 import json
@@ -74,7 +75,8 @@ def main():
     ap.add_argument("sizes", type=int, nargs="+", help="search: NB NQ D K; graph: N D K")
     ap.add_argument("--metric", default=None, help="default l2 (search), hellinger (graph)")
     ap.add_argument("--where", choices=["host", "torch"], default="host",
-                    help="search: queries (and results) as NumPy arrays or PyTorch CUDA tensors")
+                    help="search: queries (and results) as NumPy arrays or PyTorch CUDA tensors; "
+                         "graph: the index's points (and the results) so")
     ap.add_argument("--symmetric", default="auto", help="graph: auto, on or off")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--gap", type=float, default=20.0, help="idle gaps shown from this many µs")
@@ -91,9 +93,12 @@ def main():
         timeline(lambda: index.search(q, k), a.runs, a.gap, a.min)
     else:
         n, d, k = a.sizes
-        index = knn.Index(rng.random((n, d), dtype=np.float32), a.metric or "hellinger",
-                          device="cuda")
-        print(f"graph n={n}, d={d}, k={k}, {index.metric}, symmetric={a.symmetric}")
+        points = rng.random((n, d), dtype=np.float32)
+        if a.where == "torch":
+            points = torch.from_numpy(points).cuda()
+        index = knn.Index(points, a.metric or "hellinger", device="cuda")
+        print(f"graph n={n}, d={d}, k={k}, {index.metric}, symmetric={a.symmetric}, "
+              f"points and results on the {a.where}")
         timeline(lambda: index.graph(k, a.symmetric), a.runs, a.gap, a.min)
 
 

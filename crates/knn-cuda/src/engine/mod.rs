@@ -9,9 +9,7 @@ pub use device_io::{DeviceMemory, DeviceQueries, DeviceResults, DeviceSearch, Pl
 pub use method::Method;
 
 use crate::device::{driver_device_count, Gpu};
-use crate::floor::{
-    centred_max_norm, centred_norms, floors, mean, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT,
-};
+use crate::floor::{centred_norms, floors, mean, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
 use crate::fused::{
     self, GraphLists, GraphShare, Resident, Results, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX,
 };
@@ -321,16 +319,21 @@ impl CudaEngine {
             .filter(|r| Some(r.key) == req.base_key)
             .and_then(|r| r.norm_up.as_deref());
         if info.bn_max.is_nan() {
-            info.bn_max = match norms {
-                Some(n) => n.iter().copied().fold(0.0, f32::max),
-                None => centred_max_norm(req.base, info.centre.as_deref()),
-            };
+            // Not kept by the device: measured here once, and kept for the floors of the
+            // graph's rows.
+            if norms.is_none() {
+                info.norms = Some(centred_norms(req.base, info.centre.as_deref()).into());
+            }
+            info.bn_max = norms
+                .or(info.norms.as_deref())
+                .map_or(0.0, |n| n.iter().copied().fold(0.0, f32::max));
             let mut kept = self.base_info.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(k) = kept
                 .as_mut()
                 .filter(|k| k.key == info.key && k.bn_max.is_nan())
             {
                 k.bn_max = info.bn_max;
+                k.norms = info.norms.clone();
             }
         }
         let at = req.queries.row_offset_in(&req.base)?;

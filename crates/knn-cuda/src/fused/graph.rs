@@ -5,6 +5,7 @@
 //! copy theirs out.
 
 use super::finish::{exact_keys, launch_finish, DeviceIo, FinishedChunk};
+use super::resident::Resident;
 use super::select::merge_runs;
 use super::share::{gather_thresholds, record, GraphShare, PartLists, Thresholds};
 use super::timing::KernelTimer;
@@ -12,7 +13,7 @@ use super::{
     split_count, split_width, BASE_TILE, QUERY_TILE, ROW_BUF_SMEM, SENTINEL, SMALL_WIDTH_MAX,
     TILE_SMEM, TILE_SMEM_TF32,
 };
-use crate::device::{dev_err, Gpu};
+use crate::device::{dev_err, Gpu, Queued, Readback};
 use crate::tuning::{CollectPlan, CudaTuning};
 use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
 use knn_core::{CandidateRequest, Kernel, KnnError, Result};
@@ -113,12 +114,86 @@ impl GraphFinished {
         let mut flags = vec![0u32; last + 1 - first];
         gpu.download_range_after(&self.bad, first, &mut flags, after)?;
         if flags.iter().any(|&b| b != 0) {
-            return Err(KnnError::Device(
-                "a graph's list holds an unwritten slot or the row's own id".into(),
-            ));
+            return Err(bad_list());
         }
         Ok(())
     }
+
+    /// The facts of graph rows `at..at + rows.len()` (rows `rows` of the call) and their
+    /// launches' flags queued in `reads`, behind the launches (queued on the same stream),
+    /// for rows whose ids and distances went to device memory: they land with the call's one
+    /// wait instead of a wait each. `None` when they do not fit the readback.
+    pub(super) fn queue_facts(
+        &self,
+        gpu: &Gpu,
+        reads: &mut Readback<'_>,
+        at: usize,
+        rows: std::ops::Range<usize>,
+        cut: &CudaSlice<u64>,
+    ) -> Result<Option<QueuedFacts>> {
+        let m = rows.len();
+        if m == 0 {
+            return Ok(None);
+        }
+        let (first, last) = (at / FINISH_ROWS, (at + m - 1) / FINISH_ROWS);
+        let word = |buf: u64, size: usize, i: usize| buf + (i * size) as u64;
+        // SAFETY: each range lies in its buffer (n rows, one flag a launch), which the graph
+        // keeps until after the call's wait.
+        let queued = unsafe {
+            (
+                reads.queue::<f64>(word(gpu.ptr(&self.kth), 8, at), m)?,
+                reads.queue::<u64>(word(gpu.ptr(&self.last), 8, at), m)?,
+                reads.queue::<u64>(word(gpu.ptr(cut), 8, at), m)?,
+                reads.queue::<u32>(word(gpu.ptr(&self.bad), 4, first), last + 1 - first)?,
+            )
+        };
+        Ok(match queued {
+            (Some(kth), Some(last), Some(cut), Some(flags)) => Some(QueuedFacts {
+                kth,
+                last,
+                cut,
+                flags,
+                rows,
+            }),
+            _ => None,
+        })
+    }
+}
+
+/// The per-row facts of a graph's rows (k-th exact key, W-th composite, cut) and their
+/// launches' bad-list flags, queued in a call's readback (see [`GraphFinished::queue_facts`]).
+pub(super) struct QueuedFacts {
+    kth: Queued<f64>,
+    last: Queued<u64>,
+    cut: Queued<u64>,
+    flags: Queued<u32>,
+    /// The call's rows they belong to.
+    rows: std::ops::Range<usize>,
+}
+
+impl QueuedFacts {
+    /// Copies the landed facts into the call's `kth`, `last` and `cut` (whole-call slices);
+    /// an error when a launch flagged a bad list.
+    pub(super) fn land(
+        self,
+        reads: &Readback<'_>,
+        (kth, last, cut): (&mut [f64], &mut [u64], &mut [u64]),
+    ) -> Result<()> {
+        let r = self.rows;
+        reads.take(self.kth, &mut kth[r.clone()]);
+        reads.take(self.last, &mut last[r.clone()]);
+        reads.take(self.cut, &mut cut[r]);
+        let mut flags = vec![0u32; self.flags.len()];
+        reads.take(self.flags, &mut flags);
+        if flags.iter().any(|&b| b != 0) {
+            return Err(bad_list());
+        }
+        Ok(())
+    }
+}
+
+fn bad_list() -> KnnError {
+    KnnError::Device("a graph's list holds an unwritten slot or the row's own id".into())
 }
 
 /// Rows per launch when a whole graph is finished at once (bounds the exact keys' buffer).
@@ -240,7 +315,7 @@ pub(super) fn list_slots(w: usize) -> usize {
     }
 }
 
-/// The whole graph's lists for `req` (its base is the graph's points, resident at `b`, `bn`):
+/// The whole graph's lists for `req` (its base is the graph's points, `resident`):
 /// the kept ones when they match, else made now (this GPU's part of them under `share`: the
 /// collect form only). `None` when no symmetric kernel fits the request or its buffers do not
 /// fit `budget` (the call then runs as usual). Returns the lists and the device time spent
@@ -251,12 +326,13 @@ pub(super) fn graph_lists<'g>(
     tuning: &CudaTuning,
     req: &CandidateRequest<'_>,
     (tag, tf): (&str, bool),
-    (b, bn): (u64, u64),
+    resident: &Resident,
     slot: &'g mut Option<GraphLists>,
     budget: usize,
     share: Option<&GraphShare>,
 ) -> Result<Option<(&'g GraphLists, f32)>> {
     let (n, d, w) = (req.base.rows(), req.base.dim(), req.width);
+    let (b, bn) = (gpu.ptr(&resident.b), gpu.ptr(&resident.bn));
     let (Some(key), Some(_)) = (req.base_key, sym_kernel(tag, tf, w)) else {
         return Ok(None);
     };
@@ -272,7 +348,7 @@ pub(super) fn graph_lists<'g>(
     if tf && d % 4 == 0 {
         let plan = tuning.collect.map(|p| p.valid_for(w));
         let shared = share.map(|s| (s, (key, w)));
-        let made = collected_lists(gpu, (n, d, w), tag, (b, bn), plan, budget, shared)?;
+        let made = collected_lists(gpu, (n, d, w), tag, resident, plan, budget, shared)?;
         if let Some((lists, ms)) = made {
             *slot = Some(GraphLists { key, ..lists });
             return Ok(slot.as_ref().map(|g| (g, ms)));
@@ -439,7 +515,8 @@ impl CollectPlan {
     }
 }
 
-/// Every point's lists of a graph in the collect form (see `kernels/sym.cu`): thresholds from
+/// Every point's lists of a graph in the collect form (see `kernels/sym.cu`) of the `resident`
+/// base's points: thresholds from
 /// the sample, each unordered pair's key once into the buffers of the points it does not
 /// exceed, then each buffer sorted, by `plan` (`None`: the automatic one). `None` when its
 /// buffers do not fit half the `budget`. Returns the lists (`key` left 0) and their device
@@ -453,12 +530,13 @@ fn collected_lists(
     gpu: &Gpu,
     (n, d, w): (usize, usize, usize),
     tag: &str,
-    (b, bn): (u64, u64),
+    resident: &Resident,
     plan: Option<CollectPlan>,
     budget: usize,
     share: Option<(&GraphShare, (u64, usize))>,
 ) -> Result<Option<(GraphLists, f32)>> {
     let plan = plan.unwrap_or_else(|| CollectPlan::new(n, w));
+    let bn = gpu.ptr(&resident.bn);
     let CollectPlan { stride, r, cap } = plan;
     if share.is_some_and(|(s, key)| s.began(key)) || n * ((cap + w + 2) * 8 + d * 4) > budget / 2 {
         return Ok(None);
@@ -471,7 +549,7 @@ fn collected_lists(
     let profile = std::env::var_os("KNN_PROFILE").is_some();
     let mut timer = KernelTimer::start(gpu, gpu.kernel_timing || profile)?;
     // The points rounded once (the product's fragments are then taken as they are).
-    let rounded = rounded_points(gpu, b, n, d)?;
+    let rounded = rounded_points(gpu, resident, n, d)?;
     let (pt, us) = (rounded.ptr, rounded.us);
     let name = format!("sym_collect_f16_{tag}");
     let (n64, d32) = (n as i64, rounded.words as i32);
@@ -651,31 +729,47 @@ struct Rounded {
     input_abs: f64,
 }
 
-/// Rounds the `n × d` points at `b` for the collect kernels. f16 halves the product's
+/// Rounds the `n × d` points of the `resident` base for the collect kernels. f16 halves the product's
 /// instructions and bytes against TF32 at the same relative rounding (10 explicit mantissa
 /// bits); its narrow exponent is met by scaling every value by a power of two (exact) so that
 /// the largest magnitude lies in [2¹⁴, 2¹⁵), and values it leaves below f16's normal range
 /// are rounded to within 2⁻²⁵ (scaled), which the floors add (`input_abs`).
-fn rounded_points(gpu: &Gpu, b: u64, n: usize, d: usize) -> Result<Rounded> {
+fn rounded_points(gpu: &Gpu, resident: &Resident, n: usize, d: usize) -> Result<Rounded> {
     let grid = |len: usize| (len.div_ceil(256).min(gpu.sm_count * 16).max(1) as u32, 1, 1);
-    let maxbits = gpu
-        .stream
-        .alloc_zeros::<u32>(1)
-        .map_err(dev_err("allocating device memory"))?;
-    let pm = gpu.ptr(&maxbits);
-    let len = (n * d) as i64;
-    let f = gpu.func("abs_max_bits")?;
-    let mut l = gpu.stream.launch_builder(f);
-    l.arg(&b).arg(&len).arg(&pm);
-    // SAFETY: b holds n×d floats, maxbits one word.
-    unsafe {
-        l.launch(LaunchConfig {
-            grid_dim: grid(n * d),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        })
-    }
-    .map_err(dev_err("abs_max_bits"))?;
+    let b = gpu.ptr(&resident.b);
+    // The largest magnitude, measured by the first graph of this resident base.
+    let measured = match resident.f16_max.get() {
+        Some(_) => None,
+        None => {
+            let maxbits = gpu
+                .stream
+                .alloc_zeros::<u32>(1)
+                .map_err(dev_err("allocating device memory"))?;
+            let (pm, len) = (gpu.ptr(&maxbits), (n * d) as i64);
+            let f = gpu.func("abs_max_bits")?;
+            let mut l = gpu.stream.launch_builder(f);
+            l.arg(&b).arg(&len).arg(&pm);
+            // SAFETY: b holds n×d floats, maxbits one word.
+            unsafe {
+                l.launch(LaunchConfig {
+                    grid_dim: grid(n * d),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(dev_err("abs_max_bits"))?;
+            Some(maxbits)
+        }
+    };
+    let Some(maxbits) = measured
+        .as_ref()
+        .or_else(|| resident.f16_max.get().map(|(m, _)| m))
+    else {
+        return Err(KnnError::Device(
+            "no largest magnitude for the f16 scale".into(),
+        ));
+    };
+    let pm = gpu.ptr(maxbits);
     let dp = d.next_multiple_of(8);
     let words = dp / 2;
     let mem = gpu.alloc::<u32>(n * words)?;
@@ -693,7 +787,17 @@ fn rounded_points(gpu: &Gpu, b: u64, n: usize, d: usize) -> Result<Rounded> {
         })
     }
     .map_err(dev_err("round_f16"))?;
-    let us = 1.0 / f16_scale(gpu.download(&maxbits, 1)?[0]);
+    let bits = match measured {
+        Some(m) => {
+            let bits = gpu.download(&m, 1)?[0];
+            resident.f16_max.get_or_init(|| (m, bits)).1
+        }
+        None => match resident.f16_max.get() {
+            Some((_, bits)) => *bits,
+            None => return Err(KnnError::Device("no f16 scale for the graph".into())),
+        },
+    };
+    let us = 1.0 / f16_scale(bits);
     Ok(Rounded {
         _mem: mem,
         ptr,

@@ -429,8 +429,8 @@ pub(crate) fn run(
     let resident = held.map(|r| (&r.b, &r.bn));
     // A first try of a whole graph the engine was told of: every row's lists made at once,
     // each unordered pair once, then each call's rows copied out of them.
-    let mut graph = match (base.graph, resident) {
-        (Some(slot), Some((b, bn)))
+    let mut graph = match (base.graph, held) {
+        (Some(slot), Some(r))
             if small
                 && req
                     .queries
@@ -442,7 +442,7 @@ pub(crate) fn run(
                 tuning,
                 req,
                 (tag, uses_tf32(req)),
-                (gpu.ptr(b), gpu.ptr(bn)),
+                r,
                 slot,
                 rest,
                 base.share,

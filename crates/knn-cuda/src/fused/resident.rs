@@ -27,6 +27,10 @@ pub(crate) struct Resident {
     /// [`knn_core::CentredRoots`]): each row's norm rounded up, for the floors, which then never
     /// make the host derive the rows.
     pub(crate) norm_up: Option<Vec<f32>>,
+    /// The largest magnitude of `b`'s values (f32 bits), on the device and on the host: the
+    /// collect form's f16 scale, measured by the first graph that rounds `b` (later graphs of
+    /// this base then neither measure it nor wait for the host to read it).
+    pub(super) f16_max: std::cell::OnceCell<(CudaSlice<u32>, u32)>,
 }
 
 impl Resident {
@@ -194,6 +198,7 @@ pub(super) fn make_resident(
                 orig: Some(orig),
                 hellinger: true,
                 norm_up: Some(gpu.download(&norm_up, nb)?),
+                f16_max: Default::default(),
             }
         } else {
             let given = given_rows(req.base.as_slice())?;
@@ -219,6 +224,7 @@ pub(super) fn make_resident(
                 orig,
                 hellinger: matches!(base.exact, Some(Exact::Hellinger { .. })),
                 norm_up: None,
+                f16_max: Default::default(),
             }
         };
         return Ok(Some(r));

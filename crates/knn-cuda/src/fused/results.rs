@@ -3,7 +3,7 @@
 //! taken chunk by chunk and landed by one wait at the call's end.
 
 use super::finish::{exact_keys, finish_lists, FinishedChunk, RowFacts, RowsInFlight};
-use super::graph::graph_finished;
+use super::graph::{graph_finished, QueuedFacts};
 use super::plan::CallPlan;
 use super::search::ChunkView;
 use super::select::Lists;
@@ -75,8 +75,10 @@ impl HostLists {
 /// the device and the readback that lands them. (Fields drop in the order listed: the
 /// readback, whose drop waits for reads still in flight, before the buffers they read.)
 pub(super) struct CallRows<'g, 'f> {
-    /// Finished rows read back to the host, landed by the call's one wait at its end.
+    /// Finished rows read back to the host, landed by the call's one wait at its end ...
     in_flight: Vec<RowsInFlight>,
+    /// ... and the facts of graph rows written to device memory.
+    graph_facts: Vec<QueuedFacts>,
     reads: Readback<'g>,
     /// Word 0: a bad id in a finished row; 1–3: `prove_rows`' summary.
     summary: Option<CudaSlice<u32>>,
@@ -122,6 +124,7 @@ impl<'g, 'f> CallRows<'g, 'f> {
         let reads = gpu.readback();
         CallRows {
             in_flight: Vec::new(),
+            graph_facts: Vec::new(),
             reads,
             summary: None,
             proven: None,
@@ -152,11 +155,20 @@ impl<'g, 'f> CallRows<'g, 'f> {
             finish,
             finished,
             cut_all,
+            reads,
+            graph_facts,
             ..
         } = self;
         if let (Some(f), Some(done)) = (finish.as_mut(), finished.as_mut()) {
             let given = (exact_kind, gpu.ptr(gb), d);
             if let Some(all) = graph_finished(gpu, g, (f.k, f.mode), given, rest, f.device)? {
+                // Rows written to device memory: their facts land with the call's one wait.
+                if f.device.is_some() {
+                    if let Some(q) = all.queue_facts(gpu, reads, at, qs..qe, &g.cut)? {
+                        graph_facts.push(q);
+                        return Ok(true);
+                    }
+                }
                 let k = f.k;
                 // Rows written to device memory stay there.
                 let rows = match f.device {
@@ -284,13 +296,14 @@ impl<'g, 'f> CallRows<'g, 'f> {
             proof,
             out,
             exact,
-            cut_all,
+            mut cut_all,
             mut finished,
             proven,
             bad_flagged,
             summary,
             mut reads,
             in_flight,
+            graph_facts,
         } = self;
         // The output, asked for before the wait: its pages are made while the device works.
         let output = match finish.as_mut() {
@@ -318,6 +331,11 @@ impl<'g, 'f> CallRows<'g, 'f> {
         if let Some((ids, dists)) = output {
             for rows in in_flight {
                 rows.land(&reads, (&mut *ids, &mut *dists));
+            }
+        }
+        if let Some(done) = finished.as_mut() {
+            for facts in graph_facts {
+                facts.land(&reads, (&mut done.kth, &mut done.last, &mut cut_all))?;
             }
         }
         drop(reads);
