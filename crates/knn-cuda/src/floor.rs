@@ -94,21 +94,48 @@ pub fn input_abs_bound(
     kernel: Kernel,
     d: usize,
     (qn, bn): (f32, f32),
-    (u, u_in, eta): (f64, f64, f64),
+    units: (f64, f64, f64),
 ) -> f64 {
-    if eta == 0.0 {
-        return 0.0;
+    InputAbs::new(kernel, d, units).of(qn, bn)
+}
+
+/// [`input_abs_bound`] for many rows of one kernel, dimension and units: the terms they share
+/// (a division and a square root) computed once, the same bits per row.
+#[derive(Clone, Copy, Debug)]
+pub struct InputAbs {
+    /// η(1 + u_in)√d, dη², 1 + 2γ, and the kernel's factor (0: no term).
+    a: f64,
+    c: f64,
+    g2: f64,
+    k: f64,
+}
+
+impl InputAbs {
+    pub fn new(kernel: Kernel, d: usize, (u, u_in, eta): (f64, f64, f64)) -> Self {
+        let n = (d + 8) as f64 * u;
+        let gamma = n / (1.0 - n);
+        let k = match kernel {
+            _ if eta == 0.0 => 0.0,
+            Kernel::SqL2 => 2.0,
+            Kernel::NegDot => 1.0,
+            Kernel::L1 | Kernel::Linf => 0.0,
+        };
+        InputAbs {
+            a: eta * (1.0 + u_in) * (d as f64).sqrt(),
+            c: d as f64 * eta * eta,
+            g2: 1.0 + 2.0 * gamma,
+            k,
+        }
     }
-    let n = (d + 8) as f64 * u;
-    let gamma = n / (1.0 - n);
-    let dot = (eta * (1.0 + u_in) * (d as f64).sqrt() * (qn as f64 + bn as f64)
-        + d as f64 * eta * eta)
-        * (1.0 + 2.0 * gamma)
-        * (1.0 + 1e-6);
-    match kernel {
-        Kernel::SqL2 => 2.0 * dot,
-        Kernel::NegDot => dot,
-        Kernel::L1 | Kernel::Linf => 0.0,
+
+    /// The term for a query of norm `qn` against base rows of norms at most `bn`.
+    #[inline]
+    pub fn of(&self, qn: f32, bn: f32) -> f64 {
+        if self.k == 0.0 {
+            return 0.0;
+        }
+        let dot = (self.a * (qn as f64 + bn as f64) + self.c) * self.g2 * (1.0 + 1e-6);
+        self.k * dot
     }
 }
 
@@ -147,10 +174,10 @@ pub fn floors(
         return vec![f32::INFINITY; nq];
     }
     let bounds = req.kernel.error_bounds(d, u, u_in);
+    let abs = InputAbs::new(req.kernel, d, (u, u_in, eta));
     let floor = |i: usize, qn: f32| {
         let kth = keys[i * stride + stride - 1].min(cut[i]);
-        let bound = bounds.of(qn, bn_max, kth) as f64
-            + input_abs_bound(req.kernel, d, (qn, bn_max), (u, u_in, eta));
+        let bound = bounds.of(qn, bn_max, kth) as f64 + abs.of(qn, bn_max);
         let f = round_down(kth as f64 - bound);
         if f.is_nan() {
             f32::NEG_INFINITY
