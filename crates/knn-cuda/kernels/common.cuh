@@ -289,8 +289,11 @@ extern "C" __global__ void finish_lists(const u64* __restrict__ comps,
 // n) is final when complete, or when its k-th exact key times key_scale lies below its floor,
 // computed as the host's `floor::floors` computes it from the same inputs (the W-th key of
 // last[i] and the cut cut[i], the query's norm bounded from its f32 squared norm qsq[i] as
-// `norm_bounds`, the error bound as `ErrorBounds::of` with the constants gamma and input,
-// rounded down to f32): the same f64 operations, each rounded as there (no contraction).
+// `norm_bounds`, the error bound as `ErrorBounds::of` with the constants gamma and input, plus
+// the inputs' absolute rounding as `InputAbs::of` with the constants abs_a, abs_c, abs_g2 and
+// abs_k (abs_k 0: none), rounded down to f32): the same f64 operations, each rounded as there
+// (no contraction). A row whose k-th key is not finite in f32 (a distance that overflows) is
+// left unproven, for the host to report.
 // kind: 0 squared L2 (GEMM form), 1 negated inner product, 2 L1, 3 L∞. Writes proven[i]
 // (1 or 0); counts the rows left unproven in summary[1]; keeps the largest query norm bound's
 // bits in summary[2]; sets summary[3] when a query's norm is not finite (a value that is not).
@@ -298,7 +301,8 @@ extern "C" __global__ void prove_rows(const double* __restrict__ kth,
                                       const u64* __restrict__ last, const u64* __restrict__ cut,
                                       const float* __restrict__ qsq, int n, int kind, int d,
                                       float bn_max, double gamma, double input,
-                                      double key_scale, int complete,
+                                      double abs_a, double abs_c, double abs_g2,
+                                      double abs_k, double key_scale, int complete,
                                       unsigned char* __restrict__ proven, u32* summary) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -334,9 +338,16 @@ extern "C" __global__ void prove_rows(const double* __restrict__ kth,
         bound = __dmul_rn(gamma, (double)fabsf(worst));
     }
     float bound32 = __double2float_rn(__dadd_rn(__dmul_rn(bound, 1.0 + 1e-6), 0x1p-126));
-    float floor = __double2float_rd(__dadd_rn((double)worst, -(double)bound32));
+    // `InputAbs::of`: (a·(‖q‖ + ‖b‖) + c)·(1 + 2γ)·(1 + 10⁻⁶)·k.
+    double abs_term = 0.0;
+    if (abs_k != 0.0) {
+        double t = __dadd_rn(__dmul_rn(abs_a, __dadd_rn((double)qn, b)), abs_c);
+        abs_term = __dmul_rn(abs_k, __dmul_rn(__dmul_rn(t, abs_g2), 1.0 + 1e-6));
+    }
+    float floor = __double2float_rd(__dadd_rn((double)worst, -__dadd_rn((double)bound32, abs_term)));
     if (isnan(floor)) floor = __int_as_float(0xff800000);  // −∞
-    bool ok = complete || __dmul_rn(kth[i], key_scale) < (double)floor;
+    bool ok = (complete || __dmul_rn(kth[i], key_scale) < (double)floor)
+              && isfinite(__double2float_rn(kth[i]));
     proven[i] = ok ? 1 : 0;
     if (!ok) atomicAdd(summary + 1, 1u);
 }

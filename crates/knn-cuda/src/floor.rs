@@ -128,6 +128,12 @@ impl InputAbs {
         }
     }
 
+    /// `(a, c, g2, k)`, for device kernels that evaluate [`InputAbs::of`] themselves
+    /// (`prove_rows` in `common.cuh`).
+    pub fn constants(&self) -> (f64, f64, f64, f64) {
+        (self.a, self.c, self.g2, self.k)
+    }
+
     /// The term for a query of norm `qn` against base rows of norms at most `bn`.
     #[inline]
     pub fn of(&self, qn: f32, bn: f32) -> f64 {

@@ -38,13 +38,6 @@ pub(crate) struct Queued<T> {
     _values: PhantomData<T>,
 }
 
-impl<T> Queued<T> {
-    /// Values read.
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-}
-
 impl Gpu {
     /// A readback into this device's kept page-locked memory (made by the first read queued).
     pub fn readback(&self) -> Readback<'_> {

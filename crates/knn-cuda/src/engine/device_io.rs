@@ -242,9 +242,15 @@ impl CudaEngine {
         if self.method != Method::Fused || self.share.is_some() || !whole {
             return Ok(None);
         }
+        // The device proves the rows with the base's norm bound: measured now if the device
+        // was to measure it (rows it derives) and has not yet.
+        let mut info = self.base_info(req);
+        if info.bn_max.is_nan() {
+            let _ = self.device_norms(req, &mut info);
+        }
         // Inner products are distances as they are: |q·b| ≤ ‖q‖‖b‖ must stay within f32.
         if matches!(metric, Metric::InnerProduct) {
-            let top = self.base_info(req).bn_max as f64;
+            let top = info.bn_max as f64;
             let fits = top * top < f32::MAX as f64 / 2.0;
             if !fits {
                 return Ok(None);

@@ -47,7 +47,8 @@ impl CudaEngine {
             kernel: req.kernel,
             d,
             bn_max: info.bn_max,
-            bounds: req.kernel.error_bounds(d, u, u_in).constants(),
+            units: (u, u_in),
+            eta: 0.0,
             key_scale,
             complete,
         };

@@ -2,6 +2,7 @@
 //! distances ([`Finish`], [`Finished`]), and the exact keys themselves (`exact_keys`).
 
 use crate::device::{dev_err, Gpu, Queued, Readback};
+use crate::floor::InputAbs;
 use crate::DeviceQueries;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use knn_core::{Kernel, OutputRows, Result};
@@ -29,8 +30,10 @@ pub(crate) struct ProofPlan {
     pub d: usize,
     /// Upper bound on the (centred) base rows' norms.
     pub bn_max: f32,
-    /// `ErrorBounds::constants` of the kernel's units.
-    pub bounds: (f64, f64),
+    /// The kernel's units: of the accumulation, and of the inputs' relative rounding.
+    pub units: (f64, f64),
+    /// The inputs' absolute rounding per coordinate (see `GraphLists::input_abs`).
+    pub eta: f64,
     pub key_scale: f64,
     /// The lists hold every base point: every row is final.
     pub complete: bool,
@@ -228,7 +231,10 @@ pub(super) fn launch_prove(
         Kernel::Linf => 3,
     };
     let (nn, dd, complete) = (n as i32, plan.d as i32, i32::from(plan.complete));
-    let (gamma, input) = plan.bounds;
+    let (u, u_in) = plan.units;
+    let (gamma, input) = plan.kernel.error_bounds(plan.d, u, u_in).constants();
+    let (abs_a, abs_c, abs_g2, abs_k) =
+        InputAbs::new(plan.kernel, plan.d, (u, u_in, plan.eta)).constants();
     let mut l = gpu.stream.launch_builder(f);
     l.arg(&kth)
         .arg(&last)
@@ -240,6 +246,10 @@ pub(super) fn launch_prove(
         .arg(&plan.bn_max)
         .arg(&gamma)
         .arg(&input)
+        .arg(&abs_a)
+        .arg(&abs_c)
+        .arg(&abs_g2)
+        .arg(&abs_k)
         .arg(&plan.key_scale)
         .arg(&complete)
         .arg(&proven)
@@ -407,7 +417,8 @@ mod tests {
     }
 
     /// `prove_rows` gives the verdicts of the host's floors (`floor::floors` and
-    /// `kth · key_scale < floor`) on every row, for every kernel and both units, with exact
+    /// `kth · key_scale < floor`) on every row, for every kernel and both units, with and
+    /// without an absolute input rounding, with exact
     /// keys placed just below, on and just above each floor, cuts below the W-th key or none,
     /// unwritten W-th slots, and norms that are not finite; and the largest norm bound.
     #[test]
@@ -420,6 +431,8 @@ mod tests {
         let (n, nb, w) = (3000usize, 400usize, 24usize);
         for d in [3usize, 128] {
             let base = vec![0.0f32; nb * d];
+            // An absolute input rounding (f16's subnormals in the collect form) at d = 128.
+            let eta = if d == 128 { 1e-3 } else { 0.0 };
             for kernel in [Kernel::SqL2, Kernel::NegDot, Kernel::L1, Kernel::Linf] {
                 for (u, u_in) in [(F32_UNIT, 0.0), (TF32_ACC_UNIT, TF32_INPUT_UNIT)] {
                     for infinite in [false, true] {
@@ -474,7 +487,7 @@ mod tests {
                             &cut_f,
                             (bn_max, Some(&qn)),
                             None,
-                            (u, u_in, 0.0),
+                            (u, u_in, eta),
                         );
                         let key_scale = 0.5;
                         // Exact keys a little below, on, and a little above each floor.
@@ -497,7 +510,8 @@ mod tests {
                             kernel,
                             d,
                             bn_max,
-                            bounds: kernel.error_bounds(d, u, u_in).constants(),
+                            units: (u, u_in),
+                            eta,
                             key_scale,
                             complete: false,
                         };

@@ -13,7 +13,7 @@ use super::{
     split_count, split_width, BASE_TILE, QUERY_TILE, ROW_BUF_SMEM, SENTINEL, SMALL_WIDTH_MAX,
     TILE_SMEM, TILE_SMEM_TF32,
 };
-use crate::device::{dev_err, Gpu, Queued, Readback};
+use crate::device::{dev_err, Gpu};
 use crate::tuning::{CollectPlan, CudaTuning};
 use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
 use knn_core::{CandidateRequest, Kernel, KnnError, Result};
@@ -61,8 +61,8 @@ pub(super) struct GraphFinished {
 enum RowsAt {
     /// In buffers of its own, `n × k` each.
     Own(CudaSlice<u32>, CudaSlice<f32>),
-    /// In the caller's device memory.
-    Into(DeviceIo),
+    /// In the caller's device memory, bad lists flagged in the word at the address given.
+    Into(DeviceIo, u64),
 }
 
 impl RowsAt {
@@ -73,7 +73,7 @@ impl RowsAt {
                 let at = (at * k * 4) as u64;
                 (gpu.ptr(ids) + at, false, gpu.ptr(dists) + at)
             }
-            RowsAt::Into(io) => io.row(at, k),
+            RowsAt::Into(io, _) => io.row(at, k),
         }
     }
 
@@ -81,7 +81,7 @@ impl RowsAt {
     fn caller(&self) -> Option<DeviceIo> {
         match self {
             RowsAt::Own(..) => None,
-            RowsAt::Into(io) => Some(*io),
+            RowsAt::Into(io, _) => Some(*io),
         }
     }
 }
@@ -119,76 +119,10 @@ impl GraphFinished {
         Ok(())
     }
 
-    /// The facts of graph rows `at..at + rows.len()` (rows `rows` of the call) and their
-    /// launches' flags queued in `reads`, behind the launches (queued on the same stream),
-    /// for rows whose ids and distances went to device memory: they land with the call's one
-    /// wait instead of a wait each. `None` when they do not fit the readback.
-    pub(super) fn queue_facts(
-        &self,
-        gpu: &Gpu,
-        reads: &mut Readback<'_>,
-        at: usize,
-        rows: std::ops::Range<usize>,
-        cut: &CudaSlice<u64>,
-    ) -> Result<Option<QueuedFacts>> {
-        let m = rows.len();
-        if m == 0 {
-            return Ok(None);
-        }
-        let (first, last) = (at / FINISH_ROWS, (at + m - 1) / FINISH_ROWS);
-        let word = |buf: u64, size: usize, i: usize| buf + (i * size) as u64;
-        // SAFETY: each range lies in its buffer (n rows, one flag a launch), which the graph
-        // keeps until after the call's wait.
-        let queued = unsafe {
-            (
-                reads.queue::<f64>(word(gpu.ptr(&self.kth), 8, at), m)?,
-                reads.queue::<u64>(word(gpu.ptr(&self.last), 8, at), m)?,
-                reads.queue::<u64>(word(gpu.ptr(cut), 8, at), m)?,
-                reads.queue::<u32>(word(gpu.ptr(&self.bad), 4, first), last + 1 - first)?,
-            )
-        };
-        Ok(match queued {
-            (Some(kth), Some(last), Some(cut), Some(flags)) => Some(QueuedFacts {
-                kth,
-                last,
-                cut,
-                flags,
-                rows,
-            }),
-            _ => None,
-        })
-    }
-}
-
-/// The per-row facts of a graph's rows (k-th exact key, W-th composite, cut) and their
-/// launches' bad-list flags, queued in a call's readback (see [`GraphFinished::queue_facts`]).
-pub(super) struct QueuedFacts {
-    kth: Queued<f64>,
-    last: Queued<u64>,
-    cut: Queued<u64>,
-    flags: Queued<u32>,
-    /// The call's rows they belong to.
-    rows: std::ops::Range<usize>,
-}
-
-impl QueuedFacts {
-    /// Copies the landed facts into the call's `kth`, `last` and `cut` (whole-call slices);
-    /// an error when a launch flagged a bad list.
-    pub(super) fn land(
-        self,
-        reads: &Readback<'_>,
-        (kth, last, cut): (&mut [f64], &mut [u64], &mut [u64]),
-    ) -> Result<()> {
-        let r = self.rows;
-        reads.take(self.kth, &mut kth[r.clone()]);
-        reads.take(self.last, &mut last[r.clone()]);
-        reads.take(self.cut, &mut cut[r]);
-        let mut flags = vec![0u32; self.flags.len()];
-        reads.take(self.flags, &mut flags);
-        if flags.iter().any(|&b| b != 0) {
-            return Err(bad_list());
-        }
-        Ok(())
+    /// Device addresses of graph row `at`'s k-th exact key and W-th composite.
+    pub(super) fn facts_at(&self, gpu: &Gpu, at: usize) -> (u64, u64) {
+        let at = (at * 8) as u64;
+        (gpu.ptr(&self.kth) + at, gpu.ptr(&self.last) + at)
     }
 }
 
@@ -201,19 +135,20 @@ const FINISH_ROWS: usize = 16384;
 
 /// The finished rows of graph `g` for `k` neighbours as distances of `mode`, made now if they
 /// were not (exact keys of `kind` of the given base at `given`, `n × d`), their ids and
-/// distances written `into` the caller's device memory when given, else kept in buffers of
-/// their own; `None` when their buffers do not fit `budget`, or `g` was finished for another
-/// `k`, `mode` or destination.
+/// distances written `into` the caller's device memory when given (a bad list flagged in the
+/// word at the address given with it), else kept in buffers of their own; `None` when their
+/// buffers do not fit `budget`, or `g` was finished for another `k`, `mode` or destination.
 pub(super) fn graph_finished<'g>(
     gpu: &Gpu,
     g: &'g GraphLists,
     (k, mode): (usize, i32),
     (kind, given, d): (Option<Kernel>, u64, usize),
     budget: usize,
-    into: Option<DeviceIo>,
+    into: Option<(DeviceIo, u64)>,
 ) -> Result<Option<&'g GraphFinished>> {
     if let Some(f) = g.finished.get() {
-        return Ok((f.k == k && f.mode == mode && f.rows.caller() == into).then_some(f));
+        let same = f.rows.caller() == into.map(|(io, _)| io);
+        return Ok((f.k == k && f.mode == mode && same).then_some(f));
     }
     // A part's lists are merged with the other parts' round by round.
     if g.shared {
@@ -225,7 +160,7 @@ pub(super) fn graph_finished<'g>(
         return Ok(None);
     }
     let rows = match into {
-        Some(io) => RowsAt::Into(io),
+        Some((io, bad)) => RowsAt::Into(io, bad),
         None => RowsAt::Own(gpu.alloc::<u32>(n * k)?, gpu.alloc::<f32>(n * k)?),
     };
     let mut f = GraphFinished {
@@ -261,7 +196,10 @@ pub(super) fn graph_finished<'g>(
             (lists, gpu.ptr(&keys), w),
             (k, mode),
             (n, excl),
-            gpu.ptr(&f.bad) + (at / FINISH_ROWS * 4) as u64,
+            match f.rows {
+                RowsAt::Into(_, bad) => bad,
+                RowsAt::Own(..) => gpu.ptr(&f.bad) + (at / FINISH_ROWS * 4) as u64,
+            },
             out,
             m,
         )?;

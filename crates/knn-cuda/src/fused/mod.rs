@@ -467,13 +467,17 @@ pub(crate) fn run(
     let given_base = base.exact.zip(held).and_then(|(e, r)| r.given(e));
     // Rows finish here only with exact keys at hand.
     let finish = finish.take().filter(|_| given_base.is_some());
-    // Finished rows whose query norms the kernels measure (not rows of the resident base,
-    // read where it lies) are proven here too: the host then reads one summary, not each
-    // row's k-th key, W-th composite, cut and norm.
+    // Finished rows are proven here too, with the absolute input rounding of the graph's
+    // keys, when their query norms are the kernels' (not rows of the resident base, read where
+    // it lies) or the rows go to device memory (rows of the resident base then read the
+    // base's norms): the host then reads one summary, not each row's k-th key, W-th
+    // composite, cut and norm.
     let proof = finish.as_ref().and_then(|f| f.proof).filter(|_| {
-        device_queries.is_some()
-            || resident.is_none()
-            || req.queries.row_offset_in(&req.base).is_none()
+        device_io.is_some() || resident.is_none() || req.queries.row_offset_in(&req.base).is_none()
+    });
+    let proof = proof.map(|p| ProofPlan {
+        eta: input_abs,
+        ..p
     });
     let exact = given_base.is_some();
     let mut call_rows = CallRows::new(gpu, finish, proof, lists_made, exact, (nq, w));
@@ -485,11 +489,11 @@ pub(crate) fn run(
     };
     phases.lap(gpu, "base up");
     // A graph's call for no rows (`Engine::begin_graph`): every row is finished now, queued on
-    // the device for the calls to come.
+    // the device for the calls to come (which take them to the host).
     if let (0, Some((g, _)), Some(f), Some(gb)) = (nq, graph, call_rows.finish.as_ref(), given_base)
     {
         let given = (exact_kind, gpu.ptr(gb), d);
-        graph_finished(gpu, g, (f.k, f.mode), given, rest, f.device)?;
+        graph_finished(gpu, g, (f.k, f.mode), given, rest, None)?;
     }
     let src = QuerySource {
         device_queries,
@@ -524,7 +528,7 @@ pub(crate) fn run(
         // call, and each call downloads its own.
         if let (Some((g, _)), Some(at), Some(gb)) = (graph, alias, given_base) {
             let given = (exact_kind, gb, d);
-            if call_rows.download_graph_rows(gpu, (g, at), given, rest, (qs, qe))? {
+            if call_rows.download_graph_rows(gpu, (g, at), given, qn, rest, (qs, qe))? {
                 phases.lap(gpu, "finished or keys down");
                 continue;
             }

@@ -2,8 +2,10 @@
 //! call takes the device, or finished rows; and the call's rows in the making ([`CallRows`]),
 //! taken chunk by chunk and landed by one wait at the call's end.
 
-use super::finish::{exact_keys, finish_lists, FinishedChunk, RowFacts, RowsInFlight};
-use super::graph::{graph_finished, QueuedFacts};
+use super::finish::{
+    exact_keys, finish_lists, launch_prove, FinishedChunk, RowFacts, RowsInFlight,
+};
+use super::graph::graph_finished;
 use super::plan::CallPlan;
 use super::search::ChunkView;
 use super::select::Lists;
@@ -75,10 +77,8 @@ impl HostLists {
 /// the device and the readback that lands them. (Fields drop in the order listed: the
 /// readback, whose drop waits for reads still in flight, before the buffers they read.)
 pub(super) struct CallRows<'g, 'f> {
-    /// Finished rows read back to the host, landed by the call's one wait at its end ...
+    /// Finished rows read back to the host, landed by the call's one wait at its end.
     in_flight: Vec<RowsInFlight>,
-    /// ... and the facts of graph rows written to device memory.
-    graph_facts: Vec<QueuedFacts>,
     reads: Readback<'g>,
     /// Word 0: a bad id in a finished row; 1–3: `prove_rows`' summary.
     summary: Option<CudaSlice<u32>>,
@@ -124,7 +124,6 @@ impl<'g, 'f> CallRows<'g, 'f> {
         let reads = gpu.readback();
         CallRows {
             in_flight: Vec::new(),
-            graph_facts: Vec::new(),
             reads,
             summary: None,
             proven: None,
@@ -141,13 +140,17 @@ impl<'g, 'f> CallRows<'g, 'f> {
 
     /// Rows of a graph whose lists are made: every row is finished at once, by the first
     /// call, and each call downloads its own (rows `qs..qe` of the call, rows `at..` of the
-    /// graph, whose exact keys are of the kind `given.0` of the given rows at `given.1`).
-    /// `false` when the graph's rows are not finished (or these rows are not to be).
+    /// graph, whose exact keys are of the kind `given.0` of the given rows at `given.1`, whose
+    /// squared norms lie at `qn`). Rows written to device memory are proven there (when the
+    /// call has a proof): nothing of theirs is downloaded. `false` when the graph's rows are
+    /// not finished (or these rows are not to be).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn download_graph_rows(
         &mut self,
         gpu: &Gpu,
         (g, at): (&GraphLists, usize),
         (exact_kind, gb, d): (Option<Kernel>, &CudaSlice<f32>, usize),
+        qn: u64,
         rest: usize,
         (qs, qe): (usize, usize),
     ) -> Result<bool> {
@@ -155,39 +158,49 @@ impl<'g, 'f> CallRows<'g, 'f> {
             finish,
             finished,
             cut_all,
-            reads,
-            graph_facts,
+            summary,
+            proven,
+            proof,
+            nq,
             ..
         } = self;
-        if let (Some(f), Some(done)) = (finish.as_mut(), finished.as_mut()) {
-            let given = (exact_kind, gpu.ptr(gb), d);
-            if let Some(all) = graph_finished(gpu, g, (f.k, f.mode), given, rest, f.device)? {
-                // Rows written to device memory: their facts land with the call's one wait.
-                if f.device.is_some() {
-                    if let Some(q) = all.queue_facts(gpu, reads, at, qs..qe, &g.cut)? {
-                        graph_facts.push(q);
-                        return Ok(true);
-                    }
-                }
-                let k = f.k;
-                // Rows written to device memory stay there.
-                let rows = match f.device {
-                    Some(_) => None,
-                    None => {
-                        let (ids, dists) = f.host.buffers();
-                        Some((&mut ids[qs * k..qe * k], &mut dists[qs * k..qe * k]))
-                    }
-                };
-                let rows = FinishedChunk {
-                    rows,
-                    kth: &mut done.kth[qs..qe],
-                    last: &mut done.last[qs..qe],
-                };
-                all.download(gpu, at, rows, (&g.cut, &mut cut_all[qs..qe]))?;
-                return Ok(true);
+        let (Some(f), Some(done)) = (finish.as_mut(), finished.as_mut()) else {
+            return Ok(false);
+        };
+        let given = (exact_kind, gpu.ptr(gb), d);
+        // Rows proven on the device flag a bad list in the call's summary.
+        let into = match (f.device, *proof) {
+            (Some(io), Some(_)) => {
+                let (_, words) = proof_buffers(gpu, summary, proven, *nq, true)?;
+                Some((io, words))
             }
+            _ => None,
+        };
+        let Some(all) = graph_finished(gpu, g, (f.k, f.mode), given, rest, into)? else {
+            return Ok(false);
+        };
+        if let (Some((_, words)), Some(plan), Some(p)) = (into, *proof, proven.as_ref()) {
+            let (kth, last) = all.facts_at(gpu, at);
+            let cut = gpu.ptr(&g.cut) + (at * 8) as u64;
+            let verdicts = (gpu.ptr(p) + qs as u64, words);
+            launch_prove(gpu, plan, (kth, last, cut, qn), qe - qs, verdicts)?;
+            return Ok(true);
         }
-        Ok(false)
+        let k = f.k;
+        let rows = match f.device {
+            Some(_) => None,
+            None => {
+                let (ids, dists) = f.host.buffers();
+                Some((&mut ids[qs * k..qe * k], &mut dists[qs * k..qe * k]))
+            }
+        };
+        let rows = FinishedChunk {
+            rows,
+            kth: &mut done.kth[qs..qe],
+            last: &mut done.last[qs..qe],
+        };
+        all.download(gpu, at, rows, (&g.cut, &mut cut_all[qs..qe]))?;
+        Ok(true)
     }
 
     /// Takes a query chunk's lists `r` (the rows of `view`) to the host: when the given base
@@ -236,14 +249,7 @@ impl<'g, 'f> CallRows<'g, 'f> {
             let keys = exact_keys(gpu, exact_kind, (q_given, n), (gb, nb), rb, w, d)?;
             phases.lap(gpu, "exact keys");
             if let (Some(f), Some(done)) = (finish.as_mut(), finished.as_mut()) {
-                if summary.is_none() {
-                    let words = gpu.stream.alloc_zeros::<u32>(4);
-                    *summary = Some(words.map_err(dev_err("allocating device memory"))?);
-                }
-                if proof.is_some() && proven.is_none() {
-                    *proven = Some(gpu.alloc::<u8>(nq)?);
-                }
-                let summary = summary.as_ref().expect("made above");
+                let (_, words) = proof_buffers(gpu, summary, proven, nq, proof.is_some())?;
                 let (k, mode) = (f.k, f.mode);
                 let lists = (&r.buf, &keys, w);
                 let on_device = f.device.map(|io| io.row(qs, k));
@@ -254,7 +260,7 @@ impl<'g, 'f> CallRows<'g, 'f> {
                         cut: gpu.ptr(cut),
                         qsq: qn,
                         proven: gpu.ptr(p) + qs as u64,
-                        summary: gpu.ptr(summary),
+                        summary: words,
                     },
                     _ => RowFacts::Host(&mut done.kth[qs..qe], &mut done.last[qs..qe]),
                 };
@@ -263,7 +269,7 @@ impl<'g, 'f> CallRows<'g, 'f> {
                     lists,
                     (k, mode),
                     flags,
-                    gpu.ptr(summary),
+                    words,
                     (&mut *f.host, qs * k..qe * k),
                     facts,
                     on_device,
@@ -296,14 +302,13 @@ impl<'g, 'f> CallRows<'g, 'f> {
             proof,
             out,
             exact,
-            mut cut_all,
+            cut_all,
             mut finished,
             proven,
             bad_flagged,
             summary,
             mut reads,
             in_flight,
-            graph_facts,
         } = self;
         // The output, asked for before the wait: its pages are made while the device works.
         let output = match finish.as_mut() {
@@ -331,11 +336,6 @@ impl<'g, 'f> CallRows<'g, 'f> {
         if let Some((ids, dists)) = output {
             for rows in in_flight {
                 rows.land(&reads, (&mut *ids, &mut *dists));
-            }
-        }
-        if let Some(done) = finished.as_mut() {
-            for facts in graph_facts {
-                facts.land(&reads, (&mut done.kth, &mut done.last, &mut cut_all))?;
             }
         }
         drop(reads);
@@ -370,4 +370,24 @@ impl<'g, 'f> CallRows<'g, 'f> {
             input_abs,
         })
     }
+}
+
+/// The call's summary words (made zeroed) and, when `proved`, its `nq` verdict bytes, made by
+/// the first rows finished: their device addresses (0: no verdicts).
+fn proof_buffers(
+    gpu: &Gpu,
+    summary: &mut Option<CudaSlice<u32>>,
+    proven: &mut Option<CudaSlice<u8>>,
+    nq: usize,
+    proved: bool,
+) -> Result<(u64, u64)> {
+    if summary.is_none() {
+        let words = gpu.stream.alloc_zeros::<u32>(4);
+        *summary = Some(words.map_err(dev_err("allocating device memory"))?);
+    }
+    if proved && proven.is_none() {
+        *proven = Some(gpu.alloc::<u8>(nq)?);
+    }
+    let p = proven.as_ref().map_or(0, |p| gpu.ptr(p));
+    Ok((p, summary.as_ref().map_or(0, |s| gpu.ptr(s))))
 }

@@ -100,9 +100,9 @@ impl Index {
     ///
     /// On the index's own GPU with float32 rows and a metric it finishes there (squared L2,
     /// L2, inner product, Hellinger; L1 and L∞ where the graph is made on the device), the
-    /// graph is computed from the resident base and written where the results lie: per point
-    /// only the facts of its floor cross the bus, and the rows the floors do not prove (rare)
-    /// are computed again on the host's path. Other cases compute the graph on the host's path
+    /// graph is computed from the resident base, written where the results lie and proven
+    /// there: only a summary crosses the bus, and the rows the floors do not prove (rare) are
+    /// computed again on the host's path. Other cases compute the graph on the host's path
     /// and copy it there: the same answer, with the copy's time.
     ///
     /// Errors as [`Index::graph`] (k = 0 or k ≥ [`Index::len`], an overflow), and when the
