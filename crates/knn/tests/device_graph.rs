@@ -37,27 +37,12 @@ fn graph_on_device(
         // of its primary context.
         unsafe { index.graph_device(k, 0, stream.cu_stream() as u64, out)? };
     }
-    let wide = stream.clone_dtoh(&ids).unwrap();
-    let mut ids: Vec<u32> = match ids_i64 {
-        true => wide
-            .iter()
-            .map(|&i| u32::try_from(i).expect("an i64 id fits a u32"))
-            .collect(),
-        false => wide
-            .iter()
-            .flat_map(|&w| {
-                let b = w.to_le_bytes();
-                [
-                    u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-                    u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
-                ]
-            })
-            .collect(),
-    };
-    let mut distances = stream.clone_dtoh(&dists).unwrap();
-    ids.truncate(n * k);
-    distances.truncate(n * k);
-    Ok(Neighbors { k, ids, distances })
+    Ok(common::read_results(
+        stream,
+        (&ids, &dists),
+        (n, k),
+        ids_i64,
+    ))
 }
 
 /// Bit for bit: ids, and distances by their bits.

@@ -1,9 +1,11 @@
 //! What the `knn` crate's test files share: the devices, uniform data, adversarial data sets.
 #![allow(dead_code)] // each test file uses its own part
 
+use cudarc::driver::{CudaSlice, CudaStream};
 use knn::synth::{generate, Distribution};
-use knn::{Device, Knn, Options};
+use knn::{Device, Knn, Neighbors, Options};
 use knn_testkit::gpu_available_or_skip;
+use std::sync::Arc;
 
 pub fn cpu() -> Options {
     Options {
@@ -45,4 +47,35 @@ pub fn data_sets(d: usize) -> Vec<(&'static str, Vec<f32>, Vec<f32>)> {
         ("tiny values", tiny, tiny_q),
         ("duplicates", dup.clone(), dup[..50 * d].to_vec()),
     ]
+}
+
+/// `rows × k` results a device call wrote into `ids` (i64 when `ids_i64`, else u32 in the
+/// buffer's first half) and `dists`, read back.
+pub fn read_results(
+    stream: &Arc<CudaStream>,
+    (ids, dists): (&CudaSlice<i64>, &CudaSlice<f32>),
+    (rows, k): (usize, usize),
+    ids_i64: bool,
+) -> Neighbors {
+    let wide = stream.clone_dtoh(ids).unwrap();
+    let mut ids: Vec<u32> = match ids_i64 {
+        true => wide
+            .iter()
+            .map(|&i| u32::try_from(i).expect("an i64 id fits a u32"))
+            .collect(),
+        false => wide
+            .iter()
+            .flat_map(|&w| {
+                let b = w.to_le_bytes();
+                [
+                    u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                    u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+                ]
+            })
+            .collect(),
+    };
+    let mut distances = stream.clone_dtoh(dists).unwrap();
+    ids.truncate(rows * k);
+    distances.truncate(rows * k);
+    Neighbors { k, ids, distances }
 }
