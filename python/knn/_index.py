@@ -249,8 +249,7 @@ class Index:
         GPU with float32 rows, the graph is computed from the base the index keeps there and
         written where the results lie (for ``"l2"``, ``"sqeuclidean"``, ``"ip"`` and
         ``"hellinger"``; others, and float64 bases, are computed on the host's path and
-        copied there). The answer is the same either way. Ctrl-C is then seen once the graph
-        is written.
+        copied there). The answer is the same either way.
         """
         k = as_k(k)
         home, native = self._home, self._native
@@ -260,7 +259,7 @@ class Index:
             out = device_results(home, len(native), k, native)
             native.graph_device(
                 k, _symmetric_mode(symmetric), home[1], current_stream(home),
-                out.ids_ptr, out.distances_ptr, out.ids_i64,
+                out.ids_ptr, out.distances_ptr, out.ids_i64, (out.ids, out.distances),
             )
             return out.arrays()
         distances, ids = self._graph_on_host(k, symmetric)

@@ -211,6 +211,38 @@ def test_a_gpu_graph_follows_the_current_stream():
     np.testing.assert_array_equal(d.cpu().numpy(), want[0])
 
 
+@need_torch
+def test_ctrl_c_during_a_large_gpu_graph_returns_at_once():
+    """A graph of more than a quarter of a second of kernels, written in GPU memory, is
+    watched for Ctrl-C: `KeyboardInterrupt` comes before the graph is done, and the index
+    gives the same graph afterwards."""
+    import _thread
+    import threading
+    import time
+
+    # L1 (no tensor cores): about a second of kernels on an H200.
+    points = np.random.default_rng(9).random((300_000, 128)).astype(np.float32)
+    index = knn.Index(torch.from_numpy(points).cuda(), "l1", device="cuda")
+    d0, i0 = index.graph(10)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    index.graph(10)
+    torch.cuda.synchronize()
+    whole = time.perf_counter() - start
+    timer = threading.Timer(0.05, _thread.interrupt_main)
+    start = time.perf_counter()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        index.graph(10)
+        time.sleep(5)  # (the KeyboardInterrupt would come later)
+    timer.join()
+    print(f"graph {whole:.2f} s, interrupted after {time.perf_counter() - start:.2f} s")
+    if whole > 0.5:
+        assert time.perf_counter() - start < whole, (time.perf_counter() - start, whole)
+    d1, i1 = index.graph(10)
+    assert torch.equal(i0, i1) and torch.equal(d0, d1)
+
+
 @pytest.mark.parametrize("to_gpu", LIBS)
 def test_gpu_query_errors_are_the_librarys(rng, to_gpu):
     index = knn.Index(rng.random((300, 8)).astype(np.float32), device="cuda")

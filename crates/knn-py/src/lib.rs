@@ -45,6 +45,34 @@ const PIECE_SECONDS: f64 = 0.5;
 /// How often a graph's caller looks for Ctrl-C while the graph is computed.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
+/// `work`'s result, computed on a thread of its own while this one looks for Ctrl-C every
+/// [`SIGNAL_POLL`] (the GIL released meanwhile): `KeyboardInterrupt` returns at once, and the
+/// work finishes there, its result dropped.
+fn watching_signals<T: Send + 'static>(
+    py: Python<'_>,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> PyResult<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("knn-graph".into())
+        .spawn(move || {
+            let _ = tx.send(work());
+        })
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start a thread: {e}")))?;
+    let mut rx = rx;
+    loop {
+        let (got, back) = py.detach(move || (rx.recv_timeout(SIGNAL_POLL), rx));
+        rx = back;
+        match got {
+            Ok(result) => return Ok(result),
+            Err(mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(PyRuntimeError::new_err("the graph's thread stopped"))
+            }
+        }
+    }
+}
+
 /// `(distances, ids)`: distances a float32 or float64 array.
 type Pair<'py> = (Bound<'py, PyAny>, Bound<'py, PyArray2<i64>>);
 
@@ -253,42 +281,22 @@ impl NativeIndex {
         let symmetric: Symmetry = symmetric.parse().map_err(to_py)?;
         let base = self.base.clone();
         let index = base.snapshot();
-        // On a thread of its own, so that Ctrl-C returns at once; an interrupted graph
-        // finishes there and is dropped.
-        let (tx, rx) = mpsc::channel();
-        std::thread::Builder::new()
-            .name("knn-graph".into())
-            .spawn(move || {
-                let _ = tx.send(base.graph(&index, k, symmetric));
-            })
-            .map_err(|e| PyRuntimeError::new_err(format!("cannot start a thread: {e}")))?;
-        let mut rx = rx;
-        loop {
-            let (got, back) = py.detach(move || (rx.recv_timeout(SIGNAL_POLL), rx));
-            rx = back;
-            match got {
-                Ok(result) => {
-                    return Ok(match result.map_err(to_py)? {
-                        Found::F32(nn) => to_numpy(py, nn),
-                        Found::F64(nn) => to_numpy(py, nn),
-                    })
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(PyRuntimeError::new_err("the graph's thread stopped"))
-                }
-            }
-        }
+        let found = watching_signals(py, move || base.graph(&index, k, symmetric))?;
+        Ok(match found.map_err(to_py)? {
+            Found::F32(nn) => to_numpy(py, nn),
+            Found::F64(nn) => to_numpy(py, nn),
+        })
     }
 
     /// The kNN graph of the base written to GPU `device`'s memory: `len × k` ids (int64, or
     /// int32 without `ids_i64`) at `ids` and float32 distances at `distances`, after the work
     /// queued on `stream` (a `CUstream`, 0: the legacy default stream). The caller checks that
     /// the rows are float32 and passes C-contiguous arrays of those shapes and types on that
-    /// device. Ctrl-C is seen once the graph is written (the arrays it writes are the
-    /// caller's, which must outlive the work).
+    /// device, and `keep`, the objects that own them: a large graph (more than about a
+    /// quarter of a second of kernels) runs on a thread of its own that holds `keep` until it
+    /// is written, so that Ctrl-C returns at once without the memory being freed under it.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (k, symmetric, device, stream, ids, distances, ids_i64=true))]
+    #[pyo3(signature = (k, symmetric, device, stream, ids, distances, ids_i64=true, keep=None))]
     fn graph_device(
         &self,
         py: Python<'_>,
@@ -299,20 +307,35 @@ impl NativeIndex {
         ids: u64,
         distances: u64,
         ids_i64: bool,
+        keep: Option<Py<PyAny>>,
     ) -> PyResult<()> {
         let symmetric: Symmetry = symmetric.parse().map_err(to_py)?;
-        let index = self.base.snapshot();
+        let base = self.base.clone();
+        let index = base.snapshot();
         let out = DeviceResults {
             ids,
             ids_i64,
             distances,
         };
-        // SAFETY: the addresses are of live arrays of these shapes on `device` (above).
-        py.detach(|| unsafe {
-            self.base
-                .graph_device(&index, (k, symmetric), (device, stream), out)
-        })
-        .map_err(to_py)?;
+        let work = index
+            .len()
+            .saturating_mul(index.len())
+            .saturating_mul(index.dim().max(1));
+        // SAFETY (both): the addresses are of live arrays of these shapes on `device`, owned
+        // by `keep` where the work outlives this call.
+        let write =
+            move || unsafe { base.graph_device(&index, (k, symmetric), (device, stream), out) };
+        match keep {
+            Some(keep) if work > GPU_PIECE_WORK => {
+                watching_signals(py, move || {
+                    let written = write();
+                    drop(keep);
+                    written
+                })?
+                .map_err(to_py)?;
+            }
+            _ => py.detach(write).map_err(to_py)?,
+        }
         py.check_signals()
     }
 
