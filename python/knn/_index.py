@@ -247,9 +247,9 @@ class Index:
         queued on the library's current stream there (JAX: int32 ids unless
         ``jax_enable_x64`` is on, as for :meth:`search`). When the index computes on that
         GPU with float32 rows, the graph is computed from the base the index keeps there and
-        written where the results lie (for ``"l2"``, ``"sqeuclidean"``, ``"ip"`` and
-        ``"hellinger"``; others, and float64 bases, are computed on the host's path and
-        copied there). The answer is the same either way.
+        written where the results lie (for ``"l2"``, ``"sqeuclidean"``, ``"ip"``, ``"l1"``,
+        ``"linf"`` and ``"hellinger"``; others, and float64 bases, are computed on the host's
+        path and copied there). The answer is the same either way.
         """
         k = as_k(k)
         home, native = self._home, self._native

@@ -183,8 +183,8 @@ def test_a_graph_of_gpu_points_comes_back_in_their_library(rng, to_gpu, dtype):
 @pytest.mark.parametrize("metric", ["hellinger", "l2", "sqeuclidean", "ip", "l1", "cosine"])
 def test_a_graph_of_a_gpu_index_is_written_on_its_gpu(rng, to_gpu, metric):
     """An index of float32 points in GPU memory writes its graph where the results lie (the
-    device's own path for the first four metrics, the host's for the others): the NumPy
-    index's graph, in the points' library, on their device, again on a second call."""
+    device's own path for all but cosine, the host's for cosine): the NumPy index's graph, in
+    the points' library, on their device, again on a second call."""
     points = rng.random((3000, 32)).astype(np.float32)
     points[200:204] = points[7]  # duplicates: ties within and across rows
     want = knn.Index(points, metric, device="cuda").graph(25)

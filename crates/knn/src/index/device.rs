@@ -99,7 +99,7 @@ impl Index {
     /// the stream the caller's results were made on. Returns once the results are written.
     ///
     /// On the index's own GPU with float32 rows and a metric it finishes there (squared L2,
-    /// L2, inner product, Hellinger; L1 and L∞ where the graph is made on the device), the
+    /// L2, inner product, L1, L∞, Hellinger; not on the grid's low dimensions), the
     /// graph is computed from the resident base, written where the results lie and proven
     /// there: only a summary crosses the bus, and the rows the floors do not prove (rare) are
     /// computed again on the host's path. Other cases compute the graph on the host's path
