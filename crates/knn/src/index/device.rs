@@ -258,11 +258,12 @@ impl Index {
     }
 }
 
-/// Runs of rows a device graph redoes one by one before it redoes the whole graph.
+/// Runs of rows a device graph redoes at most (each one call of the host's path).
 const MAX_REDO_RUNS: usize = 64;
 
 /// The rows not `proven`, in runs of consecutive rows (each computed again as rows of the
-/// graph); more than [`MAX_REDO_RUNS`] runs: every row, as one.
+/// graph). Beyond [`MAX_REDO_RUNS`] runs, the runs separated by the fewest proven rows are
+/// joined (their proven rows computed again too, to the same values) until that many are left.
 fn redo_runs(proven: &[bool]) -> Vec<std::ops::Range<usize>> {
     let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
     for i in (0..proven.len()).filter(|&i| !proven[i]) {
@@ -272,8 +273,21 @@ fn redo_runs(proven: &[bool]) -> Vec<std::ops::Range<usize>> {
         }
     }
     if runs.len() > MAX_REDO_RUNS {
-        runs.clear();
-        runs.push(0..proven.len());
+        // Join across the smallest gaps: gap j lies between runs j and j + 1.
+        let mut gaps: Vec<usize> = (0..runs.len() - 1).collect();
+        gaps.sort_by_key(|&j| (runs[j + 1].start - runs[j].end, j));
+        let mut join = vec![false; runs.len() - 1];
+        for &j in &gaps[..runs.len() - MAX_REDO_RUNS] {
+            join[j] = true;
+        }
+        let mut joined: Vec<std::ops::Range<usize>> = Vec::with_capacity(MAX_REDO_RUNS);
+        for (j, r) in runs.into_iter().enumerate() {
+            match joined.last_mut() {
+                Some(last) if join[j - 1] => last.end = r.end,
+                _ => joined.push(r),
+            }
+        }
+        runs = joined;
     }
     runs
 }
@@ -316,10 +330,27 @@ mod tests {
         assert_eq!(whole(redo_runs(&[false; 3])), vec![(0, 3)]);
         let p = [true, false, false, true, false, true, true, false];
         assert_eq!(redo_runs(&p), [1..3, 4..5, 7..8]);
-        // Scattered beyond the limit: the whole graph once.
-        let every_other: Vec<bool> = (0..2 * MAX_REDO_RUNS + 2).map(|i| i % 2 == 0).collect();
-        assert_eq!(whole(redo_runs(&every_other)), vec![(0, every_other.len())]);
         let at_limit: Vec<bool> = (0..2 * MAX_REDO_RUNS).map(|i| i % 2 == 0).collect();
         assert_eq!(redo_runs(&at_limit).len(), MAX_REDO_RUNS);
+        // Beyond the limit, the runs closest together are joined: rows 0 and 2 (one proven
+        // row apart) before any of the runs three rows apart, the first such gap first.
+        let mut p = vec![true; 4 * MAX_REDO_RUNS];
+        for r in 0..MAX_REDO_RUNS {
+            p[4 * r] = false;
+        }
+        p[2] = false;
+        let runs = redo_runs(&p);
+        assert_eq!(runs.len(), MAX_REDO_RUNS);
+        assert_eq!(runs[..2], [0..3, 4..5]);
+        assert!(runs[1..].iter().all(|r| r.len() == 1));
+        assert_eq!(runs.last().map(|r| r.start), Some(4 * (MAX_REDO_RUNS - 1)));
+        // Every unproven row is in a run; runs are ordered and apart.
+        let scattered: Vec<bool> = (0..5000).map(|i| (i * 7919) % 13 != 0).collect();
+        let runs = redo_runs(&scattered);
+        assert_eq!(runs.len(), MAX_REDO_RUNS);
+        assert!(runs.windows(2).all(|w| w[0].end < w[1].start));
+        for (i, _) in scattered.iter().enumerate().filter(|(_, &ok)| !ok) {
+            assert!(runs.iter().any(|r| r.contains(&i)), "row {i}");
+        }
     }
 }
