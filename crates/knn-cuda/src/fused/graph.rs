@@ -77,11 +77,12 @@ impl RowsAt {
         }
     }
 
-    /// The caller's memory the rows went to, if any.
-    fn caller(&self) -> Option<DeviceIo> {
+    /// The caller's memory the rows went to and the word their bad lists were flagged in,
+    /// if any.
+    fn caller(&self) -> Option<(DeviceIo, u64)> {
         match self {
             RowsAt::Own(..) => None,
-            RowsAt::Into(io, _) => Some(*io),
+            RowsAt::Into(io, bad) => Some((*io, *bad)),
         }
     }
 }
@@ -137,7 +138,9 @@ const FINISH_ROWS: usize = 16384;
 /// were not (exact keys of `kind` of the given base at `given`, `n × d`), their ids and
 /// distances written `into` the caller's device memory when given (a bad list flagged in the
 /// word at the address given with it), else kept in buffers of their own; `None` when their
-/// buffers do not fit `budget`, or `g` was finished for another `k`, `mode` or destination.
+/// buffers do not fit `budget`, or `g` was finished for another `k`, `mode` or destination
+/// (the caller's memory and flag word both: a call retried after running out of memory
+/// flags into a summary of its own).
 pub(super) fn graph_finished<'g>(
     gpu: &Gpu,
     g: &'g GraphLists,
@@ -147,7 +150,7 @@ pub(super) fn graph_finished<'g>(
     into: Option<(DeviceIo, u64)>,
 ) -> Result<Option<&'g GraphFinished>> {
     if let Some(f) = g.finished.get() {
-        let same = f.rows.caller() == into.map(|(io, _)| io);
+        let same = f.rows.caller() == into;
         return Ok((f.k == k && f.mode == mode && same).then_some(f));
     }
     // A part's lists are merged with the other parts' round by round.

@@ -162,19 +162,26 @@ impl<'g, 'f> CallRows<'g, 'f> {
             proven,
             proof,
             nq,
+            bad_flagged,
             ..
         } = self;
         let (Some(f), Some(done)) = (finish.as_mut(), finished.as_mut()) else {
             return Ok(false);
         };
         let given = (exact_kind, gpu.ptr(gb), d);
-        // Rows proven on the device flag a bad list in the call's summary.
-        let into = match (f.device, *proof) {
-            (Some(io), Some(_)) => {
-                let (_, words) = proof_buffers(gpu, summary, proven, *nq, true)?;
+        // Rows for the caller's device memory are finished there, at the graph's row numbers
+        // and all n at once: only for a call whose rows are the graph's, in order.
+        if f.device.is_some() && (*nq != g.cut.len() || at != qs) {
+            return Ok(false);
+        }
+        // They flag a bad list in the call's summary, read by its wait.
+        let into = match f.device {
+            Some(io) => {
+                let (_, words) = proof_buffers(gpu, summary, proven, *nq, proof.is_some())?;
+                *bad_flagged = true;
                 Some((io, words))
             }
-            _ => None,
+            None => None,
         };
         let Some(all) = graph_finished(gpu, g, (f.k, f.mode), given, rest, into)? else {
             return Ok(false);
@@ -186,6 +193,8 @@ impl<'g, 'f> CallRows<'g, 'f> {
             launch_prove(gpu, plan, (kth, last, cut, qn), qe - qs, verdicts)?;
             return Ok(true);
         }
+        // No proof on the device: the rows' facts go to the host's floors (their ids and
+        // distances too, unless they went to the caller's memory).
         let k = f.k;
         let rows = match f.device {
             Some(_) => None,
