@@ -2,6 +2,7 @@
 //! with the results written to its memory: neither the queries nor the results cross the
 //! bus. The caller (`knn::Index`) redoes on the host the few rows the device does not prove.
 
+use super::finish::FinishedOnDevice;
 use super::{CudaEngine, Method};
 use crate::fused::DeviceIo;
 use crate::staging::{bytes_of, bytes_of_mut};
@@ -178,21 +179,7 @@ impl CudaEngine {
         if self.method != Method::Fused || queries.rows == 0 || req.queries.rows() != 0 {
             return Ok(None);
         }
-        let io = DeviceIo {
-            queries: Some(queries),
-            ids: out.ids,
-            ids_i64: out.ids_i64,
-            dists: out.distances,
-        };
-        // The rows go to device memory: no host rows.
-        let mut no_host = RowSlices {
-            ids: &mut [],
-            distances: &mut [],
-            k,
-        };
-        let Some(done) =
-            self.finish_on_device(req, metric, k, key_scale, &mut no_host, Some(io))?
-        else {
+        let Some(done) = self.finish_into(req, (metric, k, key_scale), Some(queries), out)? else {
             return Ok(None);
         };
         // |q_j| ≤ |q_j − c_j| + |c_j| ≤ ‖q − c‖ + max |c| (the centred row rounded once:
@@ -257,8 +244,21 @@ impl CudaEngine {
             }
         }
         self.graph_anew(req)?;
+        let done = self.finish_into(req, (metric, k, key_scale), None, out)?;
+        Ok(done.map(|d| d.proven))
+    }
+
+    /// `req`'s rows finished on the device into `out` (see `finish_on_device`), the queries
+    /// read from this device's memory when given (else they are rows of the resident base).
+    fn finish_into(
+        &self,
+        req: &CandidateRequest<'_>,
+        (metric, k, key_scale): (&Metric, usize, f64),
+        queries: Option<DeviceQueries>,
+        out: DeviceResults,
+    ) -> Result<Option<FinishedOnDevice>> {
         let io = DeviceIo {
-            queries: None,
+            queries,
             ids: out.ids,
             ids_i64: out.ids_i64,
             dists: out.distances,
@@ -269,8 +269,7 @@ impl CudaEngine {
             distances: &mut [],
             k,
         };
-        let done = self.finish_on_device(req, metric, k, key_scale, &mut no_host, Some(io))?;
-        Ok(done.map(|d| d.proven))
+        self.finish_on_device(req, metric, k, key_scale, &mut no_host, Some(io))
     }
 
     /// `bytes` of this device's memory, uninitialised, owned by the caller (see
