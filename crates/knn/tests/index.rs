@@ -249,3 +249,34 @@ fn threads_share_one_gpu_index() {
         threads_share_one_index(&opts);
     }
 }
+
+/// Host queries of the first case (up to 2 MiB of them against a resident base of
+/// 16 384 rows) on the GPU: the same answer as the CPU's, bit for bit, for query counts on and
+/// off the tile edges, with ties (the base's second half repeats its first) and queries that
+/// are base rows (distance 0).
+#[test]
+fn gpu_host_queries_equal_the_cpu() {
+    let Some(opts) = gpu("host queries against a resident base") else {
+        return;
+    };
+    let d = 128;
+    let mut base = uniform(8192, d, 61);
+    base.extend_from_within(..);
+    for nq in [2048, 3001, 4096] {
+        let mut queries = uniform(nq, d, 62 + nq as u64);
+        queries[..64 * d].copy_from_slice(&base[100 * d..164 * d]);
+        let q = MatrixRef::new("queries", &queries, d).unwrap();
+        for metric in [Metric::L2, Metric::SqL2, Metric::InnerProduct] {
+            let on_gpu = Index::new(base.clone(), d, metric.clone(), &opts).unwrap();
+            let on_cpu = Index::new(base.clone(), d, metric.clone(), &cpu()).unwrap();
+            for k in [1, 16] {
+                let want = on_cpu.search(q, k).unwrap();
+                // Twice: the second search finds the base resident.
+                for pass in 0..2 {
+                    let got = on_gpu.search(q, k).unwrap();
+                    assert!(got == want, "{metric} nq={nq} k={k} pass {pass}");
+                }
+            }
+        }
+    }
+}
