@@ -7,7 +7,8 @@
 //! read by `bench/gpu/index_vs_torch.py`; with `--concurrent C`, also the throughput of C
 //! threads searching the one index at once (REPEAT searches each) against one thread. On a
 //! GPU it also prints a `device:` line: `Index::search_device` timed from queries in GPU
-//! memory to results in GPU memory, its answer compared with the host search's.
+//! memory to results in GPU memory, its answer compared with the host search's, and a
+//! `pinned:` line: the host search of the same queries in page-locked host memory.
 
 use knn::synth::{generate, Distribution};
 use knn::{Device, Index, Knn, MatrixRef, Metric, Options};
@@ -181,6 +182,26 @@ fn device_search(
     answers(
         &format!("via device: upload + search_device + download median {via_ms:.3} ms"),
         hi == want.ids && hd == want.distances,
+    );
+    // The same host search of queries that lie in page-locked host memory (as PyTorch's
+    // `pin_memory()` gives): their upload is the device's own copy, with no staging.
+    // SAFETY: the memory is written below before it is read.
+    let mut pinned = unsafe { ctx.alloc_pinned::<f32>(queries.len()) }.expect("pinned memory");
+    pinned
+        .as_mut_slice()
+        .expect("pinned memory")
+        .copy_from_slice(queries);
+    let pq = pinned.as_slice().expect("pinned memory");
+    let pq = MatrixRef::new("queries", pq, index.dim()).expect("finite");
+    let pinned_ms = median_ms(repeat, || {
+        index.search(pq, k).expect("search");
+    });
+    answers(
+        &format!(
+            "pinned: search median {pinned_ms:.3} ms (host queries in page-locked memory, \
+             host results)"
+        ),
+        index.search(pq, k).expect("search") == *want,
     );
     answers(
         &format!(
