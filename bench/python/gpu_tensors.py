@@ -7,7 +7,9 @@ JAX's own form (jitted matmul + ``lax.top_k``, float32 precision) is timed besid
 where PyTorch's k-th distance is not tied with the next).
 
 Each side is timed from the queries' tensor to the results' tensors, synchronised, median of
---repeat runs after warm-up, both in this process on the same data.
+4 rounds of --repeat runs after warm-up, the two sides in turns, both in this process on the
+same data (CuPy arrays in turns with PyTorch again; the JAX figures: --repeat runs against the
+PyTorch figure of the tensors' turns).
 
 Run on the GPU machine with the package installed (its wheel, built here with maturin):
   python3 bench/python/gpu_tensors.py [--n 16384] [--m 4096] [--d 128] [--k 16] [--parts]
@@ -48,6 +50,21 @@ def times_ms(f, repeat):
 
 def median_ms(f, repeat):
     return float(np.median(times_ms(f, repeat)))
+
+
+ROUNDS = 4
+
+
+def medians_in_turns(fs, repeat):
+    """Median wall times (ms) of each of ``fs``, timed in turns: ``ROUNDS`` rounds of
+    ``repeat`` calls each (after warm-up), so that neither side is timed only first, on a GPU
+    and host that have just started working (the first side's median read 10-25 % above its
+    later ones)."""
+    times = [[] for _ in fs]
+    for _ in range(ROUNDS):
+        for t, f in zip(times, fs):
+            t.extend(times_ms(f, repeat))
+    return [float(np.median(t)) for t in times]
 
 
 def parts(index, queries, k, repeat, sync=None):
@@ -98,8 +115,7 @@ def main():
     t0 = time.perf_counter()
     index = knn.Index(base, "l2", device="cuda")
     build = (time.perf_counter() - t0) * 1e3
-    ours = median_ms(lambda: index.search(queries, a.k), a.repeat)
-    peer = median_ms(torch_search, a.repeat)
+    ours, peer = medians_in_turns([lambda: index.search(queries, a.k), torch_search], a.repeat)
     d, i = index.search(queries, a.k)
     assert d.is_cuda and i.is_cuda and i.dtype == torch.int64
     td, ti = torch_search()
@@ -110,18 +126,18 @@ def main():
           f"(bar 4x); rows with ids equal to torch's: {same:.4f}")
     if a.parts:
         parts(index, queries, a.k, a.repeat)
-    cupy_arrays(index, queries, i, peer, a)
+    cupy_arrays(index, queries, i, torch_search, a)
     jax_arrays(index, base, queries, i, peer, a)
 
 
-def cupy_arrays(index, queries, i, peer, a):
+def cupy_arrays(index, queries, i, torch_search, a):
     try:
         import cupy
     except ImportError:
         print("cupy: not installed")
         return
     cq = cupy.asarray(queries)
-    ours_cupy = median_ms(lambda: index.search(cq, a.k), a.repeat)
+    ours_cupy, peer = medians_in_turns([lambda: index.search(cq, a.k), torch_search], a.repeat)
     cd, ci = index.search(cq, a.k)
     assert isinstance(ci, cupy.ndarray) and ci.dtype == cupy.int64
     assert (cupy.asnumpy(ci) == i.cpu().numpy()).all()
