@@ -212,7 +212,7 @@ def test_a_gpu_graph_follows_the_current_stream():
 
 
 @need_torch
-def test_ctrl_c_during_a_large_gpu_graph_returns_at_once():
+def test_ctrl_c_during_a_large_gpu_graph_returns_at_once(ctrl_c):
     """A graph of more than a quarter of a second of kernels, written in GPU memory, is
     watched for Ctrl-C: `KeyboardInterrupt` comes before the graph is done, and the index
     gives the same graph afterwards."""

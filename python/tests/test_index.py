@@ -224,7 +224,7 @@ def test_the_gil_is_released_while_searching(rng):
 
 
 @pytest.mark.parametrize("call", ["search", "graph"])
-def test_ctrl_c_raises_keyboard_interrupt_and_the_index_stays_usable(rng, call):
+def test_ctrl_c_raises_keyboard_interrupt_and_the_index_stays_usable(rng, call, ctrl_c):
     import _thread
     base = rng.random((20000, 64)).astype(np.float32)
     index = knn.Index(base, device="cpu")
