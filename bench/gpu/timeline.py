@@ -10,7 +10,8 @@ gaps as upper bounds and the device's durations as they are; time a call without
 Usage (GPU machine, the package installed):
     python3 bench/gpu/timeline.py search NB NQ D K [--metric l2] [--where host|torch]
     python3 bench/gpu/timeline.py graph N D K [--metric hellinger] [--symmetric auto] [--where ..]
-`--where torch`: queries (a graph: the index's points) in a PyTorch CUDA tensor (results there
+`--host`: also every driver and runtime call of the host in the call, with the host's own time
+between them. `--where torch`: queries (a graph: the index's points) in a PyTorch CUDA tensor (results there
 too); `host`: NumPy arrays.
 """
 import argparse
@@ -27,7 +28,7 @@ import knn
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def timeline(call, runs=3, gap_us=20.0, min_us=0.0):
+def timeline(call, runs=3, gap_us=20.0, min_us=0.0, host=False):
     """Profiles `runs` calls after three warm-up ones and prints the last call's device work."""
     for _ in range(3):
         call()
@@ -66,6 +67,22 @@ def timeline(call, runs=3, gap_us=20.0, min_us=0.0):
         if e["dur"] >= min_us or e["cat"] != "kernel":
             print(f"{e['ts'] - t0:9.1f} {e['dur']:9.1f}  {e['cat'][:10]:<10} {e['name'][:60]}")
         last_end = max(last_end, e["ts"] + e["dur"])
+    if host:
+        host_calls(events, t0, t1)
+
+
+def host_calls(events, t0, t1):
+    """The driver and runtime calls of the host in [t0, t1] (µs from t0), with the host's own
+    time between them: where a call's serial host time goes."""
+    api = sorted((e for e in events if t0 <= e["ts"] <= t1
+                  and e.get("cat") in ("cuda_runtime", "cuda_driver")), key=lambda e: e["ts"])
+    print(f"host: {len(api)} driver/runtime calls, {sum(e['dur'] for e in api):.0f} µs in them")
+    print(f"{'start':>9} {'µs':>9} {'before':>9}  name")
+    last = t0
+    for e in api:
+        print(f"{e['ts'] - t0:9.1f} {e['dur']:9.1f} {e['ts'] - last:9.1f}  {e['name'][:60]}")
+        last = e["ts"] + e["dur"]
+    print(f"{'':>9} {'':>9} {t1 - last:9.1f}  (to the call's end)")
 
 
 def main():
@@ -81,6 +98,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--gap", type=float, default=20.0, help="idle gaps shown from this many µs")
     ap.add_argument("--min", type=float, default=0.0, help="kernels shown from this many µs")
+    ap.add_argument("--host", action="store_true",
+                    help="also the host's driver and runtime calls, with the time between them")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     if a.what == "search":
@@ -90,7 +109,7 @@ def main():
         if a.where == "torch":
             q = torch.from_numpy(q).cuda()
         print(f"search {nb} x {nq}, d={d}, k={k}, {index.metric}, queries on the {a.where}")
-        timeline(lambda: index.search(q, k), a.runs, a.gap, a.min)
+        timeline(lambda: index.search(q, k), a.runs, a.gap, a.min, a.host)
     else:
         n, d, k = a.sizes
         points = rng.random((n, d), dtype=np.float32)
@@ -99,7 +118,7 @@ def main():
         index = knn.Index(points, a.metric or "hellinger", device="cuda")
         print(f"graph n={n}, d={d}, k={k}, {index.metric}, symmetric={a.symmetric}, "
               f"points and results on the {a.where}")
-        timeline(lambda: index.graph(k, a.symmetric), a.runs, a.gap, a.min)
+        timeline(lambda: index.graph(k, a.symmetric), a.runs, a.gap, a.min, a.host)
 
 
 if __name__ == "__main__":

@@ -12,17 +12,20 @@ same data (CuPy arrays in turns with PyTorch again; the JAX figures: --repeat ru
 PyTorch figure of the tensors' turns).
 
 Run on the GPU machine with the package installed (its wheel, built here with maturin):
-  python3 bench/python/gpu_tensors.py [--n 16384] [--m 4096] [--d 128] [--k 16] [--parts]
+  python3 bench/python/gpu_tensors.py [--n 16384] [--m 4096] [--d 128] [--k 16] [--parts] [--torch-only]
 
 --parts also times the parts of one PyTorch search in this process (median and 90th
 percentile of --repeat calls, each synchronised): the queries' wrapper (`CudaRows`), the two
-result tensors, the native call alone on kept tensors, and the whole `index.search`.
+result tensors, the native call alone on kept tensors, and the whole `index.search`, with the
+process's page faults, waits and preemptions per call (getrusage).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
+import threading
 import time
 
 import numpy as np
@@ -88,8 +91,71 @@ def parts(index, queries, k, repeat, sync=None):
         "index.search": lambda: index.search(queries, k),
     }
     for name, f in steps.items():
+        before = resource.getrusage(resource.RUSAGE_SELF)
         t = np.array(times_ms(lambda: (f(), sync and sync()), repeat)) * 1e3
-        print(f"  {name}: median {np.median(t):.1f} us, p90 {np.percentile(t, 90):.1f} us")
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        # Per call (three warm-up calls included): page faults and context switches of the
+        # whole process, where host time that the kernels do not explain may go.
+        calls = repeat + 3
+        faults = (after.ru_minflt - before.ru_minflt) / calls
+        switches = (after.ru_nvcsw - before.ru_nvcsw) / calls
+        preempted = (after.ru_nivcsw - before.ru_nivcsw) / calls
+        print(f"  {name}: median {np.median(t):.1f} us, p90 {np.percentile(t, 90):.1f} us; "
+              f"per call {faults:.1f} page faults, {switches:.1f} waits, {preempted:.1f} preemptions")
+    busy_threads(steps["index.search"], repeat, sync)
+
+
+def thread_ticks():
+    """CPU time (clock ticks) of each thread of this process, by thread id, with its name."""
+    ticks = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        ticks[tid] = (name, int(fields[11]) + int(fields[12]), int(fields[36]))
+    return ticks
+
+
+def cpu_ticks():
+    """Busy clock ticks of each CPU of the machine (/proc/stat), by CPU number."""
+    busy = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu") and line[3].isdigit():
+                name, *v = line.split()
+                v = list(map(int, v))
+                busy[int(name[3:])] = sum(v) - v[3] - v[4]
+    return busy
+
+
+def busy_threads(f, repeat, sync):
+    """Where the host's time goes while ``f`` is called ``repeat`` times: the threads of this
+    process that used CPU time (share of the wall time, last CPU), and the machine's busy
+    CPUs, with the CPU this thread ran on and its hyperthread siblings."""
+    t0, c0, w0 = thread_ticks(), cpu_ticks(), time.perf_counter()
+    for _ in range(repeat):
+        f()
+        sync and sync()
+    t1, c1, wall = thread_ticks(), cpu_ticks(), time.perf_counter() - w0
+    hz = os.sysconf("SC_CLK_TCK")
+    me = str(threading.get_native_id())
+    for tid, (name, ticks, cpu) in t1.items():
+        share = (ticks - t0.get(tid, (name, 0, cpu))[1]) / hz / wall
+        if share > 0.02:
+            print(f"  thread {name} ({'this one' if tid == me else tid}): {share:.0%} busy, on cpu {cpu}")
+    mine = t1[me][2]
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{mine}/topology/thread_siblings_list") as g:
+            siblings = g.read().strip()
+    except OSError:
+        siblings = "?"
+    busy = {c: (c1[c] - c0.get(c, 0)) / hz / wall for c in c1}
+    shown = ", ".join(f"{c}: {b:.0%}" for c, b in sorted(busy.items()) if b > 0.05)
+    print(f"  this thread on cpu {mine} (siblings {siblings}); busy CPUs: {shown}")
 
 
 def main():
@@ -100,6 +166,8 @@ def main():
     p.add_argument("--k", type=int, default=16)
     p.add_argument("--repeat", type=int, default=50)
     p.add_argument("--parts", action="store_true", help="also time the parts of one search")
+    p.add_argument("--torch-only", action="store_true",
+                   help="time PyTorch tensors only (not CuPy or JAX arrays)")
     a = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -126,6 +194,8 @@ def main():
           f"(bar 4x); rows with ids equal to torch's: {same:.4f}")
     if a.parts:
         parts(index, queries, a.k, a.repeat)
+    if a.torch_only:
+        return
     cupy_arrays(index, queries, i, torch_search, a)
     jax_arrays(index, base, queries, i, peer, a)
 
