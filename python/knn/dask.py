@@ -4,13 +4,17 @@
 accepted and chunked) and return lazy ``(distances, ids)`` Dask arrays chunked like the queries,
 distances in the queries' precision as ``knn.search`` gives them (float64 for float64 queries).
 Every query block is searched against every base chunk; partials carry global ids (chunk offset
-+ local id) and are merged in a tree (up to ``_FAN_IN`` partials a merge), ordered by
-(distance, id) -- smaller id first on ties, as ``knn.search``.
++ local id) and, with several base chunks, the exact float64 keys a search selects by
+(``Index.exact_keys``), and are merged in a tree (up to ``_FAN_IN`` partials a merge): the k
+best by (key, id), ordered by (distance, id) -- smaller id first on ties, as ``knn.search``.
+Merging by the distances alone would not do: distinct keys may round to one float32 distance,
+and ``knn.search`` keeps the smaller key (1e6 x 1e5 normal float32 rows, d = 128, k = 10, base
+in 4 chunks: 2 rows of 1e5 differed at the k-th neighbour).
 
 The task graph keeps each base chunk's searches with its index, so that nothing moves an index:
 
 - the query blocks cut into groups of consecutive blocks whose rows and partial output (rows x
-  k x (distance + id) bytes) stay within ``_GROUP_BYTES`` (256 MiB); one ``_search_group`` task
+  k x (distance + id + key) bytes) stay within ``_GROUP_BYTES`` (256 MiB); one ``_search_group`` task
   per (base chunk, group) takes the chunk's index and the group's blocks, searches them in one
   call (a graph's own block apart) and returns each block's partial;
 - the chunk's ``knn.Index`` is built inside its search when one group searches it (the usual
@@ -46,7 +50,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import Index
-from ._arrays import precision
+from ._arrays import as_matrix, precision
 
 __all__ = ["search", "graph", "NearestNeighbors"]
 
@@ -109,7 +113,15 @@ def _build(rows, args, offset):
                          f"numbered within it): {e}") from None
 
 
-def _partial_self(index, queries, k, offset, qstart):
+def _partial(index, queries, d, i, offset, keys):
+    """A partial: distances, global ids, and with ``keys`` the exact keys of the local ids
+    ``i`` (what a merge selects by)."""
+    if not keys:
+        return d, i + offset
+    return d, i + offset, index._native.exact_keys(as_matrix(queries, "queries"), i)
+
+
+def _partial_self(index, queries, k, offset, qstart, keys):
     """Own chunk in a graph: search k+1, drop each row's own id (or the last entry)."""
     d, i = index.search(queries, k + 1)
     own = np.arange(queries.shape[0])[:, None] + qstart
@@ -117,14 +129,15 @@ def _partial_self(index, queries, k, offset, qstart):
     drop_last = keep.all(axis=1)
     keep[drop_last, -1] = False
     m = queries.shape[0]
-    return d[keep].reshape(m, k), i[keep].reshape(m, k) + offset
+    return _partial(index, queries, d[keep].reshape(m, k), i[keep].reshape(m, k), offset, keys)
 
 
-def _search_group(index, args, blocks, ks, offset, own):
+def _search_group(index, args, blocks, ks, offset, own, keys):
     """One base chunk's partials for a group of query blocks: ``blocks[j]`` searched for
     ``ks[j]`` neighbours; ``blocks[own]`` (a graph's own chunk, else ``own`` is -1) without each
-    row's own id. A tuple, one (distances, global ids) per block. ``index``: the chunk's
-    ``Index`` (a ``_build`` task's), or its rows, indexed here with ``args``.
+    row's own id. A tuple, one (distances, global ids[, exact keys with ``keys``]) per block.
+    ``index``: the chunk's ``Index`` (a ``_build`` task's), or its rows, indexed here with
+    ``args``.
 
     The other blocks are searched as one: a row's answer does not depend on the rows searched
     with it, and one call pays the engine's fixed cost (a GPU's uploads, launches and
@@ -134,16 +147,16 @@ def _search_group(index, args, blocks, ks, offset, own):
         index = _build(index, args, offset)
     out = [None] * len(blocks)
     if 0 <= own:
-        out[own] = _partial_self(index, blocks[own], ks[own], offset, 0)
+        out[own] = _partial_self(index, blocks[own], ks[own], offset, 0, keys)
     rest = [j for j in range(len(blocks)) if j != own]
     if rest:
         queries = blocks[rest[0]] if len(rest) == 1 else np.concatenate([blocks[j] for j in rest])
         d, i = index.search(queries, max(ks[j] for j in rest))
-        i += offset
+        whole = _partial(index, queries, d, i, offset, keys)
         start = 0
         for j in rest:
             end = start + blocks[j].shape[0]
-            out[j] = d[start:end, :ks[j]], i[start:end, :ks[j]]
+            out[j] = tuple(x[start:end, :ks[j]] for x in whole)
             start = end
     return tuple(out)
 
@@ -171,15 +184,20 @@ def _pick(x, j):
 
 
 def _merge(k, *parts):
-    """The k best of several partials by (distance, id); ``parts`` alternate a task's result
-    and the ``j`` that ``_pick`` reads it with. Each row of a partial is in that order, and the
-    partials come in base chunk order (every id of one below every id of the next), so a stable
-    sort by distance alone keeps ties in id order (half the time of a two-key lexsort)."""
+    """The k best of several partials (distances, ids, exact keys) by (key, id), ordered by
+    (distance, id) as ``knn.search`` orders them; ``parts`` alternate a task's result and the
+    ``j`` that ``_pick`` reads it with. The partials come in base chunk order (every id of one
+    below every id of the next) and their rows by (distance, id), so equal keys (equal
+    distances) stand in id order and a stable sort by key alone gives (key, id) order."""
     parts = [_pick(parts[p], parts[p + 1]) for p in range(0, len(parts), 2)]
-    d = np.concatenate([x[0] for x in parts], axis=1)
-    i = np.concatenate([x[1] for x in parts], axis=1)
-    order = np.argsort(d, axis=1, kind="stable")[:, :k]
-    return np.take_along_axis(d, order, 1), np.take_along_axis(i, order, 1)
+    d, i, key = (np.concatenate([x[f] for x in parts], axis=1) for f in range(3))
+    order = np.argsort(key, axis=1, kind="stable")[:, :k]
+    d, i, key = (np.take_along_axis(x, order, 1) for x in (d, i, key))
+    # Keys that round to one distance stand in key order: put each such run in id order.
+    runs = np.cumsum(np.concatenate([np.zeros_like(d[:, :1], dtype=bool), d[:, 1:] != d[:, :-1]],
+                                    axis=1), axis=1)
+    order = np.lexsort((i, runs), axis=1)
+    return tuple(np.take_along_axis(x, order, 1) for x in (d, i, key))
 
 
 def _field(x, j, f):
@@ -207,10 +225,19 @@ def _run(base, queries, k, self_graph, args, group_bytes=_GROUP_BYTES, indexes=N
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
 
+    if (str(args.get("metric")).lower() == "mahalanobis" and args.get("covariance") is None
+            and len(base.chunks[0]) > 1):
+        raise ValueError(
+            "metric='mahalanobis' over several base chunks needs covariance= (the base's "
+            "covariance matrix, d x d): without one each chunk would estimate its own, and the "
+            "answer would not be knn.search's; or give the base as one chunk")
     starts = np.cumsum((0,) + base.chunks[0])
     qblocks = queries.to_delayed().ravel()
     dtype = precision(queries.dtype)
-    row_bytes = queries.shape[1] * queries.dtype.itemsize + k * (np.dtype(dtype).itemsize + 8)
+    # Partials are merged (several base chunks) by their exact keys.
+    keys = len(base.chunks[0]) > 1
+    row_bytes = (queries.shape[1] * queries.dtype.itemsize
+                 + k * (np.dtype(dtype).itemsize + 8 + 8 * keys))
     groups = _groups(queries.chunks[0], row_bytes, group_bytes)
     # A chunk searched by one group builds its index in that search (one task and one round
     # trip through the scheduler less); several groups share a `_build` task's.
@@ -232,7 +259,7 @@ def _run(base, queries, k, self_graph, args, group_bytes=_GROUP_BYTES, indexes=N
             own = next((j for j, (qi, _) in enumerate(todo) if self_graph and qi == bi), -1)
             res = delayed(_search_group, pure=True)(
                 idx, args, [qblocks[qi] for qi, _ in todo], [kc for _, kc in todo],
-                int(starts[bi]), own)
+                int(starts[bi]), own, keys)
             for j, (qi, _) in enumerate(todo):
                 parts[qi].append((res, j))
     # Each output block is one task reading its field straight from the block's last merge or

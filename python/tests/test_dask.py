@@ -62,18 +62,18 @@ def test_one_search_per_base_chunk_and_group():
     assert len(_tasks(lazy, "_merge")) == 4 * 4
     assert len(_tasks(kd.graph(da.from_array(b, chunks=(250, 8)), 10), "_search_group")) == 4
     # Many small query blocks: groups of consecutive blocks while their rows and output (rows x
-    # (d x item size + k x (distance + id) bytes)) stay within the cap; one search per (base
-    # chunk, group).
+    # (d x item size + k x (distance + id + exact key) bytes)) stay within the cap; one search
+    # per (base chunk, group).
     assert kd._GROUP_BYTES == 256 << 20
     assert kd._groups([5] * 12, 16, 320) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert kd._groups([5, 30, 5, 5], 16, 320) == [[0], [1], [2, 3]]  # 30 rows alone > cap
     args = dict(metric="l2", device="auto")
     base = da.from_array(b[:300], chunks=(100, 8))
-    # d=8, k=4: 80 bytes a float32 row (32 + 4 x 12), 128 a float64 one (64 + 4 x 16): blocks
-    # of 5 rows, 3 (1200 bytes) or 2 (1280) to a group of at most 1300 bytes
+    # d=8, k=4: 112 bytes a float32 row (32 + 4 x 20), 160 a float64 one (64 + 4 x 24): blocks
+    # of 5 rows, 3 (1680 bytes) or 2 (1600) to a group of at most 1700 bytes
     for dtype, groups in ((np.float32, 4), (np.float64, 6)):
         queries = da.from_array(q[:60].astype(dtype), chunks=(5, 8))
-        lazy = kd._run(base, queries, 4, False, args, group_bytes=1300)
+        lazy = kd._run(base, queries, 4, False, args, group_bytes=1700)
         assert len(_tasks(lazy, "_search_group")) == 3 * groups
         assert len(_tasks(lazy, "_build")) == 3  # several groups share each chunk's build
     # the default cap: 12 blocks of 5 rows are one group, one search per base chunk
@@ -194,3 +194,59 @@ def test_bad_input_same_errors_nothing_scheduled(client, call):
     assert str(got.value) in msgs
     # nothing was submitted: the scheduler knows no more tasks than before the call
     assert client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) <= ntasks
+
+
+@pytest.mark.parametrize("metric", ["l2", "sqeuclidean"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_keys_that_round_to_one_distance(client, metric, dtype):
+    # From the origin, row 0 (first chunk) has key 1 + 4e-8 and row 3 (second chunk) 1 + 1e-8:
+    # both distances round to 1.0 in float32; knn.search keeps row 3, the smaller key. Merged
+    # by distances, the first chunk's smaller id would win.
+    b = np.array([[1, 2e-4], [9, 9], [9, 8], [1, 1e-4], [8, 9], [7, 9]], np.float32)
+    q = np.zeros((3, 2), dtype)
+    D, I = knn.search(b, q, 1, metric=metric)
+    assert I[0, 0] == 3
+    d, i = client.compute(kd.search(da.from_array(b, chunks=(3, 2)), da.from_array(q), 1,
+                                    metric=metric), sync=True)
+    assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+    # Two neighbours: the tied distances come in id order, as knn.search gives them.
+    D, I = knn.search(b, q, 2, metric=metric)
+    d, i = client.compute(kd.search(da.from_array(b, chunks=(3, 2)), da.from_array(q), 2,
+                                    metric=metric), sync=True)
+    assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+
+
+def test_near_ties_on_random_data_equal_one_process(client):
+    # Points on an integer lattice, each moved by at most 2e-4 along a third axis: from a point
+    # a few cells away, the keys of a cell's points differ by less than float32 resolves, so
+    # every distance ties with its cell's and knn.search picks within a tie by key. (Merged by
+    # distances, 300 of 300 rows of the search and 1424 of 2000 of the k=5 graph differed.)
+    rng = np.random.default_rng(9)
+
+    def lattice(n, lo, hi):
+        x = np.zeros((n, 3), np.float32)
+        x[:, :2] = rng.integers(lo, hi, (n, 2))
+        x[:, 2] = rng.random(n) * 2e-4
+        return x
+
+    b, q, p = lattice(4000, 0, 4), lattice(300, 4, 6), lattice(2000, 0, 40)
+    q[:, 2] = 0
+    for k in (1, 5):
+        d, i = client.compute(kd.search(da.from_array(b, chunks=(500, 3)),
+                                        da.from_array(q, chunks=(100, 3)), k), sync=True)
+        D, I = knn.search(b, q, k)
+        assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+        d, i = client.compute(kd.graph(da.from_array(p, chunks=(500, 3)), k), sync=True)
+        D, I = knn.graph(p, k)
+        assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+
+
+def test_mahalanobis_over_chunks_needs_a_covariance():
+    b = _data("random", 40, 3, 7)
+    with pytest.raises(ValueError, match="covariance="):
+        kd.search(da.from_array(b, chunks=(10, 3)), b, 2, metric="mahalanobis")
+    cov = np.cov(b, rowvar=False)
+    d, i = da.compute(*kd.search(da.from_array(b, chunks=(10, 3)), b, 2, metric="mahalanobis",
+                                 covariance=cov))
+    D, I = knn.search(b, b, 2, metric="mahalanobis", covariance=cov)
+    assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()

@@ -41,8 +41,9 @@ pub use neighbors::Neighbors;
 pub use oracle::{check, check_with_truth, id_recall, oracle, CheckReport, DEFAULT_TOLERANCE};
 pub use prepare::PreparedBase;
 pub use search::{
-    graph, graph_given, graph_prepared, graph_rows, graph_with_progress, in_given_precision,
-    search, search_given, search_prepared, search_with_progress, with_graph_first_try, ProgressFn,
+    given_keys, graph, graph_given, graph_prepared, graph_rows, graph_with_progress,
+    in_given_precision, search, search_given, search_prepared, search_with_progress,
+    with_graph_first_try, ProgressFn,
 };
 pub use threads::Threads;
 pub use topk::{SortKey, TopK};

@@ -640,6 +640,33 @@ impl PreparedBase {
         }
     }
 
+    /// The exact keys ([`Metric::exact_key`], in the metric's exact space: whitened rows for
+    /// Mahalanobis, else the rows themselves) that the re-rank of a search of `queries` against
+    /// `base` (the rows this was made from) selects by: entry `i·k + j` is the key of query
+    /// `i` and base row `ids[i·k + j]`. Ids must be rows of `base`, `k` per query.
+    pub fn exact_keys(
+        &self,
+        metric: &Metric,
+        base: MatrixRef<'_>,
+        queries: MatrixRef<'_>,
+        ids: &[u32],
+        k: usize,
+    ) -> Vec<f64> {
+        let xb = self.exact.as_ref().map_or(base, Matrix::view);
+        let whitened = self.transform.as_ref().and_then(|t| t.exact_rows(queries));
+        let xq = whitened.as_ref().map_or(queries, Matrix::view);
+        let mut keys = vec![0.0f64; ids.len()];
+        keys.par_chunks_mut(k.max(1))
+            .zip(ids.par_chunks(k.max(1)))
+            .enumerate()
+            .for_each(|(i, (out, ids))| {
+                for (o, &b) in out.iter_mut().zip(ids) {
+                    *o = metric.exact_key(xq.row(i), xb.row(b as usize));
+                }
+            });
+        keys
+    }
+
     /// The preparation of `base` (the rows this was made from) with `queries` (`None`: a
     /// self-join), as [`prepare`] would make it, the base's part reused; `None` when the
     /// queries change it (an expression metric, or queries whose magnitude calls for

@@ -196,6 +196,39 @@ impl NativeIndex {
         })
     }
 
+    /// The exact float64 keys a search chooses neighbours by (`knn::Index::exact_keys`): entry
+    /// `[i, j]` is the key of query row `i` and base row `ids[i, j]` (int64, as a search
+    /// returns them). Partial answers of several indexes merged by (key, id) equal one index
+    /// over all their rows; `knn.dask` merges so.
+    fn exact_keys<'py>(
+        &self,
+        py: Python<'py>,
+        queries: Bound<'py, PyAny>,
+        ids: PyReadonlyArray2<'py, i64>,
+    ) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        let index = self.base.snapshot();
+        let queries = Values::extract(&queries, "queries")?;
+        let (rows, k) = (ids.shape()[0], ids.shape()[1]);
+        let ids: Vec<u32> = (ids.as_array().iter())
+            .map(|&i| {
+                u32::try_from(i)
+                    .ok()
+                    .filter(|&i| (i as usize) < index.len())
+            })
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                let last = index.len().saturating_sub(1);
+                PyValueError::new_err(format!(
+                    "ids: not every id is a row of the index (0 to {last})"
+                ))
+            })?;
+        let given = queries.given()?;
+        let keys = py
+            .detach(|| index.exact_keys(given, &ids, k))
+            .map_err(to_py)?;
+        keys.into_pyarray(py).reshape([rows, k])
+    }
+
     /// The errors a search of queries of dimension `dim` for `k` neighbours gives before it
     /// reads a value (dimension, k), raised as they would be.
     fn check_search(&self, dim: usize, k: usize) -> PyResult<()> {

@@ -280,3 +280,108 @@ fn gpu_host_queries_equal_the_cpu() {
         }
     }
 }
+
+/// Answers of two indexes over the halves of a base, merged by (exact key, id), equal one
+/// index over the whole base (every metric whose parts whiten alike, every data set, and two
+/// keys that round to one f32 distance across the halves); merged by distances they differ
+/// in that last case, which is why `Index::exact_keys` exists.
+#[test]
+fn halves_merged_by_exact_keys_equal_the_whole() {
+    let d = 6;
+    let opts = cpu();
+    let metrics = knn_testkit::all_metrics(d)
+        .into_iter()
+        .filter(|m| !matches!(m, Metric::Mahalanobis(knn::Covariance::FromBase)));
+    let mut failures = Vec::new();
+    for metric in metrics {
+        for (name, base, queries) in data_sets(d) {
+            for k in [1, 10] {
+                let Some(same) = halves_merged(&base, &queries, d, k, &metric, &opts) else {
+                    continue;
+                };
+                if !same {
+                    failures.push(format!("{metric} {name} k={k}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+
+    // Keys 1 + 4e-8 (id 0, first half) and 1 + 1e-8 (id 3, second half) from the query at
+    // the origin: both distances round to 1.0 in f32; the whole index answers id 3.
+    let base = vec![1.0f32, 2e-4, 9.0, 9.0, 9.0, 8.0, 1.0, 1e-4, 8.0, 9.0];
+    for metric in [Metric::L2, Metric::SqL2] {
+        let whole = Index::new(base.clone(), 2, metric.clone(), &opts).unwrap();
+        let nn = whole
+            .search(MatrixRef::new("q", &[0.0, 0.0], 2).unwrap(), 1)
+            .unwrap();
+        assert_eq!(nn.ids, vec![3], "{metric}");
+        assert_eq!(
+            halves_merged(&base, &[0.0, 0.0], 2, 1, &metric, &opts),
+            Some(true)
+        );
+        let keys = whole
+            .exact_keys(knn::given::Given::F32(&[0.0, 0.0]), &[0, 3], 2)
+            .unwrap();
+        assert!(keys[1] < keys[0], "{metric}: {keys:?}");
+        let d0 = whole
+            .search(MatrixRef::new("q", &[0.0, 0.0], 2).unwrap(), 3)
+            .unwrap();
+        assert_eq!(
+            d0.distances[0], d0.distances[1],
+            "{metric}: the distances tie"
+        );
+    }
+    // Bad input: ids not k per query, an id outside the index, another dimension.
+    let index = Index::new(base, 2, Metric::L2, &opts).unwrap();
+    let q = knn::given::Given::F32(&[0.0, 0.0]);
+    let err = |r: knn::Result<Vec<f64>>| r.unwrap_err().to_string();
+    assert!(err(index.exact_keys(q, &[0, 1, 2], 2)).contains("3 ids for 1 queries"));
+    assert!(err(index.exact_keys(q, &[5], 1)).contains("id 5 is not a row"));
+    let q3 = knn::given::Given::F32(&[0.0, 0.0, 0.0]);
+    assert!(index.exact_keys(q3, &[0], 1).is_err());
+    let nan = knn::given::Given::F64(&[f64::NAN, 0.0]);
+    assert!(err(index.exact_keys(nan, &[0], 1)).contains("NaN"));
+}
+
+/// Whether `base`'s two halves, each an index, searched with `queries` and merged by (exact
+/// key, id), then ordered by (distance, id), give the whole index's answer bit for bit;
+/// `None` when an index refuses the data (as the whole does).
+fn halves_merged(
+    base: &[f32],
+    queries: &[f32],
+    d: usize,
+    k: usize,
+    metric: &Metric,
+    opts: &Options,
+) -> Option<bool> {
+    let n = base.len() / d;
+    let q = MatrixRef::new("queries", queries, d).unwrap();
+    let whole = Index::new(base.to_vec(), d, metric.clone(), opts).ok()?;
+    let want = whole.search(q, k.min(n)).unwrap();
+    let mut rows: Vec<Vec<(f64, u32, f32)>> = vec![Vec::new(); q.rows()];
+    for (lo, hi) in [(0, n / 2), (n / 2, n)] {
+        let part = Index::new(base[lo * d..hi * d].to_vec(), d, metric.clone(), opts).ok()?;
+        let kp = k.min(hi - lo);
+        let nn = part.search(q, kp).unwrap();
+        let keys = part
+            .exact_keys(knn::given::Given::F32(queries), &nn.ids, kp)
+            .unwrap();
+        let entries = keys.iter().zip(&nn.ids).zip(&nn.distances);
+        for (j, ((&key, &id), &dist)) in entries.enumerate() {
+            rows[j / kp].push((key, id + lo as u32, dist));
+        }
+    }
+    let sign = if metric.is_similarity() { -1.0f32 } else { 1.0 };
+    let mut got = Vec::new();
+    for mut row in rows {
+        row.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        row.truncate(k.min(n));
+        row.sort_by(|a, b| (sign * a.2).total_cmp(&(sign * b.2)).then(a.1.cmp(&b.1)));
+        got.extend(row);
+    }
+    let ids: Vec<u32> = got.iter().map(|e| e.1).collect();
+    let dists: Vec<u32> = got.iter().map(|e| e.2.to_bits()).collect();
+    let want_dists: Vec<u32> = want.distances.iter().map(|v| v.to_bits()).collect();
+    Some(ids == want.ids && dists == want_dists)
+}

@@ -269,33 +269,17 @@ pub fn in_given_precision(
 ) -> Neighbors<f64> {
     use rayon::prelude::*;
     let k = out.k;
+    let keys = given_keys(metric, given, &out.ids, k, first);
     let mut distances = vec![0.0f64; out.ids.len()];
     let mut ids = out.ids;
     let sign = if metric.is_similarity() { -1.0 } else { 1.0 };
     ids.par_chunks_mut(k.max(1))
         .zip(distances.par_chunks_mut(k.max(1)))
-        .enumerate()
-        .for_each(|(i, (ids, dists))| {
-            struct Keys<'a> {
-                metric: &'a Metric,
-                ids: &'a [u32],
-            }
-            impl crate::given::RowsFn<Vec<(f64, u32)>> for Keys<'_> {
-                fn call<A: Real, B: Real>(self, q: &[A], base: &[B], d: usize) -> Vec<(f64, u32)> {
-                    self.ids
-                        .iter()
-                        .map(|&b| {
-                            let row = &base[b as usize * d..(b as usize + 1) * d];
-                            (
-                                self.metric
-                                    .distance_from_key_f64(self.metric.exact_key(q, row)),
-                                b,
-                            )
-                        })
-                        .collect()
-                }
-            }
-            let mut row = given.with_rows(first + i, Keys { metric, ids });
+        .zip(keys.par_chunks(k.max(1)))
+        .for_each(|((ids, dists), keys)| {
+            let mut row: Vec<(f64, u32)> = (keys.iter().zip(ids.iter()))
+                .map(|(&key, &b)| (metric.distance_from_key_f64(key), b))
+                .collect();
             row.sort_by(|a, b| (sign * a.0).total_cmp(&(sign * b.0)).then(a.1.cmp(&b.1)));
             for ((id, dist), (d, b)) in ids.iter_mut().zip(dists.iter_mut()).zip(row) {
                 *id = b;
@@ -303,6 +287,37 @@ pub fn in_given_precision(
             }
         });
     Neighbors { k, ids, distances }
+}
+
+/// The exact keys ([`Metric::exact_key`]) of rows given in f64 that the re-rank of
+/// [`search_given`] selects by: entry `i·k + j` is the key of query `first + i` (a graph's
+/// point) and base row `ids[i·k + j]`, both as given.
+pub fn given_keys(
+    metric: &Metric,
+    given: &GivenRows<'_>,
+    ids: &[u32],
+    k: usize,
+    first: usize,
+) -> Vec<f64> {
+    use rayon::prelude::*;
+    struct Keys<'a> {
+        metric: &'a Metric,
+        ids: &'a [u32],
+        out: &'a mut [f64],
+    }
+    impl crate::given::RowsFn<()> for Keys<'_> {
+        fn call<A: Real, B: Real>(self, q: &[A], base: &[B], d: usize) {
+            for (o, &b) in self.out.iter_mut().zip(self.ids) {
+                *o = (self.metric).exact_key(q, &base[b as usize * d..(b as usize + 1) * d]);
+            }
+        }
+    }
+    let mut keys = vec![0.0f64; ids.len()];
+    keys.par_chunks_mut(k.max(1))
+        .zip(ids.par_chunks(k.max(1)))
+        .enumerate()
+        .for_each(|(i, (out, ids))| given.with_rows(first + i, Keys { metric, ids, out }));
+    keys
 }
 
 /// Rows of a graph of `n` points.

@@ -280,6 +280,53 @@ impl Index {
         Ok(knn_core::in_given_precision(m, &given, out, 0))
     }
 
+    /// The exact keys by which [`Index::search`] chooses neighbours: entry `i·k + j` is the
+    /// metric's f64 key ([`Metric::exact_key`]) of query `i` and base row `ids[i·k + j]`, from
+    /// the rows as given (f32 or f64; whitened for Mahalanobis). A search keeps the k smallest
+    /// by (key, id), then reports f32 (or f64) distances of those keys, which may round
+    /// distinct keys to one distance: answers of several indexes over parts of a base, merged
+    /// by (key, id), are what one index over the whole base answers; merged by distances they
+    /// may not be (`knn.dask` merges so).
+    ///
+    /// Errors: queries not finite or of another dimension, `ids` not `k` per query, an id
+    /// outside the index.
+    pub fn exact_keys(&self, queries: Given<'_>, ids: &[u32], k: usize) -> Result<Vec<f64>> {
+        let dim = self.dim;
+        let rows = match queries {
+            Given::F32(q) => MatrixRef::new("queries", q, dim)?.rows(),
+            Given::F64(q) => round_to_f32("queries", q, dim)?.len() / dim.max(1),
+        };
+        if ids.len() != rows * k {
+            return Err(KnnError::Option(format!(
+                "{} ids for {rows} queries of k = {k} (expected {})",
+                ids.len(),
+                rows * k
+            )));
+        }
+        if let Some(&bad) = ids.iter().find(|&&b| b as usize >= self.len()) {
+            return Err(KnnError::Option(format!(
+                "id {bad} is not a row of the index ({} rows)",
+                self.len()
+            )));
+        }
+        Ok(match queries {
+            Given::F32(q) if self.rounded.is_none() => {
+                let q = MatrixRef::new_unchecked_values("queries", q, dim)?;
+                (self.prepared).exact_keys(&self.metric, self.base(), q, ids, k)
+            }
+            // Rows given in f64 on either side: the re-rank reads them as given.
+            _ => {
+                let given = GivenRows {
+                    base: self.rows.given(),
+                    queries: Some(queries),
+                    dim,
+                    base_rounding: self.rounding,
+                };
+                knn_core::given_keys(&self.metric, &given, ids, k, 0)
+            }
+        })
+    }
+
     /// The kNN graph of the index's own points: each point's k nearest other points (its own
     /// id excluded; duplicates of it are still neighbours, at distance 0).
     pub fn graph(&self, k: usize) -> Result<Neighbors> {
