@@ -27,17 +27,25 @@ def _data(kind, n, d, seed):
     return rng.standard_normal((n, d)).astype(np.float32)
 
 
+def _equal_one_process(client, b, q, k, rows, graph_points=None):
+    """knn.dask.search of ``b`` (chunks of ``rows`` rows) and ``q`` (blocks of ``rows // 2``
+    rows), and knn.dask.graph of ``graph_points`` (default ``b``), equal knn.search and
+    knn.graph byte for byte."""
+    p = b if graph_points is None else graph_points
+    d, i = client.compute(kd.search(da.from_array(b, chunks=(rows, b.shape[1])),
+                                    da.from_array(q, chunks=(rows // 2, q.shape[1])), k),
+                          sync=True)
+    D, I = knn.search(b, q, k)
+    assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+    d, i = client.compute(kd.graph(da.from_array(p, chunks=(rows, p.shape[1])), k), sync=True)
+    D, I = knn.graph(p, k)
+    assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+
+
 @pytest.mark.parametrize("kind", ["random", "ties"])
 @pytest.mark.parametrize("k", [1, 7, 40])  # 40 > one base chunk of 25
 def test_search_and_graph_equal_one_process(client, kind, k):
-    b, q = _data(kind, 103, 5, 1), _data(kind, 37, 5, 2)
-    d, i = client.compute(kd.search(da.from_array(b, chunks=(25, 5)),
-                                    da.from_array(q, chunks=(10, 5)), k), sync=True)
-    D, I = knn.search(b, q, k)
-    assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
-    d, i = client.compute(kd.graph(da.from_array(b, chunks=(25, 5)), k), sync=True)
-    D, I = knn.graph(b, k)
-    assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+    _equal_one_process(client, _data(kind, 103, 5, 1), _data(kind, 37, 5, 2), k, 25)
 
 
 def _tasks(lazy, name):
@@ -232,13 +240,7 @@ def test_near_ties_on_random_data_equal_one_process(client):
     b, q, p = lattice(4000, 0, 4), lattice(300, 4, 6), lattice(2000, 0, 40)
     q[:, 2] = 0
     for k in (1, 5):
-        d, i = client.compute(kd.search(da.from_array(b, chunks=(500, 3)),
-                                        da.from_array(q, chunks=(100, 3)), k), sync=True)
-        D, I = knn.search(b, q, k)
-        assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
-        d, i = client.compute(kd.graph(da.from_array(p, chunks=(500, 3)), k), sync=True)
-        D, I = knn.graph(p, k)
-        assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+        _equal_one_process(client, b, q, k, 500, graph_points=p)
 
 
 def test_mahalanobis_over_chunks_needs_a_covariance():
