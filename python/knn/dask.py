@@ -122,12 +122,17 @@ def _partial(index, queries, d, i, offset, keys):
 
 
 def _partial_self(index, queries, k, offset, qstart, keys):
-    """Own chunk in a graph: search k+1, drop each row's own id (or the last entry)."""
+    """Own chunk in a graph: search k+1, drop each row's own id, or where the point is not
+    among its k+1 nearest (inner products, expressions) the largest by (key, id): the last
+    entry by distance may not be that one when distances tie."""
     d, i = index.search(queries, k + 1)
     own = np.arange(queries.shape[0])[:, None] + qstart
     keep = i != own
-    drop_last = keep.all(axis=1)
-    keep[drop_last, -1] = False
+    missing = np.flatnonzero(keep.all(axis=1))
+    if len(missing):
+        key = index._native.exact_keys(as_matrix(queries, "queries")[missing], i[missing])
+        # Equal keys stand in id order: the last of the largest.
+        keep[missing, k - np.argmax(key[:, ::-1], axis=1)] = False
     m = queries.shape[0]
     return _partial(index, queries, d[keep].reshape(m, k), i[keep].reshape(m, k), offset, keys)
 
@@ -225,12 +230,7 @@ def _run(base, queries, k, self_graph, args, group_bytes=_GROUP_BYTES, indexes=N
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
 
-    if (str(args.get("metric")).lower() == "mahalanobis" and args.get("covariance") is None
-            and len(base.chunks[0]) > 1):
-        raise ValueError(
-            "metric='mahalanobis' over several base chunks needs covariance= (the base's "
-            "covariance matrix, d x d): without one each chunk would estimate its own, and the "
-            "answer would not be knn.search's; or give the base as one chunk")
+    _check_covariance(args, base)
     starts = np.cumsum((0,) + base.chunks[0])
     qblocks = queries.to_delayed().ravel()
     dtype = precision(queries.dtype)
@@ -287,6 +287,15 @@ def _check_k(k, n, graph):
         raise ValueError(f"k={k} is larger than the {n} points available")
 
 
+def _check_covariance(args, base):
+    if (str(args.get("metric")).lower() == "mahalanobis" and args.get("covariance") is None
+            and len(base.chunks[0]) > 1):
+        raise ValueError(
+            "metric='mahalanobis' over several base chunks needs covariance= (the base's "
+            "covariance matrix, d x d): without one each chunk would estimate its own, and the "
+            "answer would not be knn.search's; or give the base as one chunk")
+
+
 def _check_dims(base, queries):
     if base.shape[1] != queries.shape[1]:
         raise ValueError(f"dimension mismatch: base has d={base.shape[1]}, "
@@ -331,6 +340,7 @@ class NearestNeighbors:
 
         X = _as_dask(X)
         args = self._args()
+        _check_covariance(args, X)
         starts = np.cumsum((0,) + X.chunks[0])
         builds = [delayed(_build, pure=True)(b, args, int(start))
                   for b, start in zip(X.to_delayed().ravel(), starts)]

@@ -247,8 +247,23 @@ def test_mahalanobis_over_chunks_needs_a_covariance():
     b = _data("random", 40, 3, 7)
     with pytest.raises(ValueError, match="covariance="):
         kd.search(da.from_array(b, chunks=(10, 3)), b, 2, metric="mahalanobis")
+    with pytest.raises(ValueError, match="covariance="):
+        kd.NearestNeighbors(2, metric="mahalanobis").fit(da.from_array(b, chunks=(10, 3)))
     cov = np.cov(b, rowvar=False)
     d, i = da.compute(*kd.search(da.from_array(b, chunks=(10, 3)), b, 2, metric="mahalanobis",
                                  covariance=cov))
     D, I = knn.search(b, b, 2, metric="mahalanobis", covariance=cov)
     assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+
+
+def test_graph_of_points_not_their_own_nearest(client):
+    # Inner products: point 0's own product (1) is below its two others' (3 + 1e-8 for row 1,
+    # 3 + 2e-8 for row 2, both 3.0 in float32): knn.graph keeps row 2, the larger product; the
+    # 2 nearest without point 0 have it last in (distance, id) order.
+    p = np.array([[1, 1e-4], [3, 1e-4], [3, 2e-4], [0.5, 0]], np.float32)
+    D, I = knn.graph(p, 1, metric="ip")
+    assert I[0, 0] == 2
+    for rows in (4, 2):
+        d, i = client.compute(kd.graph(da.from_array(p, chunks=(rows, 2)), 1, metric="ip"),
+                              sync=True)
+        assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
