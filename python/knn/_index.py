@@ -271,6 +271,38 @@ class Index:
         """:meth:`graph` as NumPy arrays, wherever the base came from."""
         return self._native.graph(as_k(k), _symmetric_mode(symmetric))
 
+    def exact_keys(self, queries, ids):
+        """The exact float64 keys a search selects neighbours by.
+
+        A search keeps each query's k base points with the smallest (key, id) and reports
+        their distances, rounded to the queries' precision: distinct keys may round to one
+        float32 distance. To merge answers of several indexes over parts of one base (shards)
+        into what one index over the whole base answers, merge by (key, id), then order each
+        row by (distance, id); ``knn.dask`` does so.
+
+        Parameters
+        ----------
+        queries : array_like, shape (m, d)
+            The queries as they were searched (converted the same way).
+        ids : array_like of int, shape (m, j)
+            Base row numbers of this index, j per query (a search's ``ids``, or any others).
+
+        Returns
+        -------
+        keys : ndarray of float64, shape (m, j)
+            Entry [i, t]: the key of query i and base row ``ids[i, t]`` -- the squared
+            distance for ``"l2"`` and ``"sqeuclidean"``, minus the inner product for ``"ip"``,
+            cosine similarity's negative for ``"cosine"``, ... (smaller is nearer).
+
+        Raises
+        ------
+        ValueError
+            Queries not finite or of another dimension, ids outside the index or not one row
+            per query.
+        """
+        return self._native.exact_keys(as_matrix(queries, "queries"),
+                                       np.asarray(ids, dtype=np.int64))
+
     def add(self, data) -> None:
         """Append points to the base; their ids continue from ``len(index)``.
 

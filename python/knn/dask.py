@@ -118,7 +118,7 @@ def _partial(index, queries, d, i, offset, keys):
     ``i`` (what a merge selects by)."""
     if not keys:
         return d, i + offset
-    return d, i + offset, index._native.exact_keys(as_matrix(queries, "queries"), i)
+    return d, i + offset, index.exact_keys(queries, i)
 
 
 def _partial_self(index, queries, k, offset, qstart, keys):
@@ -130,7 +130,7 @@ def _partial_self(index, queries, k, offset, qstart, keys):
     keep = i != own
     missing = np.flatnonzero(keep.all(axis=1))
     if len(missing):
-        key = index._native.exact_keys(as_matrix(queries, "queries")[missing], i[missing])
+        key = index.exact_keys(as_matrix(queries, "queries")[missing], i[missing])
         # Equal keys stand in id order: the last of the largest.
         keep[missing, k - np.argmax(key[:, ::-1], axis=1)] = False
     m = queries.shape[0]

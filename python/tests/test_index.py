@@ -486,3 +486,25 @@ def test_searches_run_while_rows_are_added(rng):
     assert len(index) == 2000 + 8 * 100 and seen
     _, ids = index.search(extra[-1], 1)
     assert (ids[:, 0] >= 2000).all()
+
+
+def test_exact_keys_are_the_keys_a_search_selects_by():
+    rng = np.random.default_rng(4)
+    b = rng.standard_normal((300, 7)).astype(np.float32)
+    q = rng.standard_normal((20, 7)).astype(np.float32)
+    index = knn.Index(b, "l2")
+    d, i = index.search(q, 5)
+    keys = index.exact_keys(q, i)
+    want = ((b[i].astype(np.float64) - q[:, None, :].astype(np.float64)) ** 2).sum(-1)
+    np.testing.assert_allclose(keys, want, rtol=1e-15)
+    assert (np.diff(keys, axis=1) >= 0).all()
+    assert (np.sqrt(keys).astype(np.float32) == d).all()
+    ip = knn.Index(b, "ip").exact_keys(q, i)
+    np.testing.assert_allclose(ip, -(b[i].astype(np.float64) * q[:, None, :]).sum(-1),
+                               rtol=1e-12)
+    with pytest.raises(ValueError, match="not every id is a row"):
+        index.exact_keys(q, i + 300)
+    with pytest.raises(ValueError, match="ids for 20 queries"):
+        index.exact_keys(q, i[:10])
+    with pytest.raises(ValueError, match="NaN"):
+        index.exact_keys(np.full((20, 7), np.nan), i)
