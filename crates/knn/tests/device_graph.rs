@@ -4,12 +4,11 @@
 //! of the caller's, ids as u32 and as i64; errors as the host's. Skipped without a GPU
 //! (`KNN_REQUIRE_GPU=1` makes that a failure).
 
-use cudarc::driver::{CudaContext, CudaStream, DevicePtr};
+use cudarc::driver::{CudaContext, CudaStream};
 mod common;
 
 use common::{gpu, uniform};
-use knn::{DeviceResults, Index, Metric, Neighbors, Options, Symmetry};
-use knn_testkit::all_metrics;
+use knn::{Index, Metric, Neighbors, Options, Symmetry};
 use std::sync::Arc;
 
 /// `index.graph_device` into buffers made on `stream`, read back; ids written as i64 when
@@ -20,29 +19,11 @@ fn graph_on_device(
     k: usize,
     ids_i64: bool,
 ) -> knn::Result<Neighbors> {
-    let n = index.len();
-    // Room for i64 ids either way (u32 ids use the first half); NaN distances, so that a row
-    // left unwritten shows.
-    let ids = stream.alloc_zeros::<i64>((n * k).max(1)).unwrap();
-    let dists = stream.clone_htod(&vec![f32::NAN; (n * k).max(1)]).unwrap();
-    {
-        let (ip, _i) = ids.device_ptr(stream);
-        let (dp, _d) = dists.device_ptr(stream);
-        let out = DeviceResults {
-            ids: ip,
-            ids_i64,
-            distances: dp,
-        };
-        // SAFETY: the buffers hold n × k results on device 0, and `stream` is a live stream
-        // of its primary context.
-        unsafe { index.graph_device(k, 0, stream.cu_stream() as u64, out)? };
-    }
-    Ok(common::read_results(
-        stream,
-        (&ids, &dists),
-        (n, k),
-        ids_i64,
-    ))
+    // SAFETY: the buffers hold n × k results on device 0, and `stream` is a live stream of
+    // its primary context.
+    common::results_on_device(stream, (index.len(), k), ids_i64, |out| unsafe {
+        index.graph_device(k, 0, stream.cu_stream() as u64, out)
+    })
 }
 
 /// Bit for bit: ids, and distances by their bits.
@@ -87,20 +68,10 @@ fn device_graphs_equal_host_graphs() {
     let ctx = CudaContext::new(0).unwrap();
     let stream = ctx.default_stream();
     let d = 6;
-    let mut failures = Vec::new();
-    // Expression metrics take the host's path as cosine does (and each compiles a module).
-    for metric in all_metrics(d).into_iter().filter(|m| !m.is_expr()) {
-        for (name, base, _) in common::data_sets(d) {
-            let Ok(index) = Index::new(base, d, metric.clone(), &opts) else {
-                continue; // refused alike on the host (tests/index.rs)
-            };
-            for k in [1, 10, 33].into_iter().filter(|&k| k < index.len()) {
-                if let Some(e) = check(&index, &stream, k, k == 10) {
-                    failures.push(format!("{metric} {name} k={k}: {e}"));
-                }
-            }
-        }
-    }
+    let sets = common::data_sets(d);
+    let failures = common::failures_on_every_metric(&opts, d, sets, &[1, 10, 33], |index, _, k| {
+        (k < index.len()).then(|| check(index, &stream, k, k == 10))?
+    });
     assert!(failures.is_empty(), "{failures:#?}");
 }
 

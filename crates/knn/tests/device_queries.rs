@@ -7,8 +7,7 @@ use cudarc::driver::{CudaContext, CudaStream, DevicePtr};
 mod common;
 
 use common::{gpu, uniform};
-use knn::{Device, DeviceQueries, DeviceResults, Index, MatrixRef, Metric, Neighbors, Options};
-use knn_testkit::all_metrics;
+use knn::{Device, DeviceQueries, Index, MatrixRef, Metric, Neighbors, Options};
 use std::sync::Arc;
 
 /// `index.search_device` of `queries` (uploaded on `stream`), the results read back; ids
@@ -22,34 +21,18 @@ fn search_on_device(
 ) -> knn::Result<Neighbors> {
     let n = queries.len() / index.dim();
     let q = stream.clone_htod(queries).unwrap();
-    // Room for i64 ids either way (u32 ids use the first half).
-    let ids = stream.alloc_zeros::<i64>((n * k).max(1)).unwrap();
-    let dists = stream.alloc_zeros::<f32>((n * k).max(1)).unwrap();
-    {
-        let (qp, _q) = q.device_ptr(stream);
-        let (ip, _i) = ids.device_ptr(stream);
-        let (dp, _d) = dists.device_ptr(stream);
-        let rows = DeviceQueries {
-            ptr: qp,
-            rows: n,
-            device: 0,
-            stream: stream.cu_stream() as u64,
-        };
-        let out = DeviceResults {
-            ids: ip,
-            ids_i64,
-            distances: dp,
-        };
-        // SAFETY: the buffers hold n × d queries and n × k results on device 0, and `stream`
-        // is a live stream of its primary context.
-        unsafe { index.search_device(rows, k, out)? };
-    }
-    Ok(common::read_results(
-        stream,
-        (&ids, &dists),
-        (n, k),
-        ids_i64,
-    ))
+    let (qp, _q) = q.device_ptr(stream);
+    let rows = DeviceQueries {
+        ptr: qp,
+        rows: n,
+        device: 0,
+        stream: stream.cu_stream() as u64,
+    };
+    // SAFETY: the buffers hold n × d queries and n × k results on device 0, and `stream` is a
+    // live stream of its primary context.
+    common::results_on_device(stream, (n, k), ids_i64, |out| unsafe {
+        index.search_device(rows, k, out)
+    })
 }
 
 /// The shared data sets, and two of this file's own: queries a trillion times larger than the
@@ -71,28 +54,17 @@ fn device_queries_equal_host_queries() {
     let ctx = CudaContext::new(0).unwrap();
     let stream = ctx.default_stream();
     let d = 6;
-    let mut failures = Vec::new();
-    // Expression metrics take the host's path as cosine does (and each compiles a module).
-    for metric in all_metrics(d).into_iter().filter(|m| !m.is_expr()) {
-        for (name, base, queries) in data_sets(d) {
-            let Ok(index) = Index::new(base, d, metric.clone(), &opts) else {
-                continue; // refused alike on the host (tests/index.rs)
-            };
-            let q = MatrixRef::new("queries", &queries, d).unwrap();
-            for k in [1, 10, 33] {
-                let want = index.search(q, k).map_err(|e| e.to_string());
-                let got = search_on_device(&index, &stream, &queries, k, k == 10)
-                    .map_err(|e| e.to_string());
-                if got != want {
-                    let what = match (&got, &want) {
-                        (Err(e), _) | (_, Err(e)) => e.clone(),
-                        _ => "different neighbours".into(),
-                    };
-                    failures.push(format!("{metric} {name} k={k}: {what}"));
-                }
+    let failures =
+        common::failures_on_every_metric(&opts, d, data_sets(d), &[1, 10, 33], |index, q, k| {
+            let want = MatrixRef::new("queries", q, d).and_then(|q| index.search(q, k));
+            let got = search_on_device(index, &stream, q, k, k == 10);
+            match (got, want) {
+                (Ok(g), Ok(w)) if g == w => None,
+                (Err(g), Err(w)) if g.to_string() == w.to_string() => None,
+                (Err(e), _) | (_, Err(e)) => Some(e.to_string()),
+                _ => Some("different neighbours".into()),
             }
-        }
-    }
+        });
     assert!(failures.is_empty(), "{failures:#?}");
 }
 

@@ -1,9 +1,10 @@
 //! What the `knn` crate's test files share: the devices, uniform data, adversarial data sets.
 #![allow(dead_code)] // each test file uses its own part
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use knn::synth::{generate, Distribution};
-use knn::{Device, Knn, Neighbors, Options};
+use knn::{Device, DeviceResults, Index, Knn, Neighbors, Options};
+use knn_testkit::all_metrics;
 use knn_testkit::gpu_available_or_skip;
 use std::sync::Arc;
 
@@ -78,4 +79,56 @@ pub fn read_results(
     ids.truncate(rows * k);
     distances.truncate(rows * k);
     Neighbors { k, ids, distances }
+}
+
+/// `rows × k` results that `write` puts in GPU memory (given their room on `stream`: i64 ids
+/// when `ids_i64`, else u32 ids in the first half; NaN distances, so that a row left
+/// unwritten shows), read back.
+pub fn results_on_device(
+    stream: &Arc<CudaStream>,
+    (rows, k): (usize, usize),
+    ids_i64: bool,
+    write: impl FnOnce(DeviceResults) -> knn::Result<()>,
+) -> knn::Result<Neighbors> {
+    let ids = stream.alloc_zeros::<i64>((rows * k).max(1)).unwrap();
+    let dists = stream
+        .clone_htod(&vec![f32::NAN; (rows * k).max(1)])
+        .unwrap();
+    {
+        let (ip, _i) = ids.device_ptr(stream);
+        let (dp, _d) = dists.device_ptr(stream);
+        write(DeviceResults {
+            ids: ip,
+            ids_i64,
+            distances: dp,
+        })?;
+    }
+    Ok(read_results(stream, (&ids, &dists), (rows, k), ids_i64))
+}
+
+/// Every metric but the expressions (they take the host's path as cosine does, and each
+/// compiles a module) on every data set of `sets`, each base an index on `opts` (a base an
+/// index refuses is skipped: refused alike on the host, tests/index.rs): what `case(index,
+/// queries, k)` finds wrong for each of `ks`, named by metric, data set and k.
+pub fn failures_on_every_metric(
+    opts: &Options,
+    d: usize,
+    sets: Vec<(&'static str, Vec<f32>, Vec<f32>)>,
+    ks: &[usize],
+    mut case: impl FnMut(&Index, &[f32], usize) -> Option<String>,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    for metric in all_metrics(d).into_iter().filter(|m| !m.is_expr()) {
+        for (name, base, queries) in &sets {
+            let Ok(index) = Index::new(base.clone(), d, metric.clone(), opts) else {
+                continue;
+            };
+            for &k in ks {
+                if let Some(e) = case(&index, queries, k) {
+                    failures.push(format!("{metric} {name} k={k}: {e}"));
+                }
+            }
+        }
+    }
+    failures
 }
