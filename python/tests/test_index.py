@@ -508,3 +508,5 @@ def test_exact_keys_are_the_keys_a_search_selects_by():
         index.exact_keys(q, i[:10])
     with pytest.raises(ValueError, match="NaN"):
         index.exact_keys(np.full((20, 7), np.nan), i)
+    with pytest.raises(ValueError, match="dimension"):
+        index.exact_keys(q.reshape(35, 4), i)

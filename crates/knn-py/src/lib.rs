@@ -208,6 +208,12 @@ impl NativeIndex {
     ) -> PyResult<Bound<'py, PyArray2<f64>>> {
         let index = self.base.snapshot();
         let queries = Values::extract(&queries, "queries")?;
+        if queries.dim() != index.dim() {
+            return Err(to_py(KnnError::DimMismatch {
+                base: index.dim(),
+                queries: queries.dim(),
+            }));
+        }
         let (rows, k) = (ids.shape()[0], ids.shape()[1]);
         let ids: Vec<u32> = (ids.as_array().iter())
             .map(|&i| {
