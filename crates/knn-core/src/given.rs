@@ -272,18 +272,24 @@ impl GivenRows<'_> {
 
     /// `f(query qi, base)` on the rows in their own types.
     pub fn with_rows<R>(&self, qi: usize, f: impl RowsFn<R>) -> R {
-        let (d, at) = (self.dim, qi * self.dim);
+        self.with_query_rows(qi..qi + 1, f)
+    }
+
+    /// `f(queries rows, base)` on the rows in their own types: the query rows one after
+    /// another, `dim` values each.
+    pub fn with_query_rows<R>(&self, rows: std::ops::Range<usize>, f: impl RowsFn<R>) -> R {
+        let (d, at) = (self.dim, rows.start * self.dim..rows.end * self.dim);
         match (self.queries.unwrap_or(self.base), self.base) {
-            (Given::F32(q), Given::F32(b)) => f.call(&q[at..at + d], b, d),
-            (Given::F32(q), Given::F64(b)) => f.call(&q[at..at + d], b, d),
-            (Given::F64(q), Given::F32(b)) => f.call(&q[at..at + d], b, d),
-            (Given::F64(q), Given::F64(b)) => f.call(&q[at..at + d], b, d),
+            (Given::F32(q), Given::F32(b)) => f.call(&q[at], b, d),
+            (Given::F32(q), Given::F64(b)) => f.call(&q[at], b, d),
+            (Given::F64(q), Given::F32(b)) => f.call(&q[at], b, d),
+            (Given::F64(q), Given::F64(b)) => f.call(&q[at], b, d),
         }
     }
 }
 
-/// A computation on one query row and the base rows (`dim` values each), generic over the
-/// types they were given in (see [`GivenRows::with_rows`]).
+/// A computation on query rows and the base rows (`dim` values each), generic over the types
+/// they were given in (see [`GivenRows::with_rows`]).
 pub trait RowsFn<R> {
     /// Runs on query `q` and base `base`.
     fn call<A: Real, B: Real>(self, q: &[A], base: &[B], dim: usize) -> R;

@@ -655,16 +655,8 @@ impl PreparedBase {
         let xb = self.exact.as_ref().map_or(base, Matrix::view);
         let whitened = self.transform.as_ref().and_then(|t| t.exact_rows(queries));
         let xq = whitened.as_ref().map_or(queries, Matrix::view);
-        let mut keys = vec![0.0f64; ids.len()];
-        keys.par_chunks_mut(k.max(1))
-            .zip(ids.par_chunks(k.max(1)))
-            .enumerate()
-            .for_each(|(i, (out, ids))| {
-                for (o, &b) in out.iter_mut().zip(ids) {
-                    *o = metric.exact_key(xq.row(i), xb.row(b as usize));
-                }
-            });
-        keys
+        let d = xb.dim();
+        crate::search::f32_pair_keys(metric, xq.as_slice(), xb.as_slice(), d, ids, k)
     }
 
     /// The preparation of `base` (the rows this was made from) with `queries` (`None`: a

@@ -6,17 +6,21 @@
 //!   to the engine's workers, the output checked;
 //! - [`rounds`]: one round: the first try, the exact re-rank, and the one widening rule for
 //!   the rows whose floor does not prove them (wider lists, then an exact scan);
-//! - [`rerank`]: the exact f64 keys of candidates and the rows they prove.
+//! - [`rerank`]: the exact f64 keys of candidates and the rows they prove;
+//! - [`keys`]: the exact keys of given (query, base row) pairs, for merges of partial answers.
 
+mod keys;
 mod rerank;
 mod rounds;
 mod schedule;
 
+pub(crate) use keys::f32_pair_keys;
+pub use keys::given_keys;
 pub(crate) use rerank::exact_scan;
 
 use crate::engine::Engine;
 use crate::error::{KnnError, Result};
-use crate::given::{Given, GivenRows, Real};
+use crate::given::{Given, GivenRows};
 use crate::matrix::MatrixRef;
 use crate::metric::Metric;
 use crate::neighbors::Neighbors;
@@ -287,37 +291,6 @@ pub fn in_given_precision(
             }
         });
     Neighbors { k, ids, distances }
-}
-
-/// The exact keys ([`Metric::exact_key`]) of rows given in f64 that the re-rank of
-/// [`search_given`] selects by: entry `i·k + j` is the key of query `first + i` (a graph's
-/// point) and base row `ids[i·k + j]`, both as given.
-pub fn given_keys(
-    metric: &Metric,
-    given: &GivenRows<'_>,
-    ids: &[u32],
-    k: usize,
-    first: usize,
-) -> Vec<f64> {
-    use rayon::prelude::*;
-    struct Keys<'a> {
-        metric: &'a Metric,
-        ids: &'a [u32],
-        out: &'a mut [f64],
-    }
-    impl crate::given::RowsFn<()> for Keys<'_> {
-        fn call<A: Real, B: Real>(self, q: &[A], base: &[B], d: usize) {
-            for (o, &b) in self.out.iter_mut().zip(self.ids) {
-                *o = (self.metric).exact_key(q, &base[b as usize * d..(b as usize + 1) * d]);
-            }
-        }
-    }
-    let mut keys = vec![0.0f64; ids.len()];
-    keys.par_chunks_mut(k.max(1))
-        .zip(ids.par_chunks(k.max(1)))
-        .enumerate()
-        .for_each(|(i, (out, ids))| given.with_rows(first + i, Keys { metric, ids, out }));
-    keys
 }
 
 /// Rows of a graph of `n` points.
