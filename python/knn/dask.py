@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Index
+from . import Index, _knn
 from ._arrays import as_matrix, precision
 
 __all__ = ["search", "graph", "NearestNeighbors"]
@@ -191,18 +191,11 @@ def _pick(x, j):
 def _merge(k, *parts):
     """The k best of several partials (distances, ids, exact keys) by (key, id), ordered by
     (distance, id) as ``knn.search`` orders them; ``parts`` alternate a task's result and the
-    ``j`` that ``_pick`` reads it with. The partials come in base chunk order (every id of one
-    below every id of the next) and their rows by (distance, id), so equal keys (equal
-    distances) stand in id order and a stable sort by key alone gives (key, id) order."""
+    ``j`` that ``_pick`` reads it with. Native (``knn::merge_answers``, on every core): NumPy's
+    row-wise sorts took 60-85 ms a merge of four 25 000 x 10 partials on one GPU worker, a
+    quarter of a 4-chunk job of 10^5 queries."""
     parts = [_pick(parts[p], parts[p + 1]) for p in range(0, len(parts), 2)]
-    d, i, key = (np.concatenate([x[f] for x in parts], axis=1) for f in range(3))
-    order = np.argsort(key, axis=1, kind="stable")[:, :k]
-    d, i, key = (np.take_along_axis(x, order, 1) for x in (d, i, key))
-    # Keys that round to one distance stand in key order: put each such run in id order.
-    runs = np.cumsum(np.concatenate([np.zeros_like(d[:, :1], dtype=bool), d[:, 1:] != d[:, :-1]],
-                                    axis=1), axis=1)
-    order = np.lexsort((i, runs), axis=1)
-    return tuple(np.take_along_axis(x, order, 1) for x in (d, i, key))
+    return _knn.merge_partials(k, parts)
 
 
 def _field(x, j, f):

@@ -270,3 +270,28 @@ def test_graph_of_points_not_their_own_nearest(client):
         d, i = client.compute(kd.graph(da.from_array(p, chunks=(rows, 2)), 1, metric="ip"),
                               sync=True)
         assert d.tobytes() == D.tobytes() and i.tobytes() == I.tobytes()
+
+
+def test_merge_of_partials():
+    # The native merge behind the tree: by (key, id), then equal distances by id; a partial's
+    # first columns (not C-contiguous) as a group search hands them over; bad partials refused.
+    from knn import _knn
+
+    d1 = np.array([[1.0, 2.0, 5.0]], np.float32)
+    i1 = np.array([[9, 5, 4]], np.int64)
+    k1 = np.array([[1.0, 2.0, 5.0]])
+    d2 = np.array([[2.0, 3.0]], np.float32)
+    i2 = np.array([[12, 13]], np.int64)
+    k2 = np.array([[1.5, 3.0]])
+    d, i, key = _knn.merge_partials(3, [(d1, i1, k1), (d2, i2, k2)])
+    # id 12's key 1.5 is below id 5's 2.0; both report 2.0, so id 5 comes first.
+    assert d.dtype == np.float32 and d.tolist() == [[1.0, 2.0, 2.0]]
+    assert i.tolist() == [[9, 5, 12]] and key.tolist() == [[1.0, 2.0, 1.5]]
+    two = [np.vstack([x, x])[:, :2] for x in (d1, i1, k1)]
+    assert not two[0].flags.c_contiguous
+    d, i, key = _knn.merge_partials(9, [tuple(two)])
+    assert i.tolist() == [[9, 5], [9, 5]] and d.tolist() == [[1.0, 2.0], [1.0, 2.0]]
+    with pytest.raises(ValueError, match="partial answer 1: distances"):
+        _knn.merge_partials(2, [(d1, i1, k1), (d2.astype(np.float64), i2, k2)])
+    with pytest.raises(ValueError, match="share one shape"):
+        _knn.merge_partials(2, [(d1, i1, k1), (d2, i2, k1)])

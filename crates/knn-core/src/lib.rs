@@ -18,6 +18,7 @@ mod error;
 pub mod expr;
 pub mod given;
 mod matrix;
+mod merge;
 mod metric;
 mod neighbors;
 mod oracle;
@@ -36,6 +37,7 @@ pub use engine::{
 pub use error::{KnnError, Result};
 pub use expr::{EngineProgram, ExprError, ExprPlan, MetricExpr};
 pub use matrix::{CentredRoots, Matrix, MatrixRef, RootsView};
+pub use merge::{merge_answers, MergedAnswer, PartAnswer};
 pub use metric::{Covariance, ErrorBounds, Kernel, Metric};
 pub use neighbors::Neighbors;
 pub use oracle::{check, check_with_truth, id_recall, oracle, CheckReport, DEFAULT_TOLERANCE};

@@ -664,6 +664,88 @@ fn dlpack_rows(capsule: Bound<'_, PyAny>) -> PyResult<dlpack::CapsuleRows> {
     dlpack::read_capsule(&capsule, "queries")
 }
 
+/// `knn.dask`'s merge of partial answers over disjoint parts of a base
+/// (`knn::merge_answers`): per part `(distances, ids, keys)`, each `rows × width` (widths may
+/// differ), distances all float32 or all float64, ids int64 (global), keys float64
+/// (`Index.exact_keys`); returns the merged `(distances, ids, keys)`, `rows × min(k, Σ widths)`.
+#[pyfunction]
+fn merge_partials<'py>(
+    py: Python<'py>,
+    k: usize,
+    parts: Vec<Partial<'py>>,
+) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+    if parts
+        .first()
+        .is_some_and(|p| p.0.cast::<PyArray2<f64>>().is_ok())
+    {
+        merged::<f64>(py, k, &parts)
+    } else {
+        merged::<f32>(py, k, &parts)
+    }
+}
+
+/// One part's `(distances, ids, keys)` as [`merge_partials`] takes them.
+type Partial<'py> = (
+    Bound<'py, PyAny>,
+    PyReadonlyArray2<'py, i64>,
+    PyReadonlyArray2<'py, f64>,
+);
+
+/// [`merge_partials`] with distances of type `D`.
+fn merged<'py, D: Element + Copy + PartialEq + Send + Sync + Default>(
+    py: Python<'py>,
+    k: usize,
+    parts: &[Partial<'py>],
+) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+    // Row-major copies only of what is not (a block's first columns of a wider partial).
+    fn flat<'a, T: Element + Copy>(a: &'a PyReadonlyArray2<'_, T>) -> std::borrow::Cow<'a, [T]> {
+        match a.as_slice() {
+            Ok(s) => s.into(),
+            Err(_) => a.as_array().iter().copied().collect::<Vec<_>>().into(),
+        }
+    }
+    let rows = parts.first().map_or(0, |p| p.1.shape()[0]);
+    let mut distances = Vec::with_capacity(parts.len());
+    for (p, (d, i, key)) in parts.iter().enumerate() {
+        let d = d.cast::<PyArray2<D>>().map_err(|_| {
+            PyValueError::new_err(format!(
+                "partial answer {p}: distances must be a 2-D {} array, as the first part's",
+                std::any::type_name::<D>()
+            ))
+        })?;
+        let d = d.readonly();
+        if d.shape() != i.shape() || d.shape() != key.shape() || d.shape()[0] != rows {
+            return Err(PyValueError::new_err(format!(
+                "partial answer {p}: distances {:?}, ids {:?} and keys {:?} must share one \
+                 shape of {rows} rows",
+                d.shape(),
+                i.shape(),
+                key.shape()
+            )));
+        }
+        distances.push(d);
+    }
+    let held: Vec<_> = (distances.iter().zip(parts))
+        .map(|(d, (_, i, key))| (d.shape()[1], flat(d), flat(i), flat(key)))
+        .collect();
+    let answers: Vec<_> = (held.iter())
+        .map(|(width, d, i, key)| knn::PartAnswer {
+            width: *width,
+            distances: d,
+            ids: i,
+            keys: key,
+        })
+        .collect();
+    let m = py
+        .detach(|| knn::merge_answers(&answers, rows, k))
+        .map_err(to_py)?;
+    let shape = [rows, m.k];
+    let d = m.distances.into_pyarray(py).reshape(shape)?;
+    let i = m.ids.into_pyarray(py).reshape(shape)?;
+    let key = m.keys.into_pyarray(py).reshape(shape)?;
+    pyo3::types::PyTuple::new(py, [d.into_any(), i.into_any(), key.into_any()])
+}
+
 /// Usable CUDA devices: a list of (ordinal, description).
 #[pyfunction]
 fn devices() -> Vec<(usize, String)> {
@@ -683,6 +765,7 @@ fn _knn(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dlpack_rows, m)?)?;
     m.add_function(wrap_pyfunction!(devices, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_status, m)?)?;
+    m.add_function(wrap_pyfunction!(merge_partials, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

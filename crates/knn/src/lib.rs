@@ -52,6 +52,7 @@ pub use knn_core::{
     KnnError, Matrix, MatrixRef, Metric, MetricExpr, Neighbors, ProgressFn, Result, Symmetry,
     DEFAULT_TOLERANCE,
 };
+pub use knn_core::{merge_answers, MergedAnswer, PartAnswer};
 pub use knn_cpu::CpuEngine;
 pub use knn_grid::GridEngine;
 
