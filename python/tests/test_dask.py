@@ -85,6 +85,21 @@ def test_one_search_per_base_chunk_and_group():
         lazy = kd._run(base, queries, 4, False, args, group_bytes=1700)
         assert len(_tasks(lazy, "_search_group")) == 3 * groups
         assert len(_tasks(lazy, "_build")) == 3  # several groups share each chunk's build
+    # A group's blocks searched in batches of at least _BATCH_ROWS rows; a block that large
+    # alone.
+    assert kd._batches([(0, 5), (1, 5), (2, 20), (3, 4), (4, 3)], 10) == [[0, 1], [2], [3, 4]]
+    assert kd._batches([(1, 3)], 10) == [[1]] and kd._batches([], 10) == []
+    assert kd._BATCH_ROWS == 8192
+    # In one process: a large block searched alone, the small ones around it as one batch;
+    # each block's partial is its own search's (global ids, keys when asked).
+    big = _data("random", 8200, 8, 9)
+    blocks = [q[:5], big, q[5:12]]
+    index = knn.Index(b)
+    out = kd._search_group(index, args, blocks, [3, 4, 2], 1000, -1, True)
+    for block, k, (d, i, key) in zip(blocks, [3, 4, 2], out):
+        D, I = index.search(block, k)
+        assert d.tobytes() == D.tobytes() and (i - 1000).tobytes() == I.tobytes()
+        assert key.tobytes() == index.exact_keys(block, I).tobytes()
     # the default cap: 12 blocks of 5 rows are one group, one search per base chunk
     lazy = kd.search(base, da.from_array(q[:60], chunks=(5, 8)), 4)
     assert len(_tasks(lazy, "_search_group")) == 3
