@@ -11,8 +11,9 @@
        against knn.Index built once in this process and searched.
 
 Each time is the median of 3 runs of the whole computation after the inputs are on the
-workers (indexes built inside it, as knn.search builds its own), on standard-normal float32
-data, on both sides (one run each was too noisy to read a ratio from: 2 workers once took 3.04
+workers, made there as data loaded there would be (`dask_overhead.on_workers`: chunks sent
+from the client arrive misaligned, and an index copies them), indexes built inside it as
+knn.search builds its own, on standard-normal float32 data, on both sides (one run each was too noisy to read a ratio from: 2 workers once took 3.04
 s against 3.60 s for one and 1.18 s for four); on the GPU a worker's first large index also
 sizes its device memory pool and page-locked staging buffers, which knn.search's warm-up has
 done in this process.
@@ -30,7 +31,7 @@ import numpy as np
 
 import knn
 import knn.dask as kd
-from dask_overhead import index_moves  # this folder's other Dask bench
+from dask_overhead import index_moves, on_workers  # this folder's other Dask bench
 
 
 def timed(f):
@@ -52,15 +53,14 @@ def on_cluster(base, queries, k, workers, threads, device, base_chunks=4, repeat
     import contextlib
 
     import dask.array as da
-    from distributed import Client, LocalCluster, get_task_stream, wait
+    from distributed import Client, LocalCluster, get_task_stream
 
     nb, d = base.shape
     opts = dict(device=device) if device != "cpu" else dict(device="cpu", threads=threads)
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                       dashboard_address=None) as cluster, Client(cluster) as client:
-        b = client.persist(da.from_array(base, chunks=(-(-nb // base_chunks), d)))
-        q = client.persist(da.from_array(queries, chunks=(-(-len(queries) // 4), d)))
-        wait([b, q])
+        b = on_workers(client, base, -(-nb // base_chunks))
+        q = on_workers(client, queries, -(-len(queries) // 4))
         # Every worker's modules imported and engine opened (a GPU's context and kernels), as
         # in this process: a fresh worker's first task otherwise imports dask.array and
         # knn.dask while its task is unpickled, before the task starts (1.3 s with no task
