@@ -710,7 +710,7 @@ fn merged<'py, D: Element + Copy + PartialEq + Send + Sync + Default>(
         let d = d.cast::<PyArray2<D>>().map_err(|_| {
             PyValueError::new_err(format!(
                 "partial answer {p}: distances must be a 2-D {} array, as the first part's",
-                std::any::type_name::<D>()
+                numpy::dtype::<D>(py)
             ))
         })?;
         let d = d.readonly();
