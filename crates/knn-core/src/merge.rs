@@ -104,8 +104,8 @@ where
                 }
                 row.sort_unstable_by(by_key);
                 // Keys in order, so equal distances stand together: each such run by id.
-                for (t, &(key, id, d)) in row.iter().enumerate() {
-                    let mut p = t;
+                for (at, &(key, id, d)) in row.iter().enumerate() {
+                    let mut p = at;
                     while p > 0 && dists[p - 1] == d && ids[p - 1] > id {
                         (dists[p], ids[p], keys[p]) = (dists[p - 1], ids[p - 1], keys[p - 1]);
                         p -= 1;
