@@ -15,14 +15,15 @@ The task graph keeps each base chunk's searches with its index, so that nothing 
 
 - the query blocks cut into groups of consecutive blocks whose rows and partial output (rows x
   k x (distance + id + key) bytes) stay within ``_GROUP_BYTES`` (256 MiB); one ``_search_group`` task
-  per (base chunk, group) takes the chunk's index and the group's blocks, searches them in one
-  call (a graph's own block apart) and returns each block's partial;
+  per (base chunk, group) takes the chunk's index and the group's blocks, searches them (small
+  blocks batched into one call, blocks of ``_BATCH_ROWS`` rows one call each; a graph's own
+  block apart) and returns each block's partial;
 - the chunk's ``knn.Index`` is built inside its search when one group searches it (the usual
   case), else by one ``_build`` task per base chunk (a delayed object shared by the chunk's
   searches); either way Dask recomputes it if its worker is lost;
 - one merge tree per query block (``_merge``, base chunk order, each merge picking its inputs
-  out of the group searches' tuples) gives its answer, and each output block (distances, ids)
-  is one task reading its field from it.
+  out of the group searches' tuples; native, on every core of its worker) gives its answer,
+  and each output block (distances, ids) is one task reading its field from it.
 
 4 base chunks x 4 small query blocks: 4 group searches (each building its index), 4 merges, 8
 output blocks. The scheduler places a group search where its index or base chunk is (an index
