@@ -110,16 +110,12 @@ impl CpuEngine {
 
     /// `Auto`'s rule: a graph of `n` points of dimension `d` is computed symmetrically when
     /// `n ≥` [`SYMMETRIC_MIN_POINTS`], its `n` running lists of `width` fit
-    /// [`SYMMETRIC_LIST_BYTES`], and the one-sided path would not take the int8 kernel (squared
-    /// L2 at `d ≤ 64` on AVX-512 VNNI), which has no symmetric form: there the symmetric bf16
-    /// path measured 0.8× of the one-sided int8 path (n = 20 000, d = 16 to 64). Elsewhere it
-    /// measured 1.1× to 2× faster (see `bench/graph/README.md`).
+    /// [`SYMMETRIC_LIST_BYTES`], and the one-sided path would not take the integer kernel
+    /// (squared L2 at `d ≤ 64` on AVX-512 VNNI or AVX2), which has no symmetric form: there the
+    /// symmetric bf16 path measured 0.8× of the one-sided int8 path (n = 20 000, d = 16 to 64).
+    /// Elsewhere it measured 1.1× to 2× faster (see `bench/graph/README.md`).
     pub fn pays_symmetric(&self, n: usize, d: usize, kernel: Kernel, width: usize) -> bool {
-        let int8 = self.bf16()
-            && !self.no_int8
-            && kernel == Kernel::SqL2
-            && d <= crate::int8::MAX_DIM
-            && crate::int8::available();
+        let int8 = self.int8_for(kernel) && d <= crate::int8::MAX_DIM;
         n >= SYMMETRIC_MIN_POINTS && list_bytes(n, width) <= SYMMETRIC_LIST_BYTES && !int8
     }
 
@@ -157,7 +153,8 @@ impl CpuEngine {
         self
     }
 
-    /// The same engine without the int8 path (squared L2 at `d ≤ 64` then takes bf16).
+    /// The same engine without the integer path (squared L2 at `d ≤ 64` then takes bf16 or
+    /// f32).
     pub fn without_int8(mut self) -> Self {
         self.no_int8 = true;
         self
@@ -165,6 +162,15 @@ impl CpuEngine {
 
     fn bf16(&self) -> bool {
         !self.f32_only && crate::bf16::available()
+    }
+
+    /// Whether first tries of `kernel` at `d ≤ int8::MAX_DIM` take the int8 products
+    /// (squared L2 only, on AVX-512 VNNI or AVX2).
+    fn int8_for(&self, kernel: Kernel) -> bool {
+        !self.f32_only
+            && !self.no_int8
+            && kernel == Kernel::SqL2
+            && crate::int8::available().is_some()
     }
 
     /// Whether first tries of `kernel` take the bf16 products: squared L2 only. Its bound
@@ -220,15 +226,14 @@ impl Engine for CpuEngine {
 
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
         let bf16 = self.bf16_for(req.kernel) && !req.precise;
+        let int8 = self.int8_for(req.kernel) && !req.precise;
         let plan = |req: &CandidateRequest<'_>| self.gemm_plan(req, bf16);
-        Ok(self
-            .pool
-            .install(|| candidates(req, bf16, !self.no_int8, &plan)))
+        Ok(self.pool.install(|| candidates(req, int8, &plan)))
     }
 
-    /// The bf16 (and int8) products of squared L2 first tries.
+    /// The bf16 and int8 products of squared L2 first tries.
     fn fast_first_tries(&self, kernel: Kernel) -> bool {
-        self.bf16_for(kernel)
+        self.bf16_for(kernel) || self.int8_for(kernel)
     }
 
     fn graph_candidates(&self, graph: GraphRequest<'_>) -> Option<Result<Candidates>> {
@@ -308,20 +313,18 @@ const DOT_MAX_DIM: usize = 24;
 /// Candidates of `req` (`plan` gives its GEMM plan when one is needed).
 fn candidates(
     req: &CandidateRequest<'_>,
-    bf16: bool,
     int8: bool,
     plan: &dyn Fn(&CandidateRequest<'_>) -> Arc<GemmPlan>,
 ) -> Candidates {
     let (nq, nb, d) = (req.queries.rows(), req.base.rows(), req.base.dim());
     let width = req.width;
     // Squared L2 at small d: quantised int8 products when the fast paths are allowed.
-    let int8 = (bf16
-        && int8
-        && req.kernel == Kernel::SqL2
-        && d <= crate::int8::MAX_DIM
-        && crate::int8::available())
-    .then(|| crate::int8::Plan::new(req.base))
-    .flatten();
+    let int8 = match crate::int8::available() {
+        Some(products) if int8 && req.kernel == Kernel::SqL2 && d <= crate::int8::MAX_DIM => {
+            crate::int8::Plan::new(req.base, products)
+        }
+        _ => None,
+    };
     let plan = (req.kernel.is_gemm() && int8.is_none()).then(|| plan(req));
     let direct = match &plan {
         None => (!req.kernel.is_gemm()).then(|| crate::direct::DirectPlan::new(req)),

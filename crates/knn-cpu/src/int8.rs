@@ -1,10 +1,17 @@
-//! The AVX-512 VNNI int8 fast path for squared L2 at small dimension.
+//! The integer fast path for squared L2 at small dimension: 8-bit codes on AVX-512 VNNI,
+//! 12-bit codes on AVX2.
 //!
 //! At small `d` a GEMM-form kernel spends as much time turning dot products into keys and
-//! selecting them as on the products. Here coordinates are quantised once per request to 8-bit
-//! codes on a common grid, `x ≈ m + s·X` (`m` the base's mid-range per dimension, `s` one step
-//! for all dimensions, `X ∈ [−127, 127]`), and `vpdpbusd` (4 products u8 × s8 per 32-bit lane,
-//! twice the products of `vdpbf16ps` per instruction) computes integer keys exactly.
+//! selecting them as on the products. Here coordinates are quantised once per request to
+//! integer codes on a common grid, `x ≈ m + s·X` (`m` the base's mid-range per dimension, `s`
+//! one step for all dimensions, `X ∈ [−c, c]`), and integer products compute the keys exactly:
+//! `vpdpbusd` (4 products u8 × s8 per 32-bit lane, twice the products of `vdpbf16ps` per
+//! instruction) with `c = 127`; on AVX2, `vpmaddwd` (2 products i16 × i16 per 32-bit lane)
+//! with `c = 2047`. (AVX2's 8-bit `vpmaddubsw` saturates its 16-bit pair sums unless
+//! `c ≤ 63`: those 7-bit codes left half the rows of normal data at d = 16 unproven.)
+//!
+//! The rest of this text describes the 8-bit form; the 16-bit one stores base codes as they
+//! are (`B`, no offset), so its `dot = Q·B` and `K = K'`.
 //!
 //! Layout: base points sit in SIMD lanes (panels of 16 points, codes stored as `B + 128`, u8);
 //! a query's codes (s8) are broadcast. With `dot = Σ (B_i + 128) Q_i = Q·B + 128 ΣQ` the key
@@ -29,8 +36,48 @@ use rayon::prelude::*;
 use std::ops::Range;
 
 /// Largest dimension sent to this path: `|K| ≤ 3·d·127²` stays below 2²⁴ (exact in f32 keys)
-/// for `d ≤ 346`; beyond 64 the bf16 path is as fast and its relative bound tighter.
+/// for `d ≤ 346`; beyond 64 the bf16 path is as fast and its relative bound tighter. (The
+/// 16-bit keys, up to `3·64·2047²`, round in f32: the floor's `10⁻⁶` margin covers it.)
 pub(crate) const MAX_DIM: usize = 64;
+
+/// The instructions that compute the products, and so the codes' range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Products {
+    /// AVX-512 VNNI `vpdpbusd`, codes in `[−127, 127]`.
+    Vnni,
+    /// AVX2 `vpmaddwd`, codes in `[−2047, 2047]` (accumulators within `1.5·64·2047² < 2³⁰`).
+    Avx2,
+}
+
+impl Products {
+    /// The largest code magnitude `c`.
+    fn max_code(self) -> f32 {
+        match self {
+            Products::Vnni => 127.0,
+            Products::Avx2 => 2047.0,
+        }
+    }
+
+    /// Codes per 32-bit word.
+    fn per_word(self) -> usize {
+        match self {
+            Products::Vnni => 4,
+            Products::Avx2 => 2,
+        }
+    }
+
+    /// The word of codes `x[..per_word]` as the products read it: u8 `X + 128` (8-bit) or i16
+    /// `X` (16-bit) for base points, s8 or i16 for queries.
+    fn word(self, x: &[i16], base: bool) -> u32 {
+        match self {
+            Products::Vnni => {
+                let off = if base { 128 } else { 0 };
+                u32::from_le_bytes(std::array::from_fn(|j| (x[j] + off) as u8))
+            }
+            Products::Avx2 => (x[0] as u16 as u32) | (x[1] as u16 as u32) << 16,
+        }
+    }
+}
 /// Base points per panel (one zmm of i32 lanes).
 const LANES: usize = 16;
 /// Panels per micro-kernel block (64 base points).
@@ -39,35 +86,44 @@ const NP: usize = 4;
 /// (`|acc| < 2²²` for `d ≤ 64`), above the padding lanes' `i32::MIN`.
 const OPEN: i32 = -(1 << 30);
 
-/// `true` when this CPU has AVX-512 VNNI (checked once; `CpuEngine::without_int8` keeps an
-/// engine off it).
-pub(crate) fn available() -> bool {
+/// The products this CPU computes the path with: AVX-512 VNNI, else AVX2, else none (checked
+/// once; `CpuEngine::without_int8` keeps an engine off the path).
+pub(crate) fn available() -> Option<Products> {
     #[cfg(target_arch = "x86_64")]
     {
         use std::sync::OnceLock;
-        static HAS: OnceLock<bool> = OnceLock::new();
+        static HAS: OnceLock<Option<Products>> = OnceLock::new();
         *HAS.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f")
+            if std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512vnni")
+            {
+                Some(Products::Vnni)
+            } else if std::arch::is_x86_feature_detected!("avx2") {
+                Some(Products::Avx2)
+            } else {
+                None
+            }
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
-    false
+    None
 }
 
 /// The quantised base of one request.
 pub(crate) struct Plan {
+    /// The instructions of the products (and the codes' range).
+    products: Products,
     /// Grid centre `m` per dimension.
     centre: Vec<f32>,
     /// Grid step `s`, and its inverse used to round.
     step: f32,
     inv_step: f32,
-    /// Words of 4 codes per point (`d.div_ceil(4)`).
+    /// Words of codes per point (`d.div_ceil(per_word)`).
     quads: usize,
-    /// Panels of 16 points: word `(panel·quads + t)·16 + lane` holds codes `4t..4t+4` of point
-    /// `16·panel + lane` as u8 `B_i + 128` (zero padded); `NP − 1` extra zero panels at the end
-    /// so every block of `NP` panels exists.
+    /// Panels of 16 points: word `(panel·quads + t)·16 + lane` holds codes `4t..4t+4` (16-bit:
+    /// `2t..2t+2`) of point `16·panel + lane` as u8 `B_i + 128` (16-bit: i16 `B_i`; zero
+    /// padded); `NP − 1` extra zero panels at the end so every block of `NP` panels exists.
     codes: Vec<u32>,
     /// Per panel lane: `−⌊‖B‖²/2⌋` (accumulator start; `i32::MIN` on padding lanes).
     init: Vec<i32>,
@@ -81,8 +137,10 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// Quantises `base`; `None` when the keys could overflow f32 (the bf16 path then runs).
-    pub(crate) fn new(base: MatrixRef<'_>) -> Option<Self> {
+    /// Quantises `base` for `products`; `None` when the keys could overflow f32 (the bf16 or
+    /// f32 path then runs).
+    pub(crate) fn new(base: MatrixRef<'_>, products: Products) -> Option<Self> {
+        let c = products.max_code() as f64;
         let d = base.dim();
         let (lo, hi) = base
             .as_slice()
@@ -116,20 +174,22 @@ impl Plan {
             .map(|(&l, &h)| (h as f64 - l as f64) / 2.0)
             .fold(0.0f64, f64::max);
         let step = if half_range > 0.0 && half_range.is_finite() {
-            (half_range / 127.0) as f32
+            (half_range / c) as f32
         } else {
             1.0
         };
-        // Keys s²·(‖Q‖² + K) up to s²·4·d·127² must stay far from f32 overflow.
+        // Keys s²·(‖Q‖² + K) up to s²·4·d·c² must stay far from f32 overflow.
         if !(step as f64).is_normal()
-            || (step as f64).powi(2) * 4.0 * d as f64 * 127.0 * 127.0 > f32::MAX as f64 / 16.0
+            || (step as f64).powi(2) * 4.0 * d as f64 * c * c > f32::MAX as f64 / 16.0
         {
             return None;
         }
-        let quads = d.div_ceil(4);
+        let per = products.per_word();
+        let quads = d.div_ceil(per);
         let n = base.rows();
         let panels = n.div_ceil(LANES) + NP - 1;
         let mut plan = Plan {
+            products,
             centre,
             step,
             inv_step: 1.0 / step,
@@ -141,14 +201,14 @@ impl Plan {
             slack: 0.0,
         };
         // Each computed difference e_i = v_i − fl(m_i + s·X_i) is off by at most
-        // δ = 2⁻⁵³·(|m| + 127·s) (s·X is exact; the final subtraction's own rounding is relative
+        // δ = 2⁻⁵³·(|m| + c·s) (s·X is exact; the final subtraction's own rounding is relative
         // and covered by the 1e-9 margin), so the vector norm is off by at most √d·δ.
         let big = plan
             .centre
             .iter()
             .map(|&m| (m as f64).abs())
             .fold(0.0, f64::max)
-            + 127.0 * step as f64;
+            + c * step as f64;
         plan.slack = (d as f64).sqrt() * 2.0 * big * f64::EPSILON;
         let (mut codes, mut init, mut parity) = (
             std::mem::take(&mut plan.codes),
@@ -162,7 +222,7 @@ impl Plan {
             .enumerate()
             .map(|(panel, ((codes, init), parity))| {
                 let mut worst = 0.0f64;
-                let mut x = vec![0i8; quads * 4];
+                let mut x = vec![0i16; quads * per];
                 for lane in 0..LANES {
                     let i = panel * LANES + lane;
                     if i >= n {
@@ -172,10 +232,8 @@ impl Plan {
                     let sq: i32 = x.iter().map(|&v| v as i32 * v as i32).sum();
                     init[lane] = -(sq >> 1);
                     parity[lane] = sq & 1;
-                    for (t, q) in x.chunks_exact(4).enumerate() {
-                        let u = |v: i8| (v as i32 + 128) as u8;
-                        codes[t * LANES + lane] =
-                            u32::from_le_bytes([u(q[0]), u(q[1]), u(q[2]), u(q[3])]);
+                    for (t, q) in x.chunks_exact(per).enumerate() {
+                        codes[t * LANES + lane] = products.word(q, true);
                     }
                 }
                 worst
@@ -188,17 +246,18 @@ impl Plan {
         Some(plan)
     }
 
-    /// Codes of `x` (zero padded to `quads·4`), returning an upper bound on `‖x − x̃‖`
+    /// Codes of `x` (zero padded to `quads·per_word`), returning an upper bound on `‖x − x̃‖`
     /// (x̃ = m + s·X).
-    fn quantise(&self, x: &[f32], out: &mut [i8]) -> f64 {
-        let sq = quantise(x, &self.centre, self.inv_step, self.step, out);
+    fn quantise(&self, x: &[f32], out: &mut [i16]) -> f64 {
+        let c = self.products.max_code();
+        let sq = quantise(x, &self.centre, self.inv_step, self.step, c, out);
         sq.sqrt() * (1.0 + 1e-9) + self.slack
     }
 
     /// For one query: `(‖Q‖², s², ‖q − q̃‖ + max_b ‖b − b̃‖)`, where `s²·(‖Q‖² + K)` is the
     /// exact squared distance of the quantised points.
     pub(crate) fn query_terms(&self, q: &[f32]) -> (i64, f64, f64) {
-        let mut x = vec![0i8; self.quads * 4];
+        let mut x = vec![0i16; self.quads * self.products.per_word()];
         let err = self.quantise(q, &mut x);
         let sq = x.iter().map(|&v| v as i64 * v as i64).sum();
         let s = self.step as f64;
@@ -219,15 +278,15 @@ impl Plan {
 /// `‖x − x̃‖²` in f64 ([`Plan::quantise`] turns it into a bound on the norm). Eight f64 partial
 /// sums so it vectorises.
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
-fn quantise(x: &[f32], centre: &[f32], inv_step: f32, step: f32, out: &mut [i8]) -> f64 {
+fn quantise(x: &[f32], centre: &[f32], inv_step: f32, step: f32, c: f32, out: &mut [i16]) -> f64 {
     out.fill(0);
     let mut acc = [0.0f64; 8];
     let one = |v: f32, m: f32| {
-        // Round to nearest (even) by the 1.5·2²³ trick: no libm call, exact for |x| ≤ 127.
-        let x = ((v - m) * inv_step).clamp(-127.0, 127.0);
+        // Round to nearest (even) by the 1.5·2²³ trick: no libm call, exact for |x| ≤ 2047.
+        let x = ((v - m) * inv_step).clamp(-c, c);
         let code = (x + 12_582_912.0) - 12_582_912.0;
         let e = v as f64 - (m as f64 + step as f64 * code as f64);
-        (code as i8, e * e)
+        (code as i16, e * e)
     };
     let n = x.len() / 8 * 8;
     for ((xc, mc), oc) in x[..n]
@@ -332,19 +391,20 @@ impl Buffers {
     }
 }
 
-/// Packs the s8 codes of queries `rows`: `quads` words per query; returns them with
-/// `256·ΣQ` per query (`K = K' + 256·ΣQ`).
+/// Packs the codes of queries `rows`: `quads` words per query; returns them with `256·ΣQ` per
+/// query for 8-bit codes (`K = K' + 256·ΣQ`), 0 for 16-bit ones (`K = K'`).
 fn pack_queries(plan: &Plan, queries: MatrixRef<'_>, rows: Range<usize>) -> (Vec<u32>, Vec<i32>) {
-    let quads = plan.quads;
+    let (quads, per) = (plan.quads, plan.products.per_word());
     let mut out = vec![0u32; rows.len() * quads];
     let mut shift = vec![0i32; rows.len()];
-    let mut x = vec![0i8; quads * 4];
+    let mut x = vec![0i16; quads * per];
     for (i, r) in rows.enumerate() {
         plan.quantise(queries.row(r), &mut x);
-        shift[i] = 256 * x.iter().map(|&v| v as i32).sum::<i32>();
-        for (t, q) in x.chunks_exact(4).enumerate() {
-            out[i * quads + t] =
-                u32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]);
+        if plan.products == Products::Vnni {
+            shift[i] = 256 * x.iter().map(|&v| v as i32).sum::<i32>();
+        }
+        for (t, q) in x.chunks_exact(per).enumerate() {
+            out[i * quads + t] = plan.products.word(q, false);
         }
     }
     (out, shift)
@@ -382,9 +442,14 @@ pub(crate) fn fold_unit(
                 first: first as u32,
                 valid,
             };
-            // SAFETY: `available()` checked AVX-512F/BW/VNNI before this path was chosen; the
-            // slices hold NP panels and `qcodes` `quads` words per query.
-            unsafe { micro::block(quads, &blk, &qcodes, &mut buf) };
+            // SAFETY: `available()` found the plan's instructions before this path was chosen;
+            // the slices hold NP panels and `qcodes` `quads` words per query.
+            unsafe {
+                match plan.products {
+                    Products::Vnni => micro::block(quads, &blk, &qcodes, &mut buf),
+                    Products::Avx2 => avx2::block(quads, &blk, &qcodes, &mut buf),
+                }
+            };
             p0 += NP;
         }
         for (i, top) in tops.iter_mut().enumerate() {
@@ -542,6 +607,184 @@ mod micro {
         buf.fill[i] = fill;
         if fill >= buf.limit {
             buf.cut(i);
+        }
+    }
+}
+
+/// The AVX2 form of [`micro`]: the same block of `NP` panels, each panel's 16 lanes in two
+/// ymm halves, one query at a time (eight accumulators of 8 lanes).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Block, Buffers, LANES, NP};
+    use std::arch::x86_64::*;
+
+    /// Dispatches on the number of code words so the product loop is fully unrolled.
+    ///
+    /// # Safety
+    /// AVX2 must be available; `blk` holds `NP` panels of `quads` words per lane and `q`
+    /// `quads` words per query of `buf`, 16-bit codes.
+    #[inline]
+    pub(super) unsafe fn block(quads: usize, blk: &Block<'_>, q: &[u32], buf: &mut Buffers) {
+        macro_rules! go {
+            ($($n:literal)*) => {
+                match quads {
+                    $($n => block_n::<$n>(blk, q, buf),)*
+                    _ => unreachable!("d ≤ MAX_DIM"),
+                }
+            };
+        }
+        go!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32)
+    }
+
+    /// Keys of 64 base points × every query of the unit, as `micro::block_n`: per code word,
+    /// `vpmaddwd` adds each lane's two i16 × i16 products into 32 bits.
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn block_n<const QUADS: usize>(blk: &Block<'_>, q: &[u32], buf: &mut Buffers) {
+        const HALVES: usize = 2 * NP;
+        let nq = buf.fill.len();
+        debug_assert!(q.len() >= nq * QUADS && blk.codes.len() >= NP * QUADS * LANES);
+        let bp = blk.codes.as_ptr();
+        let init: [__m256i; HALVES] =
+            std::array::from_fn(|h| _mm256_loadu_si256(blk.init.as_ptr().add(h * 8) as *const _));
+        for i in 0..nq {
+            let qi = q.as_ptr().add(i * QUADS);
+            let mut a = init;
+            for t in 0..QUADS {
+                let w = _mm256_set1_epi32(*qi.add(t) as i32);
+                for h in 0..HALVES {
+                    // Half h: lanes 8·(h % 2).. of panel h / 2.
+                    let at = ((h / 2) * QUADS + t) * LANES + 8 * (h % 2);
+                    let b = _mm256_loadu_si256(bp.add(at) as *const __m256i);
+                    a[h] = _mm256_add_epi32(a[h], _mm256_madd_epi16(b, w));
+                }
+            }
+            let th = _mm256_set1_epi32(*buf.thr.get_unchecked(i));
+            // Usually nothing passes: one compare of the lane-wise maximum decides.
+            let mut top = a[0];
+            for &x in &a[1..] {
+                top = _mm256_max_epi32(top, x);
+            }
+            if _mm256_movemask_epi8(_mm256_cmpgt_epi32(top, th)) != 0 {
+                emit(blk, buf, i, &a, th);
+            }
+        }
+    }
+
+    /// Appends the keys of `acc` (64 base points, query `i`) above the threshold `th` to the
+    /// query's buffer; cuts the buffer when full.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn emit(blk: &Block<'_>, buf: &mut Buffers, i: usize, acc: &[__m256i], th: __m256i) {
+        let at = i * buf.cap;
+        let mut fill = buf.fill[i];
+        for (h, &a) in acc.iter().enumerate() {
+            let lanes = (blk.valid >> (8 * h)) as u32 & 0xff;
+            let mut m =
+                _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(a, th))) as u32 & lanes;
+            if m == 0 {
+                continue;
+            }
+            // K' = parity − 2·acc.
+            let par = _mm256_loadu_si256(blk.parity.as_ptr().add(h * 8) as *const _);
+            let mut k = [0i32; 8];
+            _mm256_storeu_si256(
+                k.as_mut_ptr() as *mut _,
+                _mm256_sub_epi32(par, _mm256_add_epi32(a, a)),
+            );
+            let first = blk.first + (h * 8) as u32;
+            debug_assert!(fill + 8 <= buf.cap);
+            while m != 0 {
+                let l = m.trailing_zeros() as usize;
+                *buf.keys.get_unchecked_mut(at + fill) = k[l];
+                *buf.ids.get_unchecked_mut(at + fill) = first + l as u32;
+                fill += 1;
+                m &= m - 1;
+            }
+        }
+        buf.fill[i] = fill;
+        if fill >= buf.limit {
+            buf.cut(i);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use knn_core::Kernel;
+
+    /// Every instruction form this CPU runs gives each pair's integer key exactly, `K =
+    /// ‖B‖² − 2·Q·B` of the codes (computed here in i64), with ids, for every base point of a
+    /// range that starts and ends inside SIMD blocks, at dimensions on and off word edges, on
+    /// codes at both ends of the range.
+    #[test]
+    fn kernels_give_the_codes_integer_keys() {
+        let mut forms = vec![];
+        if available() == Some(Products::Vnni) {
+            forms.push(Products::Vnni);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            forms.push(Products::Avx2);
+        }
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Values at the ends of the range too (codes ±c).
+            match x % 8 {
+                0 => -3.0,
+                1 => 5.0,
+                _ => (x >> 11) as f32 / (1u64 << 53) as f32 * 8.0 - 3.0,
+            }
+        };
+        for products in forms {
+            for d in [1usize, 2, 3, 7, 16, 33, 64] {
+                let (n, m) = (150, 9);
+                let base: Vec<f32> = (0..n * d).map(|_| next()).collect();
+                let queries: Vec<f32> = (0..m * d).map(|_| next()).collect();
+                let (bm, qm) = (
+                    MatrixRef::new("base", &base, d).unwrap(),
+                    MatrixRef::new("queries", &queries, d).unwrap(),
+                );
+                let plan = Plan::new(bm, products).expect("keys fit");
+                let br = 5..141;
+                let req = CandidateRequest {
+                    base: bm,
+                    queries: qm,
+                    kernel: Kernel::SqL2,
+                    width: br.len(),
+                    exclude: None,
+                    precise: false,
+                    base_key: None,
+                    exact_data: false,
+                    exact_from: None,
+                };
+                let mut tops: Vec<TopK> = (0..m).map(|_| TopK::new(br.len())).collect();
+                fold_unit(&req, &plan, 0..m, br.clone(), &mut tops);
+                let codes = |row: &[f32]| {
+                    let mut c = vec![0i16; plan.quads * products.per_word()];
+                    plan.quantise(row, &mut c);
+                    c
+                };
+                for (i, top) in tops.into_iter().enumerate() {
+                    let q = codes(qm.row(i));
+                    let mut want: Vec<(f32, u32)> = br
+                        .clone()
+                        .map(|j| {
+                            let b = codes(bm.row(j));
+                            let bb: i64 = b.iter().map(|&v| v as i64 * v as i64).sum();
+                            let qb: i64 =
+                                b.iter().zip(&q).map(|(&u, &v)| u as i64 * v as i64).sum();
+                            ((bb - 2 * qb) as f32, j as u32)
+                        })
+                        .collect();
+                    want.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                    assert_eq!(top.into_sorted(), want, "{products:?} d={d} query {i}");
+                }
+            }
         }
     }
 }

@@ -55,8 +55,10 @@ pub fn describe() -> String {
             false => "bf16 products (AVX-512 BF16)",
         });
     }
-    if crate::int8::available() {
-        paths.push("int8 products at d <= 64 (AVX-512 VNNI)");
+    match crate::int8::available() {
+        Some(crate::int8::Products::Vnni) => paths.push("int8 products at d <= 64 (AVX-512 VNNI)"),
+        Some(crate::int8::Products::Avx2) => paths.push("7-bit products at d <= 64 (AVX2)"),
+        None => {}
     }
     match paths.is_empty() {
         true => format!("SIMD {isa}"),

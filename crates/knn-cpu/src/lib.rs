@@ -11,11 +11,11 @@
 //!   from Sapphire Rapids on, where `vdpbf16ps` runs at the f32 FMA rate); the wider bound of
 //!   bf16 inputs goes to the floor, the re-rank keeps results exact. A base's GEMM plan (mean,
 //!   norms, norm bound) is kept per base key: an index's searches make it once.
-//! - Squared L2 at `d ≤ 64` with AVX-512 VNNI: an int8 path (`int8.rs`) with exact integer
-//!   keys of 8-bit grid codes (`vpdpbusd`), base points in SIMD lanes and a fused threshold
-//!   compare; the floor comes from the measured quantisation error. Retries (`precise`) use f32.
-//!   `CpuEngine::without_int8` turns it off (`CpuEngine::f32_only` turns off bf16 too); the
-//!   engine reads no environment variable.
+//! - Squared L2 at `d ≤ 64`: an integer path (`int8.rs`) with exact integer keys of grid
+//!   codes, 8-bit with AVX-512 VNNI (`vpdpbusd`), else 12-bit with AVX2 (`vpmaddwd`), base
+//!   points in SIMD lanes and a fused threshold compare; the floor comes from the measured
+//!   quantisation error. Retries (`precise`) use f32. `CpuEngine::without_int8` turns it off
+//!   (`CpuEngine::f32_only` turns off bf16 too); the engine reads no environment variable.
 //! - Direct kernels (L1, L∞): register-blocked micro-kernels (queries in SIMD lanes, base
 //!   coordinates broadcast, 6 base points × 64 queries of accumulators with AVX-512), for
 //!   AVX-512, AVX2 + FMA and plain x86-64, picked at run time. L1 on data near the origin uses
