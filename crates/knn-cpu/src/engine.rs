@@ -31,14 +31,16 @@ pub struct CpuEngine {
 }
 
 /// The GEMM plans (mean, squared norms, norm bound: a pass over every base row each) of one
-/// base, by (kernel, bf16), kept for the base the pipeline names by
+/// base, by (kernel, bf16), and its integer codes, kept for the base the pipeline names by
 /// [`CandidateRequest::base_key`]: an index's searches derive them once, not once a call
 /// (0.2 s of a 268-query search against 10⁶ × 128 rows on 2 cores). A request for another base
-/// replaces them; a few bytes a base row.
+/// replaces them; a few bytes a base row, and `d` or `2d` bytes for the codes.
 #[derive(Default)]
 struct BasePlans {
     key: Option<u64>,
     gemm: Vec<((Kernel, bool), Arc<GemmPlan>)>,
+    /// The integer path's plan once made (`Some(None)`: the base's keys could overflow it).
+    int8: Option<Option<Arc<crate::int8::Plan>>>,
 }
 
 impl std::fmt::Debug for BasePlans {
@@ -61,6 +63,47 @@ impl CpuEngine {
             symmetry: Symmetry::Auto,
             plans: Arc::default(),
         })
+    }
+
+    /// `req`'s integer plan, when the request takes the integer path (squared L2 first tries
+    /// at a dimension the CPU's form takes): kept like the GEMM plans, and made only for a
+    /// request of at least [`INT8_MIN_QUERIES`] queries.
+    fn int8_plan(&self, req: &CandidateRequest<'_>) -> Option<Arc<crate::int8::Plan>> {
+        let products = crate::int8::available()?;
+        if !self.int8_for(req.kernel) || req.precise || req.base.dim() > products.max_dim() {
+            return None;
+        }
+        let enough = req.queries.rows() >= INT8_MIN_QUERIES;
+        let make = || {
+            enough
+                .then(|| crate::int8::Plan::new(req.base, products).map(Arc::new))
+                .flatten()
+        };
+        let Some(key) = req.base_key else {
+            return make();
+        };
+        {
+            let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+            if let (Some(k), Some(plan)) = (plans.key, &plans.int8) {
+                if k == key {
+                    return plan.clone();
+                }
+            }
+        }
+        if !enough {
+            return None;
+        }
+        // Made without the lock, as the GEMM plans.
+        let plan = make();
+        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        if plans.key != Some(key) {
+            *plans = BasePlans {
+                key: Some(key),
+                ..BasePlans::default()
+            };
+        }
+        plans.int8 = Some(plan.clone());
+        plan
     }
 
     /// `req`'s GEMM plan: kept from an earlier request of the same base key, or made (and
@@ -91,7 +134,7 @@ impl CpuEngine {
         if plans.key != Some(key) {
             *plans = BasePlans {
                 key: Some(key),
-                gemm: Vec::new(),
+                ..BasePlans::default()
             };
         }
         if kept(&plans).is_none() {
@@ -111,11 +154,14 @@ impl CpuEngine {
     /// `Auto`'s rule: a graph of `n` points of dimension `d` is computed symmetrically when
     /// `n ≥` [`SYMMETRIC_MIN_POINTS`], its `n` running lists of `width` fit
     /// [`SYMMETRIC_LIST_BYTES`], and the one-sided path would not take the integer kernel
-    /// (squared L2 at `d ≤ 64` on AVX-512 VNNI or AVX2), which has no symmetric form: there the
-    /// symmetric bf16 path measured 0.8× of the one-sided int8 path (n = 20 000, d = 16 to 64).
-    /// Elsewhere it measured 1.1× to 2× faster (see `bench/graph/README.md`).
+    /// (squared L2 at `d ≤ 64` on AVX-512 VNNI, `d ≤ 128` on AVX2), which has no symmetric
+    /// form: there the symmetric bf16 path measured 0.8× of the one-sided int8 path (n =
+    /// 20 000, d = 16 to 64), and on AVX2 the symmetric f32 path 0.59× at d = 16, 0.85× at
+    /// d = 100 and 0.98× at d = 128 of the one-sided 16-bit path. Elsewhere it measured 1.1× to
+    /// 2× faster (see `bench/graph/README.md`).
     pub fn pays_symmetric(&self, n: usize, d: usize, kernel: Kernel, width: usize) -> bool {
-        let int8 = self.int8_for(kernel) && d <= crate::int8::MAX_DIM;
+        let int8 =
+            self.int8_for(kernel) && crate::int8::available().is_some_and(|p| d <= p.max_dim());
         n >= SYMMETRIC_MIN_POINTS && list_bytes(n, width) <= SYMMETRIC_LIST_BYTES && !int8
     }
 
@@ -164,7 +210,7 @@ impl CpuEngine {
         !self.f32_only && crate::bf16::available()
     }
 
-    /// Whether first tries of `kernel` at `d ≤ int8::MAX_DIM` take the int8 products
+    /// Whether first tries of `kernel` at `d ≤ Products::max_dim` take the integer products
     /// (squared L2 only, on AVX-512 VNNI or AVX2).
     fn int8_for(&self, kernel: Kernel) -> bool {
         !self.f32_only
@@ -226,9 +272,10 @@ impl Engine for CpuEngine {
 
     fn candidates(&self, req: &CandidateRequest<'_>) -> Result<Candidates> {
         let bf16 = self.bf16_for(req.kernel) && !req.precise;
-        let int8 = self.int8_for(req.kernel) && !req.precise;
         let plan = |req: &CandidateRequest<'_>| self.gemm_plan(req, bf16);
-        Ok(self.pool.install(|| candidates(req, int8, &plan)))
+        Ok(self
+            .pool
+            .install(|| candidates(req, self.int8_plan(req), &plan)))
     }
 
     /// The bf16 and int8 products of squared L2 first tries.
@@ -307,24 +354,27 @@ impl GemmPlan {
     }
 }
 
+/// Fewest queries for which a request quantises the base for the integer path (a kept plan
+/// serves any number): the codes cost a pass over the base that the integer products repay
+/// only over many queries (10⁶ × 128 base, AVX2: 0.35 s of codes against ~1.3 ms saved a
+/// query; one-off searches of 256 queries lost, of 1000 won).
+const INT8_MIN_QUERIES: usize = 512;
+
 /// Largest dimension whose f32 squared-L2 keys take the direct `Dot` form instead of a GEMM.
 const DOT_MAX_DIM: usize = 24;
 
-/// Candidates of `req` (`plan` gives its GEMM plan when one is needed).
+/// Candidates of `req`: with `int8`'s integer products when given, else with the GEMM plan
+/// `plan` gives when one is needed, or a direct kernel.
 fn candidates(
     req: &CandidateRequest<'_>,
-    int8: bool,
+    int8: Option<Arc<crate::int8::Plan>>,
     plan: &dyn Fn(&CandidateRequest<'_>) -> Arc<GemmPlan>,
 ) -> Candidates {
     let (nq, nb, d) = (req.queries.rows(), req.base.rows(), req.base.dim());
     let width = req.width;
-    // Squared L2 at small d: quantised int8 products when the fast paths are allowed.
-    let int8 = match crate::int8::available() {
-        Some(products) if int8 && req.kernel == Kernel::SqL2 && d <= crate::int8::MAX_DIM => {
-            crate::int8::Plan::new(req.base, products)
-        }
-        _ => None,
-    };
+    let codes = int8
+        .as_ref()
+        .map(|p| crate::int8::QueryCodes::new(p, req.queries));
     let plan = (req.kernel.is_gemm() && int8.is_none()).then(|| plan(req));
     let direct = match &plan {
         None => (!req.kernel.is_gemm()).then(|| crate::direct::DirectPlan::new(req)),
@@ -346,9 +396,14 @@ fn candidates(
             width,
             (q_tile, BASE_TILE),
             |qr, br, tops| match &plan {
-                _ if int8.is_some() => {
-                    crate::int8::fold_unit(req, int8.as_ref().expect("checked"), qr, br, tops)
-                }
+                _ if int8.is_some() => crate::int8::fold_unit(
+                    req,
+                    int8.as_ref().expect("checked"),
+                    codes.as_ref().expect("made with the plan"),
+                    qr,
+                    br,
+                    tops,
+                ),
                 Some(p) if p.bf16 => crate::bf16::fold_unit(req, p, qr, br, tops),
                 Some(p) if direct.is_none() => crate::gemm::fold_unit(req, &p.norms, qr, br, tops),
                 _ => crate::direct::fold_unit(

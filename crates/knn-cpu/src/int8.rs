@@ -38,14 +38,19 @@ use std::ops::Range;
 /// Largest dimension sent to this path: `|K| ≤ 3·d·127²` stays below 2²⁴ (exact in f32 keys)
 /// for `d ≤ 346`; beyond 64 the bf16 path is as fast and its relative bound tighter. (The
 /// 16-bit keys, up to `3·64·2047²`, round in f32: the floor's `10⁻⁶` margin covers it.)
-pub(crate) const MAX_DIM: usize = 64;
+pub(crate) const VNNI_MAX_DIM: usize = 64;
+
+/// Largest dimension of the 16-bit form: its accumulators stay within `1.5·d·2047² < 2³⁰`
+/// (above [`OPEN`]), and against the f32 GEMM it replaces it measured 1.3× faster at d = 128
+/// (16384 × 4096, k = 16: 124–132 against 162–170 ms, 2-core AVX2).
+const AVX2_MAX_DIM: usize = 128;
 
 /// The instructions that compute the products, and so the codes' range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Products {
     /// AVX-512 VNNI `vpdpbusd`, codes in `[−127, 127]`.
     Vnni,
-    /// AVX2 `vpmaddwd`, codes in `[−2047, 2047]` (accumulators within `1.5·64·2047² < 2³⁰`).
+    /// AVX2 `vpmaddwd`, codes in `[−2047, 2047]`.
     Avx2,
 }
 
@@ -55,6 +60,14 @@ impl Products {
         match self {
             Products::Vnni => 127.0,
             Products::Avx2 => 2047.0,
+        }
+    }
+
+    /// Largest dimension this form takes.
+    pub(crate) fn max_dim(self) -> usize {
+        match self {
+            Products::Vnni => VNNI_MAX_DIM,
+            Products::Avx2 => AVX2_MAX_DIM,
         }
     }
 
@@ -83,7 +96,8 @@ const LANES: usize = 16;
 /// Panels per micro-kernel block (64 base points).
 const NP: usize = 4;
 /// Threshold before a query's buffer first fills: below every real accumulator
-/// (`|acc| < 2²²` for `d ≤ 64`), above the padding lanes' `i32::MIN`.
+/// (`|acc| < 2²²` for 8-bit codes at `d ≤ 64`, `< 1.5·128·2047²` for 16-bit ones), above the
+/// padding lanes' `i32::MIN`.
 const OPEN: i32 = -(1 << 30);
 
 /// The products this CPU computes the path with: AVX-512 VNNI, else AVX2, else none (checked
@@ -194,7 +208,9 @@ impl Plan {
             step,
             inv_step: 1.0 / step,
             quads,
-            codes: vec![0; panels * quads * LANES],
+            // Huge pages, made on every core: 4 KiB pages faulted in one at a time took a third
+            // of the codes' making (10⁶ × 128 points, 2-core AVX2).
+            codes: knn_core::pages::zeroed_huge(panels * quads * LANES),
             init: vec![i32::MIN; panels * LANES],
             parity: vec![0; panels * LANES],
             base_err: 0.0,
@@ -391,29 +407,44 @@ impl Buffers {
     }
 }
 
-/// Packs the codes of queries `rows`: `quads` words per query; returns them with `256·ΣQ` per
-/// query for 8-bit codes (`K = K' + 256·ΣQ`), 0 for 16-bit ones (`K = K'`).
-fn pack_queries(plan: &Plan, queries: MatrixRef<'_>, rows: Range<usize>) -> (Vec<u32>, Vec<i32>) {
-    let (quads, per) = (plan.quads, plan.products.per_word());
-    let mut out = vec![0u32; rows.len() * quads];
-    let mut shift = vec![0i32; rows.len()];
-    let mut x = vec![0i16; quads * per];
-    for (i, r) in rows.enumerate() {
-        plan.quantise(queries.row(r), &mut x);
-        if plan.products == Products::Vnni {
-            shift[i] = 256 * x.iter().map(|&v| v as i32).sum::<i32>();
-        }
-        for (t, q) in x.chunks_exact(per).enumerate() {
-            out[i * quads + t] = plan.products.word(q, false);
-        }
+/// The codes of every query of a request, made once per request (its work units then read
+/// their rows): `quads` words per query, and `256·ΣQ` per query for 8-bit codes (`K = K' +
+/// 256·ΣQ`), 0 for 16-bit ones (`K = K'`).
+pub(crate) struct QueryCodes {
+    words: Vec<u32>,
+    shift: Vec<i32>,
+}
+
+impl QueryCodes {
+    pub(crate) fn new(plan: &Plan, queries: MatrixRef<'_>) -> Self {
+        let (quads, per) = (plan.quads, plan.products.per_word());
+        let mut words = vec![0u32; queries.rows() * quads];
+        let mut shift = vec![0i32; queries.rows()];
+        words
+            .par_chunks_mut(quads.max(1))
+            .zip(shift.par_iter_mut())
+            .enumerate()
+            .for_each_init(
+                || vec![0i16; quads * per],
+                |x, (r, (out, shift))| {
+                    plan.quantise(queries.row(r), x);
+                    if plan.products == Products::Vnni {
+                        *shift = 256 * x.iter().map(|&v| v as i32).sum::<i32>();
+                    }
+                    for (o, q) in out.iter_mut().zip(x.chunks_exact(per)) {
+                        *o = plan.products.word(q, false);
+                    }
+                },
+            );
+        QueryCodes { words, shift }
     }
-    (out, shift)
 }
 
 /// Folds the integer keys `K` of `queries[qr] × base[br]` into `tops`, like `gemm::fold_unit`.
 pub(crate) fn fold_unit(
     req: &CandidateRequest<'_>,
     plan: &Plan,
+    codes: &QueryCodes,
     qr: Range<usize>,
     br: Range<usize>,
     tops: &mut [TopK],
@@ -422,7 +453,8 @@ pub(crate) fn fold_unit(
     {
         let quads = plan.quads;
         let nq = qr.len();
-        let (qcodes, shift) = pack_queries(plan, req.queries, qr.clone());
+        let qcodes = &codes.words[qr.start * quads..qr.end * quads];
+        let shift = &codes.shift[qr.clone()];
         let skip: Vec<u32> = (0..nq)
             .map(|i| req.exclude.map_or(u32::MAX, |e| e[qr.start + i]))
             .collect();
@@ -446,8 +478,8 @@ pub(crate) fn fold_unit(
             // the slices hold NP panels and `qcodes` `quads` words per query.
             unsafe {
                 match plan.products {
-                    Products::Vnni => micro::block(quads, &blk, &qcodes, &mut buf),
-                    Products::Avx2 => avx2::block(quads, &blk, &qcodes, &mut buf),
+                    Products::Vnni => micro::block(quads, &blk, qcodes, &mut buf),
+                    Products::Avx2 => avx2::block(quads, &blk, qcodes, &mut buf),
                 }
             };
             p0 += NP;
@@ -462,7 +494,7 @@ pub(crate) fn fold_unit(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (req, plan, qr, br, tops);
+        let _ = (req, plan, codes, qr, br, tops);
         unreachable!("int8 path is only chosen on x86-64");
     }
 }
@@ -494,7 +526,7 @@ mod micro {
             ($($n:literal)*) => {
                 match quads {
                     $($n => block_n::<$n>(blk, q, buf),)*
-                    _ => unreachable!("d ≤ MAX_DIM"),
+                    _ => unreachable!("d ≤ max_dim()"),
                 }
             };
         }
@@ -629,56 +661,80 @@ mod avx2 {
             ($($n:literal)*) => {
                 match quads {
                     $($n => block_n::<$n>(blk, q, buf),)*
-                    _ => unreachable!("d ≤ MAX_DIM"),
+                    _ => unreachable!("d ≤ max_dim()"),
                 }
             };
         }
-        go!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32)
+        go!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64)
     }
 
     /// Keys of 64 base points × every query of the unit, as `micro::block_n`: per code word,
-    /// `vpmaddwd` adds each lane's two i16 × i16 products into 32 bits.
+    /// `vpmaddwd` adds each lane's two i16 × i16 products into 32 bits. The block is taken in
+    /// two halves of 32 points, each against two queries at a time (eight accumulators, each
+    /// code vector loaded once for both).
     #[target_feature(enable = "avx2")]
     #[allow(clippy::needless_range_loop)]
     unsafe fn block_n<const QUADS: usize>(blk: &Block<'_>, q: &[u32], buf: &mut Buffers) {
-        const HALVES: usize = 2 * NP;
+        // Vectors of 8 lanes per half of the block.
+        const PART: usize = NP;
         let nq = buf.fill.len();
         debug_assert!(q.len() >= nq * QUADS && blk.codes.len() >= NP * QUADS * LANES);
         let bp = blk.codes.as_ptr();
-        let init: [__m256i; HALVES] =
-            std::array::from_fn(|h| _mm256_loadu_si256(blk.init.as_ptr().add(h * 8) as *const _));
-        for i in 0..nq {
-            let qi = q.as_ptr().add(i * QUADS);
-            let mut a = init;
-            for t in 0..QUADS {
-                let w = _mm256_set1_epi32(*qi.add(t) as i32);
-                for h in 0..HALVES {
-                    // Half h: lanes 8·(h % 2).. of panel h / 2.
-                    let at = ((h / 2) * QUADS + t) * LANES + 8 * (h % 2);
-                    let b = _mm256_loadu_si256(bp.add(at) as *const __m256i);
-                    a[h] = _mm256_add_epi32(a[h], _mm256_madd_epi16(b, w));
+        for part in 0..2 {
+            let init: [__m256i; PART] = std::array::from_fn(|h| {
+                _mm256_loadu_si256(blk.init.as_ptr().add((part * PART + h) * 8) as *const _)
+            });
+            // Vector h of this half: lanes 8·(v % 2).. of panel v / 2, v = part·PART + h.
+            let at: [usize; PART] = std::array::from_fn(|h| {
+                let v = part * PART + h;
+                (v / 2) * QUADS * LANES + 8 * (v % 2)
+            });
+            let mut i = 0;
+            while i < nq {
+                let pair = i + 1 < nq;
+                let j = if pair { i + 1 } else { i };
+                let (qi, qj) = (q.as_ptr().add(i * QUADS), q.as_ptr().add(j * QUADS));
+                let (mut a, mut c) = (init, init);
+                for t in 0..QUADS {
+                    let w = _mm256_set1_epi32(*qi.add(t) as i32);
+                    let v = _mm256_set1_epi32(*qj.add(t) as i32);
+                    for h in 0..PART {
+                        let b = _mm256_loadu_si256(bp.add(at[h] + t * LANES) as *const __m256i);
+                        a[h] = _mm256_add_epi32(a[h], _mm256_madd_epi16(b, w));
+                        c[h] = _mm256_add_epi32(c[h], _mm256_madd_epi16(b, v));
+                    }
                 }
-            }
-            let th = _mm256_set1_epi32(*buf.thr.get_unchecked(i));
-            // Usually nothing passes: one compare of the lane-wise maximum decides.
-            let mut top = a[0];
-            for &x in &a[1..] {
-                top = _mm256_max_epi32(top, x);
-            }
-            if _mm256_movemask_epi8(_mm256_cmpgt_epi32(top, th)) != 0 {
-                emit(blk, buf, i, &a, th);
+                for (x, row) in [(&a, i), (&c, j)].into_iter().take(1 + pair as usize) {
+                    let th = _mm256_set1_epi32(*buf.thr.get_unchecked(row));
+                    // Usually nothing passes: one compare of the lane-wise maximum decides.
+                    let mut top = x[0];
+                    for &y in &x[1..] {
+                        top = _mm256_max_epi32(top, y);
+                    }
+                    if _mm256_movemask_epi8(_mm256_cmpgt_epi32(top, th)) != 0 {
+                        emit(blk, buf, row, x, part * PART, th);
+                    }
+                }
+                i += 2;
             }
         }
     }
 
-    /// Appends the keys of `acc` (64 base points, query `i`) above the threshold `th` to the
-    /// query's buffer; cuts the buffer when full.
+    /// Appends the keys of `acc` (vectors `first..` of the block's eight, query `i`) above the
+    /// threshold `th` to the query's buffer; cuts the buffer when full.
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn emit(blk: &Block<'_>, buf: &mut Buffers, i: usize, acc: &[__m256i], th: __m256i) {
+    unsafe fn emit(
+        blk: &Block<'_>,
+        buf: &mut Buffers,
+        i: usize,
+        acc: &[__m256i],
+        first: usize,
+        th: __m256i,
+    ) {
         let at = i * buf.cap;
         let mut fill = buf.fill[i];
-        for (h, &a) in acc.iter().enumerate() {
+        for (h, &a) in (first..).zip(acc) {
             let lanes = (blk.valid >> (8 * h)) as u32 & 0xff;
             let mut m =
                 _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(a, th))) as u32 & lanes;
@@ -741,7 +797,10 @@ mod tests {
             }
         };
         for products in forms {
-            for d in [1usize, 2, 3, 7, 16, 33, 64] {
+            for d in [1usize, 2, 3, 7, 16, 33, 64, 127, 128] {
+                if d > products.max_dim() {
+                    continue;
+                }
                 let (n, m) = (150, 9);
                 let base: Vec<f32> = (0..n * d).map(|_| next()).collect();
                 let queries: Vec<f32> = (0..m * d).map(|_| next()).collect();
@@ -763,7 +822,8 @@ mod tests {
                     exact_from: None,
                 };
                 let mut tops: Vec<TopK> = (0..m).map(|_| TopK::new(br.len())).collect();
-                fold_unit(&req, &plan, 0..m, br.clone(), &mut tops);
+                let codes = QueryCodes::new(&plan, qm);
+                fold_unit(&req, &plan, &codes, 0..m, br.clone(), &mut tops);
                 let codes = |row: &[f32]| {
                     let mut c = vec![0i16; plan.quads * products.per_word()];
                     plan.quantise(row, &mut c);

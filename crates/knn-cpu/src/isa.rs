@@ -57,7 +57,9 @@ pub fn describe() -> String {
     }
     match crate::int8::available() {
         Some(crate::int8::Products::Vnni) => paths.push("int8 products at d <= 64 (AVX-512 VNNI)"),
-        Some(crate::int8::Products::Avx2) => paths.push("7-bit products at d <= 64 (AVX2)"),
+        Some(crate::int8::Products::Avx2) => {
+            paths.push("12-bit integer products at d <= 128 (AVX2)")
+        }
         None => {}
     }
     match paths.is_empty() {

@@ -11,8 +11,9 @@
 //!   from Sapphire Rapids on, where `vdpbf16ps` runs at the f32 FMA rate); the wider bound of
 //!   bf16 inputs goes to the floor, the re-rank keeps results exact. A base's GEMM plan (mean,
 //!   norms, norm bound) is kept per base key: an index's searches make it once.
-//! - Squared L2 at `d ≤ 64`: an integer path (`int8.rs`) with exact integer keys of grid
-//!   codes, 8-bit with AVX-512 VNNI (`vpdpbusd`), else 12-bit with AVX2 (`vpmaddwd`), base
+//! - Squared L2 at small `d`: an integer path (`int8.rs`) with exact integer keys of grid
+//!   codes, 8-bit with AVX-512 VNNI (`vpdpbusd`, `d ≤ 64`), else 12-bit with AVX2 (`vpmaddwd`,
+//!   `d ≤ 128`), base
 //!   points in SIMD lanes and a fused threshold compare; the floor comes from the measured
 //!   quantisation error. Retries (`precise`) use f32. `CpuEngine::without_int8` turns it off
 //!   (`CpuEngine::f32_only` turns off bf16 too); the engine reads no environment variable.
