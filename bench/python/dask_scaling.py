@@ -84,6 +84,17 @@ def on_cluster(base, queries, k, workers, threads, device, base_chunks=4, repeat
                 runs.append(timed(job))
             if profile:
                 print(task_profile(ts.data, runs[-1][1]), flush=True)
+        if profile:
+            # Dask's own cost of a job of this shape on this cluster: the same query blocks in,
+            # two arrays of the same chunks out, each block a trivial task (no search).
+            def floor_job():
+                return client.compute((q.map_blocks(_first_columns, k, np.float32),
+                                       q.map_blocks(_first_columns, k, np.int64)), sync=True)
+
+            floor_job()
+            floor = sorted(timed(floor_job)[1] for _ in range(3))[1]
+            print(f"  Dask's floor, the same blocks in and out with no search: {floor * 1e3:.1f} ms"
+                  " (median of 3)", flush=True)
         if profile and workers == 1:
             # The same search in the worker, outside Dask's tasks: what the worker's process
             # itself costs against this one (one worker: it holds every chunk).
@@ -96,6 +107,11 @@ def on_cluster(base, queries, k, workers, threads, device, base_chunks=4, repeat
         spread = sorted((holders.count(a) for a in set(holders)), reverse=True)
     (dist, ids), t = runs[0][0], sorted(r[1] for r in runs)[len(runs) // 2]
     return dist, ids, t, f"{moved} indexes or base chunks moved between workers, base chunks per worker {spread}"
+
+
+def _first_columns(block, k, dtype):
+    """A query block's first k columns as ``dtype``: an output block of the search's shape."""
+    return block[:, :k].astype(dtype)
 
 
 def warm_worker(d, opts):

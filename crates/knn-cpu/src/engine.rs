@@ -67,13 +67,13 @@ impl CpuEngine {
 
     /// `req`'s integer plan, when the request takes the integer path (squared L2 first tries
     /// at a dimension the CPU's form takes): kept like the GEMM plans, and made only for a
-    /// request of at least [`INT8_MIN_QUERIES`] queries.
+    /// request of at least the form's [`Products::min_queries`](crate::int8::Products::min_queries).
     fn int8_plan(&self, req: &CandidateRequest<'_>) -> Option<Arc<crate::int8::Plan>> {
         let products = crate::int8::available()?;
         if !self.int8_for(req.kernel) || req.precise || req.base.dim() > products.max_dim() {
             return None;
         }
-        let enough = req.queries.rows() >= INT8_MIN_QUERIES;
+        let enough = req.queries.rows() >= products.min_queries();
         let make = || {
             enough
                 .then(|| crate::int8::Plan::new(req.base, products).map(Arc::new))
@@ -353,12 +353,6 @@ impl GemmPlan {
         )
     }
 }
-
-/// Fewest queries for which a request quantises the base for the integer path (a kept plan
-/// serves any number): the codes cost a pass over the base that the integer products repay
-/// only over many queries (10⁶ × 128 base, AVX2: 0.35 s of codes against ~1.3 ms saved a
-/// query; one-off searches of 256 queries lost, of 1000 won).
-const INT8_MIN_QUERIES: usize = 512;
 
 /// Largest dimension whose f32 squared-L2 keys take the direct `Dot` form instead of a GEMM.
 const DOT_MAX_DIM: usize = 24;
