@@ -76,7 +76,7 @@ impl CpuEngine {
         let enough = req.queries.rows() >= products.min_queries();
         let make = || {
             enough
-                .then(|| crate::int8::Plan::new(req.base, products).map(Arc::new))
+                .then(|| crate::int8::Plan::new(req.base, products, req.kernel).map(Arc::new))
                 .flatten()
         };
         let Some(key) = req.base_key else {
@@ -158,10 +158,14 @@ impl CpuEngine {
     /// form: there the symmetric bf16 path measured 0.8× of the one-sided int8 path (n =
     /// 20 000, d = 16 to 64), and on AVX2 the symmetric f32 path 0.59× at d = 16, 0.85× at
     /// d = 100 and 0.98× at d = 128 of the one-sided 16-bit path. Elsewhere it measured 1.1× to
-    /// 2× faster (see `bench/graph/README.md`).
+    /// 2× faster (see `bench/graph/README.md`). L1 graphs stay symmetric: the symmetric direct
+    /// path (half the pairs) measured 1.09× (d = 16) to 1.24× (d = 64) faster than the
+    /// one-sided 16-bit path on AVX2 (n = 20 000).
     pub fn pays_symmetric(&self, n: usize, d: usize, kernel: Kernel, width: usize) -> bool {
-        let int8 =
-            self.int8_for(kernel) && crate::int8::available().is_some_and(|p| d <= p.max_dim());
+        // (A graph's queries are its n points.)
+        let int8 = kernel == Kernel::SqL2
+            && self.int8_for(kernel)
+            && crate::int8::available().is_some_and(|p| d <= p.max_dim() && n >= p.min_queries());
         n >= SYMMETRIC_MIN_POINTS && list_bytes(n, width) <= SYMMETRIC_LIST_BYTES && !int8
     }
 
@@ -199,8 +203,8 @@ impl CpuEngine {
         self
     }
 
-    /// The same engine without the integer path (squared L2 at `d ≤ 64` then takes bf16 or
-    /// f32).
+    /// The same engine without the integer path (squared L2 at small `d` then takes bf16 or
+    /// f32, L1 the direct kernels).
     pub fn without_int8(mut self) -> Self {
         self.no_int8 = true;
         self
@@ -211,12 +215,9 @@ impl CpuEngine {
     }
 
     /// Whether first tries of `kernel` at `d ≤ Products::max_dim` take the integer products
-    /// (squared L2 only, on AVX-512 VNNI or AVX2).
+    /// (squared L2 on AVX-512 VNNI or AVX2, L1 on AVX2).
     fn int8_for(&self, kernel: Kernel) -> bool {
-        !self.f32_only
-            && !self.no_int8
-            && kernel == Kernel::SqL2
-            && crate::int8::available().is_some()
+        !self.f32_only && !self.no_int8 && crate::int8::available().is_some_and(|p| p.takes(kernel))
     }
 
     /// Whether first tries of `kernel` take the bf16 products: squared L2 only. Its bound
@@ -371,7 +372,9 @@ fn candidates(
         .map(|p| crate::int8::QueryCodes::new(p, req.queries));
     let plan = (req.kernel.is_gemm() && int8.is_none()).then(|| plan(req));
     let direct = match &plan {
-        None => (!req.kernel.is_gemm()).then(|| crate::direct::DirectPlan::new(req)),
+        None => {
+            (!req.kernel.is_gemm() && int8.is_none()).then(|| crate::direct::DirectPlan::new(req))
+        }
         // Squared L2 at small d in f32: the products stay in registers (see `DirectOp::Dot`).
         Some(p) if !p.bf16 && req.kernel == Kernel::SqL2 && d <= DOT_MAX_DIM => {
             Some(crate::direct::DirectPlan::dot(p.norms.sq.clone()))
@@ -412,15 +415,16 @@ fn candidates(
     let available = req.available();
     crate::units::into_candidates(merged, width, |i, keys, floor| {
         if let Some(p) = &int8 {
-            // Integer keys K → s²·(‖Q‖² + K), the squared distance of the quantised points.
-            let (qsq, s2, e) = p.query_terms(req.queries.row(i));
+            // Integer keys K → a·(o + K), the key of the quantised points (squared L2:
+            // s²·(‖Q‖² + K); L1: s·K).
+            let (o, a, e) = p.query_terms(req.queries.row(i));
             let mut dw = 0.0;
             for k in keys.iter_mut() {
-                dw = s2 * (qsq as f64 + *k as f64);
+                dw = a * (o as f64 + *k as f64);
                 *k = dw as f32;
             }
             if width < available {
-                *floor = round_down(crate::int8::Plan::floor(dw, e));
+                *floor = round_down(p.floor(dw, e));
             }
             return;
         }

@@ -13,6 +13,12 @@
 //! The rest of this text describes the 8-bit form; the 16-bit one stores base codes as they
 //! are (`B`, no offset), so its `dot = Q·B` and `K = K'`.
 //!
+//! L1 (16-bit form only): `Σ|Q − B| = ΣQ + ΣB − 2·Σmin(Q, B)`, with `vpminsw` and 16-bit adds
+//! (eight words of codes `|X| ≤ 2047` at a time, then `vpmaddwd` by ones into the 32-bit
+//! lanes): the accumulators start at `−⌊ΣB/2⌋`, so `K' = (ΣB mod 2) − 2·acc` as for squared
+//! L2, and `K = K' + ΣQ`. The floor is `s·K − (‖q − q̃‖₁ + max_b ‖b − b̃‖₁)` (per coordinate,
+//! `||q − b| − |q̃ − b̃|| ≤ |q − q̃| + |b − b̃|`).
+//!
 //! Layout: base points sit in SIMD lanes (panels of 16 points, codes stored as `B + 128`, u8);
 //! a query's codes (s8) are broadcast. With `dot = Σ (B_i + 128) Q_i = Q·B + 128 ΣQ` the key
 //!
@@ -30,7 +36,7 @@
 //! triangle inequality gives `‖q − b‖² ≥ D̃ − 2√D̃·E` for `D̃ = ‖q̃ − b̃‖²`, so the w-th kept key
 //! yields the floor for every point left out (see [`Plan::floor`]).
 
-use knn_core::{CandidateRequest, MatrixRef, TopK};
+use knn_core::{CandidateRequest, Kernel, MatrixRef, TopK};
 use multiversion::multiversion;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -71,6 +77,15 @@ impl Products {
         }
     }
 
+    /// Whether this form computes `kernel`'s keys: squared L2, and L1 with 16-bit codes.
+    pub(crate) fn takes(self, kernel: Kernel) -> bool {
+        match kernel {
+            Kernel::SqL2 => true,
+            Kernel::L1 => self == Products::Avx2,
+            _ => false,
+        }
+    }
+
     /// Fewest queries for which a request quantises the base (a kept plan serves any number):
     /// the codes cost a pass over the base, which the products repay at once with 8-bit codes
     /// (GPU machine's Xeon, 200 000 × 16, 256 queries: 27 ms against 37 ms without the path)
@@ -108,8 +123,8 @@ const LANES: usize = 16;
 /// Panels per micro-kernel block (64 base points).
 const NP: usize = 4;
 /// Threshold before a query's buffer first fills: below every real accumulator
-/// (`|acc| < 2²²` for 8-bit codes at `d ≤ 64`, `< 1.5·128·2047²` for 16-bit ones), above the
-/// padding lanes' `i32::MIN`.
+/// (`|acc| < 2²²` for 8-bit codes at `d ≤ 64`, `< 1.5·128·2047²` for 16-bit ones); padding
+/// lanes start at it and only decrease (their codes are 0), so they never pass it.
 const OPEN: i32 = -(1 << 30);
 
 /// The products this CPU computes the path with: AVX-512 VNNI, else AVX2, else none (checked
@@ -140,6 +155,8 @@ pub(crate) fn available() -> Option<Products> {
 pub(crate) struct Plan {
     /// The instructions of the products (and the codes' range).
     products: Products,
+    /// The keys: squared L2 or L1.
+    kernel: Kernel,
     /// Grid centre `m` per dimension.
     centre: Vec<f32>,
     /// Grid step `s`, and its inverse used to round.
@@ -151,21 +168,26 @@ pub(crate) struct Plan {
     /// `2t..2t+2`) of point `16·panel + lane` as u8 `B_i + 128` (16-bit: i16 `B_i`; zero
     /// padded); `NP − 1` extra zero panels at the end so every block of `NP` panels exists.
     codes: Vec<u32>,
-    /// Per panel lane: `−⌊‖B‖²/2⌋` (accumulator start; `i32::MIN` on padding lanes).
+    /// Per panel lane: `−⌊‖B‖²/2⌋` (L1: `−⌊ΣB/2⌋`; accumulator start; [`OPEN`] on padding
+    /// lanes).
     init: Vec<i32>,
-    /// Per panel lane: `‖B‖² mod 2`.
+    /// Per panel lane: `‖B‖² mod 2` (L1: `ΣB mod 2`).
     parity: Vec<i32>,
-    /// `max_b ‖b − b̃‖`, rounded up.
+    /// `max_b ‖b − b̃‖` (L1: `‖b − b̃‖₁`), rounded up.
     base_err: f64,
-    /// Added to each computed `‖x − x̃‖`: covers the f64 rounding of `m + s·X` (absolute, so
-    /// a relative margin alone would not cover it where `x ≈ x̃` far from the origin).
+    /// Added to each computed `‖x − x̃‖` (or `‖x − x̃‖₁`): covers the f64 rounding of `m + s·X`
+    /// (absolute, so a relative margin alone would not cover it where `x ≈ x̃` far from the
+    /// origin).
     slack: f64,
 }
 
 impl Plan {
-    /// Quantises `base` for `products`; `None` when the keys could overflow f32 (the bf16 or
-    /// f32 path then runs).
-    pub(crate) fn new(base: MatrixRef<'_>, products: Products) -> Option<Self> {
+    /// Quantises `base` for `products` and `kernel`'s keys; `None` when the form does not take
+    /// the kernel or the keys could overflow f32 (the bf16, f32 or direct path then runs).
+    pub(crate) fn new(base: MatrixRef<'_>, products: Products, kernel: Kernel) -> Option<Self> {
+        if !products.takes(kernel) {
+            return None;
+        }
         let c = products.max_code() as f64;
         let d = base.dim();
         let (lo, hi) = base
@@ -216,6 +238,7 @@ impl Plan {
         let panels = n.div_ceil(LANES) + NP - 1;
         let mut plan = Plan {
             products,
+            kernel,
             centre,
             step,
             inv_step: 1.0 / step,
@@ -223,21 +246,27 @@ impl Plan {
             // Huge pages, made on every core: 4 KiB pages faulted in one at a time took a third
             // of the codes' making (10⁶ × 128 points, 2-core AVX2).
             codes: knn_core::pages::zeroed_huge(panels * quads * LANES),
-            init: vec![i32::MIN; panels * LANES],
+            init: vec![OPEN; panels * LANES],
             parity: vec![0; panels * LANES],
             base_err: 0.0,
             slack: 0.0,
         };
         // Each computed difference e_i = v_i − fl(m_i + s·X_i) is off by at most
         // δ = 2⁻⁵³·(|m| + c·s) (s·X is exact; the final subtraction's own rounding is relative
-        // and covered by the 1e-9 margin), so the vector norm is off by at most √d·δ.
+        // and covered by the 1e-9 margin), so the vector norm is off by at most √d·δ (the L1
+        // norm by d·δ).
         let big = plan
             .centre
             .iter()
             .map(|&m| (m as f64).abs())
             .fold(0.0, f64::max)
             + c * step as f64;
-        plan.slack = (d as f64).sqrt() * 2.0 * big * f64::EPSILON;
+        let terms = if kernel == Kernel::L1 {
+            d as f64
+        } else {
+            (d as f64).sqrt()
+        };
+        plan.slack = terms * 2.0 * big * f64::EPSILON;
         let (mut codes, mut init, mut parity) = (
             std::mem::take(&mut plan.codes),
             std::mem::take(&mut plan.init),
@@ -257,9 +286,13 @@ impl Plan {
                         break;
                     }
                     worst = worst.max(plan.quantise(base.row(i), &mut x));
-                    let sq: i32 = x.iter().map(|&v| v as i32 * v as i32).sum();
-                    init[lane] = -(sq >> 1);
-                    parity[lane] = sq & 1;
+                    // ‖B‖² (L1: ΣB) = 2·⌊·/2⌋ + parity, for K' = parity − 2·acc.
+                    let norm: i32 = match kernel {
+                        Kernel::L1 => x.iter().map(|&v| v as i32).sum(),
+                        _ => x.iter().map(|&v| v as i32 * v as i32).sum(),
+                    };
+                    init[lane] = -norm.div_euclid(2);
+                    parity[lane] = norm.rem_euclid(2);
                     for (t, q) in x.chunks_exact(per).enumerate() {
                         codes[t * LANES + lane] = products.word(q, true);
                     }
@@ -275,21 +308,30 @@ impl Plan {
     }
 
     /// Codes of `x` (zero padded to `quads·per_word`), returning an upper bound on `‖x − x̃‖`
-    /// (x̃ = m + s·X).
+    /// (L1: `‖x − x̃‖₁`; x̃ = m + s·X).
     fn quantise(&self, x: &[f32], out: &mut [i16]) -> f64 {
         let c = self.products.max_code();
-        let sq = quantise(x, &self.centre, self.inv_step, self.step, c, out);
-        sq.sqrt() * (1.0 + 1e-9) + self.slack
+        let (sq, abs) = quantise(x, &self.centre, self.inv_step, self.step, c, out);
+        let norm = if self.kernel == Kernel::L1 {
+            abs
+        } else {
+            sq.sqrt()
+        };
+        norm * (1.0 + 1e-9) + self.slack
     }
 
-    /// For one query: `(‖Q‖², s², ‖q − q̃‖ + max_b ‖b − b̃‖)`, where `s²·(‖Q‖² + K)` is the
-    /// exact squared distance of the quantised points.
+    /// For one query: `(o, a, e)` such that `a·(o + K)` is the exact key of the quantised
+    /// points (squared L2: `o = ‖Q‖²`, `a = s²`; L1: `o = 0`, `a = s`), and `e = ‖q − q̃‖ +
+    /// max_b ‖b − b̃‖` (L1: the same in the L1 norm), for [`Plan::floor`].
     pub(crate) fn query_terms(&self, q: &[f32]) -> (i64, f64, f64) {
         let mut x = vec![0i16; self.quads * self.products.per_word()];
         let err = self.quantise(q, &mut x);
-        let sq = x.iter().map(|&v| v as i64 * v as i64).sum();
         let s = self.step as f64;
-        (sq, s * s, err + self.base_err)
+        let (o, a) = match self.kernel {
+            Kernel::L1 => (0, s),
+            _ => (x.iter().map(|&v| v as i64 * v as i64).sum(), s * s),
+        };
+        (o, a, err + self.base_err)
     }
 
     /// A lower bound on `‖q − b‖²` for every point whose quantised squared distance is at
@@ -297,24 +339,36 @@ impl Plan {
     /// `‖q − b‖² ≥ D̃ − 2√D̃·e`, which grows with `D̃` once `√D̃ ≥ e` (below, the bound is
     /// negative and 0 holds). Margins cover the f32 rounding of the reported keys (the
     /// pipeline infers its per-key slack from `key_w − floor`) and of the exact keys.
-    pub(crate) fn floor(dw: f64, e: f64) -> f64 {
+    ///
+    /// L1: `Σ|q − b| ≥ D̃ − e` coordinate by coordinate, the same margins.
+    pub(crate) fn floor(&self, dw: f64, e: f64) -> f64 {
+        if self.kernel == Kernel::L1 {
+            return dw * (1.0 - 1e-6) - e * (1.0 + 1e-6) - f64::from(f32::MIN_POSITIVE);
+        }
         dw * (1.0 - 1e-6) - 2.0 * dw.sqrt() * e * (1.0 + 1e-6) - f64::from(f32::MIN_POSITIVE)
     }
 }
 
 /// Codes of `x` (zero padded to `out.len()`) on the grid `m + s·X`, returning the computed
-/// `‖x − x̃‖²` in f64 ([`Plan::quantise`] turns it into a bound on the norm). Eight f64 partial
-/// sums so it vectorises.
+/// `‖x − x̃‖²` and `‖x − x̃‖₁` in f64 ([`Plan::quantise`] turns them into a bound on the norm).
+/// Eight f64 partial sums of each so it vectorises.
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
-fn quantise(x: &[f32], centre: &[f32], inv_step: f32, step: f32, c: f32, out: &mut [i16]) -> f64 {
+fn quantise(
+    x: &[f32],
+    centre: &[f32],
+    inv_step: f32,
+    step: f32,
+    c: f32,
+    out: &mut [i16],
+) -> (f64, f64) {
     out.fill(0);
-    let mut acc = [0.0f64; 8];
+    let (mut acc, mut abs) = ([0.0f64; 8], [0.0f64; 8]);
     let one = |v: f32, m: f32| {
         // Round to nearest (even) by the 1.5·2²³ trick: no libm call, exact for |x| ≤ 2047.
         let x = ((v - m) * inv_step).clamp(-c, c);
         let code = (x + 12_582_912.0) - 12_582_912.0;
         let e = v as f64 - (m as f64 + step as f64 * code as f64);
-        (code as i16, e * e)
+        (code as i16, e)
     };
     let n = x.len() / 8 * 8;
     for ((xc, mc), oc) in x[..n]
@@ -325,15 +379,17 @@ fn quantise(x: &[f32], centre: &[f32], inv_step: f32, step: f32, c: f32, out: &m
         for l in 0..8 {
             let (c, e) = one(xc[l], mc[l]);
             oc[l] = c;
-            acc[l] += e;
+            acc[l] += e * e;
+            abs[l] += e.abs();
         }
     }
     for i in n..x.len() {
         let (c, e) = one(x[i], centre[i]);
         out[i] = c;
-        acc[0] += e;
+        acc[0] += e * e;
+        abs[0] += e.abs();
     }
-    acc.iter().sum()
+    (acc.iter().sum(), abs.iter().sum())
 }
 
 /// Order-preserving packing of `(K', id)` into one integer.
@@ -420,8 +476,8 @@ impl Buffers {
 }
 
 /// The codes of every query of a request, made once per request (its work units then read
-/// their rows): `quads` words per query, and `256·ΣQ` per query for 8-bit codes (`K = K' +
-/// 256·ΣQ`), 0 for 16-bit ones (`K = K'`).
+/// their rows): `quads` words per query, and per query the shift from `K'` to `K`: `256·ΣQ`
+/// for 8-bit codes, `ΣQ` for L1, 0 for 16-bit squared L2.
 pub(crate) struct QueryCodes {
     words: Vec<u32>,
     shift: Vec<i32>,
@@ -440,8 +496,12 @@ impl QueryCodes {
                 || vec![0i16; quads * per],
                 |x, (r, (out, shift))| {
                     plan.quantise(queries.row(r), x);
-                    if plan.products == Products::Vnni {
-                        *shift = 256 * x.iter().map(|&v| v as i32).sum::<i32>();
+                    // K = K' + 256·ΣQ (8-bit codes), K' + ΣQ (L1), K' (16-bit squared L2).
+                    let sum = || x.iter().map(|&v| v as i32).sum::<i32>();
+                    if plan.kernel == Kernel::L1 {
+                        *shift = sum();
+                    } else if plan.products == Products::Vnni {
+                        *shift = 256 * sum();
                     }
                     for (o, q) in out.iter_mut().zip(x.chunks_exact(per)) {
                         *o = plan.products.word(q, false);
@@ -491,6 +551,9 @@ pub(crate) fn fold_unit(
             unsafe {
                 match plan.products {
                     Products::Vnni => micro::block(quads, &blk, qcodes, &mut buf),
+                    Products::Avx2 if plan.kernel == Kernel::L1 => {
+                        avx2::block_l1(quads, &blk, qcodes, &mut buf)
+                    }
                     Products::Avx2 => avx2::block(quads, &blk, qcodes, &mut buf),
                 }
             };
@@ -732,6 +795,82 @@ mod avx2 {
         }
     }
 
+    /// [`block`] for L1 keys (see the module docs).
+    ///
+    /// # Safety
+    /// As [`block`].
+    #[inline]
+    pub(super) unsafe fn block_l1(quads: usize, blk: &Block<'_>, q: &[u32], buf: &mut Buffers) {
+        macro_rules! go {
+            ($($n:literal)*) => {
+                match quads {
+                    $($n => block_l1_n::<$n>(blk, q, buf),)*
+                    _ => unreachable!("d ≤ max_dim()"),
+                }
+            };
+        }
+        go!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64)
+    }
+
+    /// `acc = Σmin(Q, B) − ⌊ΣB/2⌋` of 64 base points × every query of the unit: per code
+    /// word, `vpminsw` and a 16-bit add; every `RUN` words the 16-bit sums (at most
+    /// `RUN·2047 < 2¹⁵` each) go into the 32-bit lanes by `vpmaddwd` by ones. The block in
+    /// four parts of 16 points, each against two queries at a time.
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn block_l1_n<const QUADS: usize>(blk: &Block<'_>, q: &[u32], buf: &mut Buffers) {
+        const PART: usize = 2;
+        const RUN: usize = 8;
+        let nq = buf.fill.len();
+        debug_assert!(q.len() >= nq * QUADS && blk.codes.len() >= NP * QUADS * LANES);
+        let bp = blk.codes.as_ptr();
+        let ones = _mm256_set1_epi16(1);
+        for part in 0..2 * NP / PART {
+            let init: [__m256i; PART] = std::array::from_fn(|h| {
+                _mm256_loadu_si256(blk.init.as_ptr().add((part * PART + h) * 8) as *const _)
+            });
+            let at: [usize; PART] = std::array::from_fn(|h| {
+                let v = part * PART + h;
+                (v / 2) * QUADS * LANES + 8 * (v % 2)
+            });
+            let mut i = 0;
+            while i < nq {
+                let pair = i + 1 < nq;
+                let j = if pair { i + 1 } else { i };
+                let (qi, qj) = (q.as_ptr().add(i * QUADS), q.as_ptr().add(j * QUADS));
+                let (mut a, mut c) = (init, init);
+                let mut t = 0;
+                while t < QUADS {
+                    let end = (t + RUN).min(QUADS);
+                    let zero = _mm256_setzero_si256();
+                    let (mut sa, mut sc) = ([zero; PART], [zero; PART]);
+                    for u in t..end {
+                        let w = _mm256_set1_epi32(*qi.add(u) as i32);
+                        let v = _mm256_set1_epi32(*qj.add(u) as i32);
+                        for h in 0..PART {
+                            let b = _mm256_loadu_si256(bp.add(at[h] + u * LANES) as *const __m256i);
+                            sa[h] = _mm256_add_epi16(sa[h], _mm256_min_epi16(b, w));
+                            sc[h] = _mm256_add_epi16(sc[h], _mm256_min_epi16(b, v));
+                        }
+                    }
+                    for h in 0..PART {
+                        a[h] = _mm256_add_epi32(a[h], _mm256_madd_epi16(sa[h], ones));
+                        c[h] = _mm256_add_epi32(c[h], _mm256_madd_epi16(sc[h], ones));
+                    }
+                    t = end;
+                }
+                for (x, row) in [(&a, i), (&c, j)].into_iter().take(1 + pair as usize) {
+                    let th = _mm256_set1_epi32(*buf.thr.get_unchecked(row));
+                    let top = _mm256_max_epi32(x[0], x[1]);
+                    if _mm256_movemask_epi8(_mm256_cmpgt_epi32(top, th)) != 0 {
+                        emit(blk, buf, row, x, part * PART, th);
+                    }
+                }
+                i += 2;
+            }
+        }
+    }
+
     /// Appends the keys of `acc` (vectors `first..` of the block's eight, query `i`) above the
     /// threshold `th` to the query's buffer; cuts the buffer when full.
     #[target_feature(enable = "avx2")]
@@ -808,7 +947,11 @@ mod tests {
                 _ => (x >> 11) as f32 / (1u64 << 53) as f32 * 8.0 - 3.0,
             }
         };
-        for products in forms {
+        for (products, kernel) in forms
+            .iter()
+            .flat_map(|&p| [(p, Kernel::SqL2), (p, Kernel::L1)])
+            .filter(|(p, k)| p.takes(*k))
+        {
             for d in [1usize, 2, 3, 7, 16, 33, 64, 127, 128] {
                 if d > products.max_dim() {
                     continue;
@@ -820,12 +963,12 @@ mod tests {
                     MatrixRef::new("base", &base, d).unwrap(),
                     MatrixRef::new("queries", &queries, d).unwrap(),
                 );
-                let plan = Plan::new(bm, products).expect("keys fit");
+                let plan = Plan::new(bm, products, kernel).expect("keys fit");
                 let br = 5..141;
                 let req = CandidateRequest {
                     base: bm,
                     queries: qm,
-                    kernel: Kernel::SqL2,
+                    kernel,
                     width: br.len(),
                     exclude: None,
                     precise: false,
@@ -847,14 +990,26 @@ mod tests {
                         .clone()
                         .map(|j| {
                             let b = codes(bm.row(j));
-                            let bb: i64 = b.iter().map(|&v| v as i64 * v as i64).sum();
-                            let qb: i64 =
-                                b.iter().zip(&q).map(|(&u, &v)| u as i64 * v as i64).sum();
-                            ((bb - 2 * qb) as f32, j as u32)
+                            let key: i64 = if kernel == Kernel::L1 {
+                                b.iter()
+                                    .zip(&q)
+                                    .map(|(&u, &v)| (u as i64 - v as i64).abs())
+                                    .sum()
+                            } else {
+                                let bb: i64 = b.iter().map(|&v| v as i64 * v as i64).sum();
+                                let qb: i64 =
+                                    b.iter().zip(&q).map(|(&u, &v)| u as i64 * v as i64).sum();
+                                bb - 2 * qb
+                            };
+                            (key as f32, j as u32)
                         })
                         .collect();
                     want.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-                    assert_eq!(top.into_sorted(), want, "{products:?} d={d} query {i}");
+                    assert_eq!(
+                        top.into_sorted(),
+                        want,
+                        "{products:?} {kernel:?} d={d} query {i}"
+                    );
                 }
             }
         }

@@ -58,7 +58,7 @@ pub fn describe() -> String {
     match crate::int8::available() {
         Some(crate::int8::Products::Vnni) => paths.push("int8 products at d <= 64 (AVX-512 VNNI)"),
         Some(crate::int8::Products::Avx2) => {
-            paths.push("12-bit integer products at d <= 128 (AVX2)")
+            paths.push("12-bit integer products at d <= 128 (AVX2; L1 too)")
         }
         None => {}
     }

@@ -13,7 +13,7 @@
 //!   norms, norm bound) is kept per base key: an index's searches make it once.
 //! - Squared L2 at small `d`: an integer path (`int8.rs`) with exact integer keys of grid
 //!   codes, 8-bit with AVX-512 VNNI (`vpdpbusd`, `d ≤ 64`), else 12-bit with AVX2 (`vpmaddwd`,
-//!   `d ≤ 128`), base
+//!   `d ≤ 128`, and L1 by `vpminsw`), base
 //!   points in SIMD lanes and a fused threshold compare; the floor comes from the measured
 //!   quantisation error. Retries (`precise`) use f32. `CpuEngine::without_int8` turns it off
 //!   (`CpuEngine::f32_only` turns off bf16 too); the engine reads no environment variable.
