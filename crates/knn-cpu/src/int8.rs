@@ -552,9 +552,9 @@ pub(crate) fn fold_unit(
                 match plan.products {
                     Products::Vnni => micro::block(quads, &blk, qcodes, &mut buf),
                     Products::Avx2 if plan.kernel == Kernel::L1 => {
-                        avx2::block_l1(quads, &blk, qcodes, &mut buf)
+                        avx2::block::<true>(quads, &blk, qcodes, &mut buf)
                     }
-                    Products::Avx2 => avx2::block(quads, &blk, qcodes, &mut buf),
+                    Products::Avx2 => avx2::block::<false>(quads, &blk, qcodes, &mut buf),
                 }
             };
             p0 += NP;
@@ -719,23 +719,32 @@ mod micro {
 }
 
 /// The AVX2 form of [`micro`]: the same block of `NP` panels, each panel's 16 lanes in two
-/// ymm halves, one query at a time (eight accumulators of 8 lanes).
+/// ymm vectors, taken in parts against two queries at a time.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{Block, Buffers, LANES, NP};
     use std::arch::x86_64::*;
 
-    /// Dispatches on the number of code words so the product loop is fully unrolled.
+    /// The block's keys for squared L2 (`L1` false) or L1, dispatched on the number of code
+    /// words so the word loop is unrolled.
     ///
     /// # Safety
     /// AVX2 must be available; `blk` holds `NP` panels of `quads` words per lane and `q`
     /// `quads` words per query of `buf`, 16-bit codes.
     #[inline]
-    pub(super) unsafe fn block(quads: usize, blk: &Block<'_>, q: &[u32], buf: &mut Buffers) {
+    pub(super) unsafe fn block<const L1: bool>(
+        quads: usize,
+        blk: &Block<'_>,
+        q: &[u32],
+        buf: &mut Buffers,
+    ) {
         macro_rules! go {
             ($($n:literal)*) => {
                 match quads {
-                    $($n => block_n::<$n>(blk, q, buf),)*
+                    // Squared L2: two halves of 32 points; L1 (twice the registers a vector:
+                    // its 16-bit sums) four parts of 16.
+                    $($n if L1 => block_n::<$n, 2, true>(blk, q, buf),
+                      $n => block_n::<$n, 4, false>(blk, q, buf),)*
                     _ => unreachable!("d ≤ max_dim()"),
                 }
             };
@@ -743,92 +752,29 @@ mod avx2 {
         go!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64)
     }
 
-    /// Keys of 64 base points × every query of the unit, as `micro::block_n`: per code word,
-    /// `vpmaddwd` adds each lane's two i16 × i16 products into 32 bits. The block is taken in
-    /// two halves of 32 points, each against two queries at a time (eight accumulators, each
-    /// code vector loaded once for both).
+    /// Keys of 64 base points × every query of the unit, in parts of `PART` vectors of 8
+    /// points, each against two queries at a time (each code vector loaded once for both).
+    /// Squared L2, as `micro::block_n`: per code word, `vpmaddwd` adds each lane's two i16 ×
+    /// i16 products into 32 bits. L1: `acc = Σmin(Q, B) − ⌊ΣB/2⌋`, per code word `vpminsw`
+    /// and a 16-bit add; every `RUN` words the 16-bit sums (at most `RUN·2047 < 2¹⁵` each) go
+    /// into the 32-bit lanes by `vpmaddwd` by ones.
     #[target_feature(enable = "avx2")]
     #[allow(clippy::needless_range_loop)]
-    unsafe fn block_n<const QUADS: usize>(blk: &Block<'_>, q: &[u32], buf: &mut Buffers) {
-        // Vectors of 8 lanes per half of the block.
-        const PART: usize = NP;
-        let nq = buf.fill.len();
-        debug_assert!(q.len() >= nq * QUADS && blk.codes.len() >= NP * QUADS * LANES);
-        let bp = blk.codes.as_ptr();
-        for part in 0..2 {
-            let init: [__m256i; PART] = std::array::from_fn(|h| {
-                _mm256_loadu_si256(blk.init.as_ptr().add((part * PART + h) * 8) as *const _)
-            });
-            // Vector h of this half: lanes 8·(v % 2).. of panel v / 2, v = part·PART + h.
-            let at: [usize; PART] = std::array::from_fn(|h| {
-                let v = part * PART + h;
-                (v / 2) * QUADS * LANES + 8 * (v % 2)
-            });
-            let mut i = 0;
-            while i < nq {
-                let pair = i + 1 < nq;
-                let j = if pair { i + 1 } else { i };
-                let (qi, qj) = (q.as_ptr().add(i * QUADS), q.as_ptr().add(j * QUADS));
-                let (mut a, mut c) = (init, init);
-                for t in 0..QUADS {
-                    let w = _mm256_set1_epi32(*qi.add(t) as i32);
-                    let v = _mm256_set1_epi32(*qj.add(t) as i32);
-                    for h in 0..PART {
-                        let b = _mm256_loadu_si256(bp.add(at[h] + t * LANES) as *const __m256i);
-                        a[h] = _mm256_add_epi32(a[h], _mm256_madd_epi16(b, w));
-                        c[h] = _mm256_add_epi32(c[h], _mm256_madd_epi16(b, v));
-                    }
-                }
-                for (x, row) in [(&a, i), (&c, j)].into_iter().take(1 + pair as usize) {
-                    let th = _mm256_set1_epi32(*buf.thr.get_unchecked(row));
-                    // Usually nothing passes: one compare of the lane-wise maximum decides.
-                    let mut top = x[0];
-                    for &y in &x[1..] {
-                        top = _mm256_max_epi32(top, y);
-                    }
-                    if _mm256_movemask_epi8(_mm256_cmpgt_epi32(top, th)) != 0 {
-                        emit(blk, buf, row, x, part * PART, th);
-                    }
-                }
-                i += 2;
-            }
-        }
-    }
-
-    /// [`block`] for L1 keys (see the module docs).
-    ///
-    /// # Safety
-    /// As [`block`].
-    #[inline]
-    pub(super) unsafe fn block_l1(quads: usize, blk: &Block<'_>, q: &[u32], buf: &mut Buffers) {
-        macro_rules! go {
-            ($($n:literal)*) => {
-                match quads {
-                    $($n => block_l1_n::<$n>(blk, q, buf),)*
-                    _ => unreachable!("d ≤ max_dim()"),
-                }
-            };
-        }
-        go!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64)
-    }
-
-    /// `acc = Σmin(Q, B) − ⌊ΣB/2⌋` of 64 base points × every query of the unit: per code
-    /// word, `vpminsw` and a 16-bit add; every `RUN` words the 16-bit sums (at most
-    /// `RUN·2047 < 2¹⁵` each) go into the 32-bit lanes by `vpmaddwd` by ones. The block in
-    /// four parts of 16 points, each against two queries at a time.
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::needless_range_loop)]
-    unsafe fn block_l1_n<const QUADS: usize>(blk: &Block<'_>, q: &[u32], buf: &mut Buffers) {
-        const PART: usize = 2;
+    unsafe fn block_n<const QUADS: usize, const PART: usize, const L1: bool>(
+        blk: &Block<'_>,
+        q: &[u32],
+        buf: &mut Buffers,
+    ) {
         const RUN: usize = 8;
         let nq = buf.fill.len();
         debug_assert!(q.len() >= nq * QUADS && blk.codes.len() >= NP * QUADS * LANES);
         let bp = blk.codes.as_ptr();
-        let ones = _mm256_set1_epi16(1);
+        let (ones, zero) = (_mm256_set1_epi16(1), _mm256_setzero_si256());
         for part in 0..2 * NP / PART {
             let init: [__m256i; PART] = std::array::from_fn(|h| {
                 _mm256_loadu_si256(blk.init.as_ptr().add((part * PART + h) * 8) as *const _)
             });
+            // Vector h of this part: lanes 8·(v % 2).. of panel v / 2, v = part·PART + h.
             let at: [usize; PART] = std::array::from_fn(|h| {
                 let v = part * PART + h;
                 (v / 2) * QUADS * LANES + 8 * (v % 2)
@@ -842,26 +788,36 @@ mod avx2 {
                 let mut t = 0;
                 while t < QUADS {
                     let end = (t + RUN).min(QUADS);
-                    let zero = _mm256_setzero_si256();
                     let (mut sa, mut sc) = ([zero; PART], [zero; PART]);
                     for u in t..end {
                         let w = _mm256_set1_epi32(*qi.add(u) as i32);
                         let v = _mm256_set1_epi32(*qj.add(u) as i32);
                         for h in 0..PART {
                             let b = _mm256_loadu_si256(bp.add(at[h] + u * LANES) as *const __m256i);
-                            sa[h] = _mm256_add_epi16(sa[h], _mm256_min_epi16(b, w));
-                            sc[h] = _mm256_add_epi16(sc[h], _mm256_min_epi16(b, v));
+                            if L1 {
+                                sa[h] = _mm256_add_epi16(sa[h], _mm256_min_epi16(b, w));
+                                sc[h] = _mm256_add_epi16(sc[h], _mm256_min_epi16(b, v));
+                            } else {
+                                a[h] = _mm256_add_epi32(a[h], _mm256_madd_epi16(b, w));
+                                c[h] = _mm256_add_epi32(c[h], _mm256_madd_epi16(b, v));
+                            }
                         }
                     }
-                    for h in 0..PART {
-                        a[h] = _mm256_add_epi32(a[h], _mm256_madd_epi16(sa[h], ones));
-                        c[h] = _mm256_add_epi32(c[h], _mm256_madd_epi16(sc[h], ones));
+                    if L1 {
+                        for h in 0..PART {
+                            a[h] = _mm256_add_epi32(a[h], _mm256_madd_epi16(sa[h], ones));
+                            c[h] = _mm256_add_epi32(c[h], _mm256_madd_epi16(sc[h], ones));
+                        }
                     }
                     t = end;
                 }
                 for (x, row) in [(&a, i), (&c, j)].into_iter().take(1 + pair as usize) {
                     let th = _mm256_set1_epi32(*buf.thr.get_unchecked(row));
-                    let top = _mm256_max_epi32(x[0], x[1]);
+                    // Usually nothing passes: one compare of the lane-wise maximum decides.
+                    let mut top = x[0];
+                    for &y in &x[1..] {
+                        top = _mm256_max_epi32(top, y);
+                    }
                     if _mm256_movemask_epi8(_mm256_cmpgt_epi32(top, th)) != 0 {
                         emit(blk, buf, row, x, part * PART, th);
                     }
