@@ -65,7 +65,7 @@ impl CpuEngine {
         })
     }
 
-    /// `req`'s integer plan, when the request takes the integer path (squared L2 first tries
+    /// `req`'s integer plan, when the request takes the integer path (first tries of a kernel
     /// at a dimension the CPU's form takes): kept like the GEMM plans, and made only for a
     /// request of at least the form's [`Products::min_queries`](crate::int8::Products::min_queries).
     fn int8_plan(&self, req: &CandidateRequest<'_>) -> Option<Arc<crate::int8::Plan>> {
@@ -74,13 +74,9 @@ impl CpuEngine {
             return None;
         }
         let enough = req.queries.rows() >= products.min_queries();
-        let make = || {
-            enough
-                .then(|| crate::int8::Plan::new(req.base, products, req.kernel).map(Arc::new))
-                .flatten()
-        };
+        let make = || crate::int8::Plan::new(req.base, products, req.kernel).map(Arc::new);
         let Some(key) = req.base_key else {
-            return make();
+            return enough.then(make).flatten();
         };
         {
             let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
@@ -279,7 +275,7 @@ impl Engine for CpuEngine {
             .install(|| candidates(req, self.int8_plan(req), &plan)))
     }
 
-    /// The bf16 and int8 products of squared L2 first tries.
+    /// The bf16 and integer products of first tries (squared L2; L1 on AVX2).
     fn fast_first_tries(&self, kernel: Kernel) -> bool {
         self.bf16_for(kernel) || self.int8_for(kernel)
     }
