@@ -1,5 +1,5 @@
-//! The integer fast path for squared L2 at small dimension: 8-bit codes on AVX-512 VNNI,
-//! 12-bit codes on AVX2.
+//! The integer fast path for squared L2 (and L1 on AVX2) at small dimension: 8-bit codes on
+//! AVX-512 VNNI, 12-bit codes on AVX2 (the file keeps its first form's name).
 //!
 //! At small `d` a GEMM-form kernel spends as much time turning dot products into keys and
 //! selecting them as on the products. Here coordinates are quantised once per request to
