@@ -211,9 +211,17 @@ impl CpuEngine {
     }
 
     /// Whether first tries of `kernel` at `d ≤ Products::max_dim` take the integer products
-    /// (squared L2 on AVX-512 VNNI or AVX2, L1 on AVX2).
+    /// (squared L2 on AVX-512 VNNI or AVX2, L1 on AVX2). The 8-bit form only beside the bf16
+    /// path, whose wider candidate lists ([`Engine::candidate_width`]) its bound was measured
+    /// with; the 12-bit form's bound is close to f32's.
     fn int8_for(&self, kernel: Kernel) -> bool {
-        !self.f32_only && !self.no_int8 && crate::int8::available().is_some_and(|p| p.takes(kernel))
+        !self.f32_only
+            && !self.no_int8
+            && match crate::int8::available() {
+                Some(crate::int8::Products::Vnni) => self.bf16() && kernel == Kernel::SqL2,
+                Some(p) => p.takes(kernel),
+                None => false,
+            }
     }
 
     /// Whether first tries of `kernel` take the bf16 products: squared L2 only. Its bound

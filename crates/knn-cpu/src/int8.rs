@@ -127,8 +127,9 @@ const NP: usize = 4;
 /// lanes start at it and only decrease (their codes are 0), so they never pass it.
 const OPEN: i32 = -(1 << 30);
 
-/// The products this CPU computes the path with: AVX-512 VNNI, else AVX2, else none (checked
-/// once; `CpuEngine::without_int8` keeps an engine off the path).
+/// The products this CPU computes the path with: AVX-512 VNNI, else AVX2 on a CPU without
+/// AVX-512 (where AVX-512's f32 FMA computes as many products an instruction as `vpmaddwd`),
+/// else none (checked once; `CpuEngine::without_int8` keeps an engine off the path).
 pub(crate) fn available() -> Option<Products> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -140,7 +141,9 @@ pub(crate) fn available() -> Option<Products> {
                 && std::arch::is_x86_feature_detected!("avx512vnni")
             {
                 Some(Products::Vnni)
-            } else if std::arch::is_x86_feature_detected!("avx2") {
+            } else if std::arch::is_x86_feature_detected!("avx2")
+                && !std::arch::is_x86_feature_detected!("avx512f")
+            {
                 Some(Products::Avx2)
             } else {
                 None
