@@ -43,6 +43,18 @@ struct BasePlans {
     int8: Option<Option<Arc<crate::int8::Plan>>>,
 }
 
+impl BasePlans {
+    /// Ready to keep plans of the base keyed `key`: another base's are dropped.
+    fn keep_for(&mut self, key: u64) {
+        if self.key != Some(key) {
+            *self = BasePlans {
+                key: Some(key),
+                ..BasePlans::default()
+            };
+        }
+    }
+}
+
 impl std::fmt::Debug for BasePlans {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BasePlans")
@@ -92,12 +104,7 @@ impl CpuEngine {
         // Made without the lock, as the GEMM plans.
         let plan = make();
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        if plans.key != Some(key) {
-            *plans = BasePlans {
-                key: Some(key),
-                ..BasePlans::default()
-            };
-        }
+        plans.keep_for(key);
         plans.int8 = Some(plan.clone());
         plan
     }
@@ -127,12 +134,7 @@ impl CpuEngine {
         // Made without the lock: other threads' searches go on meanwhile.
         let plan = Arc::new(GemmPlan::new(req, bf16));
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        if plans.key != Some(key) {
-            *plans = BasePlans {
-                key: Some(key),
-                ..BasePlans::default()
-            };
-        }
+        plans.keep_for(key);
         if kept(&plans).is_none() {
             plans.gemm.push((at, plan.clone()));
         }
