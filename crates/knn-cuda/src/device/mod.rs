@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 mod compile;
 mod discovery;
+mod locked;
 mod pins;
 mod readback;
 
@@ -21,6 +22,7 @@ use compile::{
 };
 pub(crate) use discovery::driver_device_count;
 pub use discovery::{devices, DeviceInfo};
+pub(crate) use locked::{HostVec, LockedPool};
 use pins::keep_pool_memory;
 pub(crate) use pins::HostPins;
 pub(crate) use readback::{Queued, Readback};

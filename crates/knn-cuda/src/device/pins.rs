@@ -59,9 +59,29 @@ impl HostPins {
         Some(guard)
     }
 
+    /// Notes `bytes` bytes at `at`, allocated page-locked, as locked (until [`HostPins::forget`]).
+    pub fn note(&self, at: usize, bytes: usize) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((at, bytes));
+    }
+
+    /// Forgets a range noted by [`HostPins::note`] (before its memory is freed).
+    pub fn forget(&self, at: usize, bytes: usize) {
+        let mut locked = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = locked.iter().position(|&r| r == (at, bytes)) {
+            locked.swap_remove(i);
+        }
+    }
+
     /// Whether `bytes` lie inside one locked range.
     pub fn contains(&self, bytes: &[u8]) -> bool {
-        let (p, len) = (bytes.as_ptr() as usize, bytes.len());
+        self.covers(bytes.as_ptr() as usize, bytes.len())
+    }
+
+    /// Whether the `len` bytes at address `p` lie inside one locked range.
+    pub fn covers(&self, p: usize, len: usize) -> bool {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())

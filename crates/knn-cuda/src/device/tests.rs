@@ -288,3 +288,39 @@ fn ready_rows_centre_measure_and_cut() {
         }
     }
 }
+
+#[test]
+fn locked_blocks_take_downloads_and_are_reused() {
+    if !knn_testkit::gpu_available_or_skip(crate::CudaEngine::available(), "locked blocks") {
+        return;
+    }
+    let gpu = super::Gpu::new(0).unwrap();
+    let pool = super::LockedPool::new(gpu.ctx.clone(), gpu.pins.clone());
+    // Larger than the staged copies' threshold: the download is a DMA into the block.
+    let n = (super::STAGED_MIN / 8) + 12_345;
+    let words: Vec<u64> = (0..n as u64)
+        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .collect();
+    let dev = gpu.upload(&words).unwrap();
+    let mut lent = pool.take::<u64>(n).expect("a block of that size");
+    assert!(matches!(lent, super::HostVec::Locked { .. }));
+    assert!(gpu.pins.contains(crate::staging::bytes_of(&lent)));
+    gpu.download_into(&dev, &mut lent).unwrap();
+    assert!(lent[..] == words[..]);
+    let at = lent.as_ptr() as usize;
+    drop(lent);
+    // The same block again, for fewer values; its old contents are there (no zeroing).
+    let again = pool.take::<u64>(n - 1).unwrap();
+    assert_eq!(again.as_ptr() as usize, at);
+    assert_eq!(again.len(), n - 1);
+    assert_eq!(again.into_vec(), words[..n - 1]);
+    // Too large for a block: ordinary memory, staged.
+    assert!(pool.take::<u8>(super::locked::BLOCK_MAX + 1).is_none());
+    // Freed with its pool: its range is no longer taken for page-locked memory.
+    let probe = pool.take::<u64>(16).unwrap();
+    let addr = probe.as_ptr() as usize;
+    assert!(gpu.pins.covers(addr, 128));
+    drop(probe);
+    drop(pool);
+    assert!(!gpu.pins.covers(addr, 128));
+}

@@ -8,7 +8,7 @@ mod rows;
 pub use device_io::{DeviceMemory, DeviceQueries, DeviceResults, DeviceSearch, Plain};
 pub use method::Method;
 
-use crate::device::{driver_device_count, Gpu};
+use crate::device::{driver_device_count, Gpu, HostVec, LockedPool};
 use crate::floor::{centred_norms, floors, mean, F32_UNIT, TF32_ACC_UNIT, TF32_INPUT_UNIT};
 use crate::fused::{
     self, GraphLists, GraphShare, Resident, Results, SELECT_WIDTH_MAX, SMALL_WIDTH_MAX,
@@ -56,6 +56,8 @@ pub struct CudaEngine {
         Arc<cudarc::driver::CudaContext>,
         Arc<crate::device::HostPins>,
     ),
+    /// Page-locked blocks for the calls' host lists (see `fused::HostLists`).
+    lists_pool: Arc<LockedPool>,
 }
 
 /// Device bytes an engine's resident base and graph lists hold.
@@ -123,8 +125,10 @@ impl CudaEngine {
     pub fn new(ordinal: usize, method: Method) -> Result<Self> {
         let gpu = Gpu::new(ordinal)?;
         let pins = (gpu.ctx.clone(), gpu.pins.clone());
+        let lists_pool = LockedPool::new(gpu.ctx.clone(), gpu.pins.clone());
         Ok(Self {
             pins,
+            lists_pool,
             gpu: Mutex::new(gpu),
             method,
             ordinal,
@@ -651,7 +655,7 @@ impl Engine for CudaEngine {
             // Only re-asks of a few hard rows get this wide.
             return self.fallback(w)?.candidates_expr(req, plan);
         }
-        let to = Results::Lists(fused::HostLists::new(nq * w, false));
+        let to = Results::Lists(fused::HostLists::new(nq * w, false, &self.lists_pool));
         let (lists, cut) = {
             let mut gpu = self.locked()?;
             let tag = gpu.expr_kernels(plan.program(), req.base.dim())?;
@@ -707,7 +711,7 @@ impl CudaEngine {
         }
         // Made before the device is taken: the other round's GPU work runs meanwhile.
         let lists = match self.method {
-            Method::Fused => fused::HostLists::new(nq * w, want_exact),
+            Method::Fused => fused::HostLists::new(nq * w, want_exact, &self.lists_pool),
             _ => fused::HostLists::default(),
         };
         let t0 = std::time::Instant::now();
@@ -773,6 +777,6 @@ impl CudaEngine {
             // `floors`: the last key (or the cut, below it) less the keys' error bound.
             floor_bounds_rounding: true,
         };
-        Ok((c, exact))
+        Ok((c, exact.map(HostVec::into_vec)))
     }
 }

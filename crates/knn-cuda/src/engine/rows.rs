@@ -1,7 +1,7 @@
 //! One call's rows under the device's lock: [`CudaEngine::rows`] and what it returns.
 
 use super::{exact_view, held_bytes, BaseInfo, CudaEngine, Method, MIN_BUDGET};
-use crate::device::{is_oom, Gpu};
+use crate::device::{is_oom, Gpu, HostVec};
 use crate::fused;
 
 use knn_core::{CandidateRequest, KnnError, Result, Symmetry};
@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 /// One call's rows: approximate keys and ids (`nq × W`), and the exact keys when computed.
 pub(super) struct Rows {
     pub(super) lists: Lists,
-    pub(super) exact: Option<Vec<f64>>,
+    pub(super) exact: Option<HostVec<f64>>,
     /// Per row, a key every point left out is at least, besides the W-th key (truncated
     /// splits of the fused method; +∞ elsewhere).
     pub(super) cut: Vec<f32>,
@@ -26,7 +26,7 @@ pub(super) enum Lists {
     /// lock is released: on a base split among 4 GPUs each round's 1.8·10⁶ entries took ~6 ms
     /// of the device's time from the next round's kernels. Decoded on the calling thread: on
     /// the rayon pool they queued behind the pipeline's work on other rounds.
-    Composites(Vec<u64>),
+    Composites(HostVec<u64>),
     /// Keys and ids (the reference kernels').
     Split(Vec<f32>, Vec<u32>),
 }
@@ -35,7 +35,7 @@ impl Lists {
     /// Keys and ids, row-major.
     pub(super) fn split(self) -> (Vec<f32>, Vec<u32>) {
         match self {
-            Lists::Composites(c) => c.into_iter().map(fused::decode).unzip(),
+            Lists::Composites(c) => c.iter().map(|&x| fused::decode(x)).unzip(),
             Lists::Split(keys, ids) => (keys, ids),
         }
     }

@@ -19,7 +19,7 @@ pub(crate) use resident::{BaseView, Prefetched, Resident};
 pub(crate) use results::{HostLists, Results};
 pub use share::GraphShare;
 
-use crate::device::{dev_err, Gpu};
+use crate::device::{dev_err, Gpu, HostVec};
 use crate::tuning::CudaTuning;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use graph::{graph_finished, graph_lists};
@@ -233,12 +233,12 @@ pub(crate) enum Exact<'a> {
 /// What [`run`] returns: `nq × W` composites (rows sorted), the exact keys of the candidates
 /// when asked for and possible, and the kernels' device time when it could be measured.
 pub(crate) struct Output {
-    pub composites: Vec<u64>,
+    pub composites: HostVec<u64>,
     /// Per row, the smallest entry a truncated split left out (SENTINEL: none): every base
     /// point missing from the row is at least min(its W-th composite, this). Empty when the
     /// device proved the rows (`Finished::proof`).
     pub cut: Vec<u64>,
-    pub exact: Option<Vec<f64>>,
+    pub exact: Option<HostVec<f64>>,
     /// Set when the rows were finished on the device (then `composites` and `exact` are
     /// empty).
     pub finished: Option<Finished>,

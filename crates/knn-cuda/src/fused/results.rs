@@ -11,9 +11,10 @@ use super::search::ChunkView;
 use super::select::Lists;
 use super::timing::Phases;
 use super::{Finish, Finished, GraphLists, Output, ProofPlan, Proven};
-use crate::device::{dev_err, Gpu, Readback};
-use cudarc::driver::CudaSlice;
+use crate::device::{dev_err, Gpu, HostVec, LockedPool, Readback};
+use cudarc::driver::{CudaSlice, DeviceRepr};
 use knn_core::{Kernel, KnnError, Result};
+use std::sync::Arc;
 
 /// Where a [`run`](super::run)'s rows go.
 pub(crate) enum Results<'a> {
@@ -38,34 +39,40 @@ impl Results<'_> {
 /// An engine makes them before it takes the device, on its own thread: zeroed under the
 /// device's lock on the rayon pool, where they queued behind the pipeline's work on other
 /// rounds, they left each GPU of a base split among 4 idle 6 ms (up to 38) of every 190 ms
-/// round.
+/// round. Blocks of the engine's page-locked pool where they fit one (see [`LockedPool`]).
 #[derive(Default)]
 pub(crate) struct HostLists {
-    composites: Vec<u64>,
-    exact: Option<Vec<f64>>,
+    composites: HostVec<u64>,
+    exact: Option<HostVec<f64>>,
 }
 
 impl HostLists {
-    /// Buffers for `entries` list entries, with exact keys when `exact`, zeroed on the calling
-    /// thread (every page made here, not by the download).
-    pub(crate) fn new(entries: usize, exact: bool) -> HostLists {
-        fn zeros<T: knn_core::pages::Zeroable + Default>(n: usize) -> Vec<T> {
-            let mut v = Vec::with_capacity(n);
-            v.resize(n, T::default());
-            v
+    /// Buffers for `entries` list entries, with exact keys when `exact`: blocks of `pool`, or
+    /// ordinary memory zeroed on the calling thread (every page made here, not by the
+    /// download).
+    pub(crate) fn new(entries: usize, exact: bool, pool: &Arc<LockedPool>) -> HostLists {
+        fn buffer<T: knn_core::pages::Zeroable + DeviceRepr + Default>(
+            n: usize,
+            pool: &Arc<LockedPool>,
+        ) -> HostVec<T> {
+            pool.take(n).unwrap_or_else(|| {
+                let mut v = Vec::with_capacity(n);
+                v.resize(n, T::default());
+                HostVec::Heap(v)
+            })
         }
         HostLists {
-            composites: zeros(entries),
-            exact: exact.then(|| zeros(entries)),
+            composites: buffer(entries, pool),
+            exact: exact.then(|| buffer(entries, pool)),
         }
     }
 
     /// Composites for `entries` entries, and exact keys when `exact`: these buffers where they
     /// are that long, new zeroed ones otherwise.
-    pub(super) fn take(self, entries: usize, exact: bool) -> (Vec<u64>, Option<Vec<f64>>) {
-        fn sized<T: knn_core::pages::Zeroable>(v: Option<Vec<T>>, len: usize) -> Vec<T> {
+    pub(super) fn take(self, entries: usize, exact: bool) -> (HostVec<u64>, Option<HostVec<f64>>) {
+        fn sized<T: knn_core::pages::Zeroable>(v: Option<HostVec<T>>, len: usize) -> HostVec<T> {
             v.filter(|v| v.len() == len)
-                .unwrap_or_else(|| knn_core::pages::zeroed_huge(len))
+                .unwrap_or_else(|| HostVec::Heap(knn_core::pages::zeroed_huge(len)))
         }
         let exact = exact.then(|| sized(self.exact, entries));
         (sized(Some(self.composites), entries), exact)
@@ -88,8 +95,8 @@ pub(super) struct CallRows<'g, 'f> {
     bad_flagged: bool,
     finished: Option<Finished>,
     cut_all: Vec<u64>,
-    exact: Option<Vec<f64>>,
-    out: Vec<u64>,
+    exact: Option<HostVec<f64>>,
+    out: HostVec<u64>,
     /// The rows to finish, when they finish here (only with exact keys at hand).
     pub(super) finish: Option<Finish<'f>>,
     /// How the device proves the finished rows, when it does (the host then reads one
