@@ -182,9 +182,3 @@ impl<T> Drop for HostVec<T> {
         }
     }
 }
-
-// A block is only read and written through its `HostVec` (one at a time) or freed.
-// SAFETY: `PinnedHostSlice` holds a raw pointer; the memory is process memory, valid on any
-// thread until freed, and each block has one owner at a time.
-unsafe impl Send for Block {}
-unsafe impl Sync for Block {}
