@@ -443,6 +443,11 @@ pub trait Engine: Sync {
     /// of queries to, side by side, for a run on `base` (the rows as given; `self_join`: the
     /// queries are its own points, each excluding itself). Empty (the default): this engine
     /// takes the rounds itself, alone or sharing each request among devices of its own.
+    ///
+    /// Of `D` devices, device `i` is dealt the rounds of rows `len·i/D..len·(i+1)/D` of the
+    /// run's rows first (a graph's rows are then those whose lists it may have finished ahead,
+    /// see [`Engine::begin_graph`]), and once those are taken, rounds from the end of the
+    /// largest share left.
     fn devices(&self, base: MatrixRef<'_>, self_join: bool) -> Vec<&dyn Engine> {
         let _ = (base, self_join);
         Vec::new()

@@ -25,12 +25,13 @@ const CANDIDATE_BYTES_PER_ROUND: usize = 64 << 20;
 const MIN_ROUND: usize = 4096;
 
 /// The engines rounds run on, one entry per concurrent round: every device of `engine` for this
-/// run (or the engine itself), each as many times as it works on rounds at once.
+/// run (or the engine itself), each as many times as it works on rounds at once, with the
+/// device's number (its share of the rounds, see [`Engine::devices`]).
 fn workers<'e>(
     engine: &'e dyn Engine,
     base: MatrixRef<'_>,
     self_join: bool,
-) -> Vec<&'e dyn Engine> {
+) -> Vec<(usize, &'e dyn Engine)> {
     let devices = engine.devices(base, self_join);
     let devices = if devices.is_empty() {
         vec![engine]
@@ -38,9 +39,9 @@ fn workers<'e>(
         devices
     };
     let mut out = Vec::new();
-    for e in devices {
+    for (i, e) in devices.into_iter().enumerate() {
         for _ in 0..e.concurrent_rounds().max(1) {
-            out.push(e);
+            out.push((i, e));
         }
     }
     out
@@ -332,7 +333,7 @@ pub(super) fn run(
 fn rounds(
     ctx: &Run<'_>,
     engine: &dyn Engine,
-    workers: &[&dyn Engine],
+    workers: &[(usize, &dyn Engine)],
     rows: std::ops::Range<usize>,
     pending: &PendingOutput<'_>,
     progress: ProgressFn<'_>,
@@ -363,44 +364,34 @@ fn rounds(
         for start in rows.clone().step_by(per_round) {
             let end = (start + per_round).min(rows.end);
             let mut out = pending.rows((start - first) * k..(end - first) * k, k);
-            ctx.round(workers[0], start, end, &mut out, true)?;
+            ctx.round(workers[0].1, start, end, &mut out, true)?;
             progress(end - first, total);
         }
     } else {
-        // Rounds on several workers at once: the output first, cut into the rounds' rows.
+        // Rounds on several workers at once: the output first, cut into the rounds' rows and
+        // dealt to the devices in shares.
         let mut made = pending.wait();
         let result: &mut Neighbors = made.output();
-        let rounds = rows
-            .clone()
-            .step_by(per_round)
-            .zip(result.ids.chunks_mut(per_round * k))
-            .zip(result.distances.chunks_mut(per_round * k));
-        let queue = std::sync::Mutex::new(rounds);
+        let devices = workers.iter().map(|w| w.0 + 1).max().unwrap_or(1);
+        let shares = deal(rows.clone(), per_round, devices, result, k);
         let done = std::sync::atomic::AtomicUsize::new(0);
         let failed: std::sync::Mutex<Option<KnnError>> = std::sync::Mutex::new(None);
         std::thread::scope(|s| {
-            for &e in workers {
-                let (queue, done, failed) = (&queue, &done, &failed);
-                s.spawn(move || loop {
-                    let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
-                    let Some(((start, ids), distances)) = next else {
-                        break;
-                    };
-                    let end = (start + per_round).min(rows.end);
-                    let mut out = RowSlices { ids, distances, k };
-                    if let Err(e) = ctx.round(e, start, end, &mut out, true) {
-                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                        // Hand out no more rounds: the call fails anyway.
-                        queue
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .by_ref()
-                            .for_each(drop);
-                        break;
+            for &(device, e) in workers {
+                let (shares, done, failed) = (&shares, &done, &failed);
+                s.spawn(move || {
+                    while let Some((start, mut out)) = shares.next(device) {
+                        let end = start + out.ids.len() / k;
+                        if let Err(e) = ctx.round(e, start, end, &mut out, true) {
+                            *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                            // Hand out no more rounds: the call fails anyway.
+                            shares.clear();
+                            break;
+                        }
+                        let n = end - start;
+                        let so_far = done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+                        progress(so_far, total);
                     }
-                    let n = end - start;
-                    let so_far = done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
-                    progress(so_far, total);
                 });
             }
         });
@@ -409,6 +400,80 @@ fn rounds(
         }
     }
     Ok(())
+}
+
+/// A run's rounds dealt to its devices ([`Engine::devices`]): device `i` of `D` holds the rounds
+/// of rows `len·i/D..len·(i+1)/D`, each share cut into rounds of even size of at most
+/// `per_round` rows, with their output rows.
+struct Shares<'o> {
+    queues: Vec<Mutex<std::collections::VecDeque<(usize, RowSlices<'o>)>>>,
+}
+
+/// `out` (the rows `rows`, `k` a row) cut into the rounds of `devices` shares.
+fn deal(
+    rows: std::ops::Range<usize>,
+    per_round: usize,
+    devices: usize,
+    out: &mut Neighbors,
+    k: usize,
+) -> Shares<'_> {
+    let (mut ids, mut distances) = (&mut out.ids[..], &mut out.distances[..]);
+    let len = rows.len();
+    let queues = (0..devices)
+        .map(|i| {
+            let share = rows.start + len * i / devices..rows.start + len * (i + 1) / devices;
+            let n = share.len();
+            let each = n.div_ceil(n.div_ceil(per_round).max(1)).max(1);
+            let mut q = std::collections::VecDeque::new();
+            for start in share.clone().step_by(each) {
+                let m = each.min(share.end - start) * k;
+                let (i, rest) = std::mem::take(&mut ids).split_at_mut(m);
+                let (d, rest_d) = std::mem::take(&mut distances).split_at_mut(m);
+                (ids, distances) = (rest, rest_d);
+                q.push_back((
+                    start,
+                    RowSlices {
+                        ids: i,
+                        distances: d,
+                        k,
+                    },
+                ));
+            }
+            Mutex::new(q)
+        })
+        .collect();
+    Shares { queues }
+}
+
+impl<'o> Shares<'o> {
+    /// The next round for a worker of `device`: its share's first left, else the last of the
+    /// largest share left (its device works from the other end).
+    fn next(&self, device: usize) -> Option<(usize, RowSlices<'o>)> {
+        if let Some(r) = lock(&self.queues[device]).pop_front() {
+            return Some(r);
+        }
+        loop {
+            let largest = self.queues.iter().max_by_key(|q| lock(q).len())?;
+            if let Some(r) = lock(largest).pop_back() {
+                return Some(r);
+            }
+            // Emptied meanwhile, or every share is done.
+            if self.queues.iter().all(|q| lock(q).is_empty()) {
+                return None;
+            }
+        }
+    }
+
+    /// Drops every round not taken yet.
+    fn clear(&self) {
+        for q in &self.queues {
+            lock(q).clear();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// An output's pages (`rows × k`, unwritten) made ahead by a job on the rayon pool, or by the
@@ -657,5 +722,46 @@ fn release(prep: Prepared<'_>) {
         let _ = std::thread::Builder::new()
             .name("knn-release".into())
             .spawn(move || drop(owned));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each device is dealt its share's rounds in order; once they are taken it takes the
+    /// last rounds of the largest share left; every round is handed out once, with its rows.
+    #[test]
+    fn rounds_are_dealt_in_shares_and_taken_once() {
+        let (rows, k) = (10..113, 2);
+        let mut out = Neighbors::with_shape(rows.len(), k);
+        let shares = deal(rows.clone(), 10, 3, &mut out, k);
+        // Shares 10..44, 44..78, 78..113: rounds of even size, at most 10, in each.
+        let (start, first) = shares.next(1).unwrap();
+        assert_eq!((start, first.ids.len()), (44, 9 * k));
+        let (start, _) = shares.next(1).unwrap();
+        assert_eq!(start, 53);
+        let mut seen = vec![(44, 9), (53, 9)];
+        // Device 1 takes the rest of its share, then steals from the end of the others.
+        while let Some((start, r)) = shares.next(1) {
+            seen.push((start, r.ids.len() / k));
+            if seen.len() == 6 {
+                break;
+            }
+        }
+        assert_eq!(&seen[2..4], &[(62, 9), (71, 7)]);
+        // Of the largest shares left (4 rounds each), device 2's: its last round.
+        assert_eq!(seen[4], (105, 8));
+        while let Some((start, r)) = shares.next(0) {
+            seen.push((start, r.ids.len() / k));
+        }
+        seen.sort();
+        let mut at = rows.start;
+        for &(start, n) in &seen {
+            assert_eq!(start, at, "rounds {seen:?}");
+            at += n;
+        }
+        assert_eq!(at, rows.end);
+        assert!(shares.next(2).is_none());
     }
 }
