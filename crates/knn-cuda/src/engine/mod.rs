@@ -572,7 +572,9 @@ impl Engine for CudaEngine {
     /// symmetric kernels (when this engine's [`Symmetry`] says so), the rounds copy theirs.
     /// With `finish`, the whole graph's lists are made and every row finished (queued on the
     /// device) now, while the host makes the output's pages; the rounds then only download
-    /// their rows.
+    /// their rows. A GPU that shares the graph's pairs with others makes its part of the
+    /// lists, and with `finish`, once every part is made, merges and finishes its share of the
+    /// rows (those whose rounds the pipeline deals it first).
     fn begin_graph(
         &self,
         first: &CandidateRequest<'_>,
@@ -588,7 +590,11 @@ impl Engine for CudaEngine {
                 self.rows(&mut gpu, first, &info, true, None, to).map(drop)
             });
             share.settle(graph);
-            return made;
+            made?;
+            // Without every part (one declined) the rounds compute the rows one-sided.
+            if finish.is_none() || share.wait_lists(graph).is_none() {
+                return Ok(());
+            }
         }
         let Some((metric, k)) = finish else {
             return Ok(());

@@ -7,7 +7,10 @@
 use super::finish::{exact_keys, launch_finish, DeviceIo, FinishedChunk};
 use super::resident::Resident;
 use super::select::merge_runs;
-use super::share::{gather_thresholds, record, GraphShare, PartLists, Thresholds};
+use super::share::{
+    gather_thresholds, merge_parts, peer_rows, record, run_addresses, GraphShare, PartLists,
+    Thresholds,
+};
 use super::timing::KernelTimer;
 use super::{
     split_count, split_width, BASE_TILE, QUERY_TILE, ROW_BUF_SMEM, SENTINEL, SMALL_WIDTH_MAX,
@@ -41,12 +44,18 @@ pub(crate) struct GraphLists {
     pub(super) input_abs: f64,
 }
 
-/// Every row of a graph finished on the device (see `finish_lists`): `n × k` ids and
-/// distances (in buffers of its own, or written to the caller's device memory), and per row
-/// the k-th exact key and the W-th composite.
+/// Every row of a graph finished on the device (see `finish_lists`), or this GPU's share of
+/// them when several GPUs shared its pairs: `k` ids and distances a row (in buffers of its
+/// own, or written to the caller's device memory), and per row the k-th exact key and the W-th
+/// composite.
 pub(super) struct GraphFinished {
     k: usize,
     mode: i32,
+    /// The graph rows held (every row, or this GPU's share); buffers are indexed from its start.
+    held: std::ops::Range<usize>,
+    /// A shared graph's rows: the least of the parts' cuts of each held row (the graph's own
+    /// cuts otherwise).
+    merged: Option<CudaSlice<u64>>,
     rows: RowsAt,
     kth: CudaSlice<f64>,
     last: CudaSlice<u64>,
@@ -102,6 +111,8 @@ impl GraphFinished {
         if m == 0 {
             return Ok(());
         }
+        let cut = (self.merged.as_ref().unwrap_or(cut.0), cut.1);
+        let at = at - self.held.start;
         let (first, last) = (at / FINISH_ROWS, (at + m - 1) / FINISH_ROWS);
         let after = &self.ready[last];
         let k = self.k;
@@ -120,9 +131,14 @@ impl GraphFinished {
         Ok(())
     }
 
+    /// Whether graph rows `at..at + m` are held (see [`GraphFinished::download`]).
+    pub(super) fn holds(&self, at: usize, m: usize) -> bool {
+        self.held.start <= at && at + m <= self.held.end
+    }
+
     /// Device addresses of graph row `at`'s k-th exact key and W-th composite.
     pub(super) fn facts_at(&self, gpu: &Gpu, at: usize) -> (u64, u64) {
-        let at = (at * 8) as u64;
+        let at = ((at - self.held.start) * 8) as u64;
         (gpu.ptr(&self.kth) + at, gpu.ptr(&self.last) + at)
     }
 }
@@ -141,6 +157,13 @@ const FINISH_ROWS: usize = 16384;
 /// buffers do not fit `budget`, or `g` was finished for another `k`, `mode` or destination
 /// (the caller's memory and flag word both: a call retried after running out of memory
 /// flags into a summary of its own).
+///
+/// A graph whose pairs several GPUs shared is finished only given every part's lists (`parts`,
+/// this GPU's part `own`), and then only this GPU's share of the rows (`GraphShare::row_share`,
+/// the rounds the pipeline deals it first): the other parts' lists of those rows are copied
+/// here (waited for: nothing of theirs is read later, so their memory may go with them) and
+/// merged with this part's a launch's rows at a time (see `share::merge_parts`), into buffers
+/// of its own.
 pub(super) fn graph_finished<'g>(
     gpu: &Gpu,
     g: &'g GraphLists,
@@ -148,52 +171,98 @@ pub(super) fn graph_finished<'g>(
     (kind, given, d): (Option<Kernel>, u64, usize),
     budget: usize,
     into: Option<(DeviceIo, u64)>,
+    parts: Option<(&[Arc<PartLists>], usize)>,
 ) -> Result<Option<&'g GraphFinished>> {
     if let Some(f) = g.finished.get() {
         let same = f.rows.caller() == into;
         return Ok((f.k == k && f.mode == mode && same).then_some(f));
     }
-    // A part's lists are merged with the other parts' round by round.
-    if g.shared {
+    let (n, w) = (g.cut.len(), g.width);
+    let held = match (g.shared, parts) {
+        (false, _) => 0..n,
+        (true, Some((parts, own))) if into.is_none() => {
+            GraphShare::row_share_of(own, parts.len(), n)
+        }
+        // Otherwise a part's lists are merged with the other parts' round by round.
+        (true, _) => return Ok(None),
+    };
+    let m_all = held.len();
+    if m_all == 0 {
         return Ok(None);
     }
-    let (n, w) = (g.cut.len(), g.width);
-    let own_rows = if into.is_some() { 0 } else { n * 8 * k };
-    if own_rows + n * 16 + FINISH_ROWS * w * 8 > budget / 4 {
+    let own_rows = if into.is_some() { 0 } else { m_all * 8 * k };
+    // The other parts' rows copied here; the merges' results besides the exact keys, a
+    // launch's rows each.
+    let (copied, scratch) = match parts.filter(|_| g.shared) {
+        Some((p, _)) => ((p.len() - 1) * m_all * (w + 1) * 8, 3),
+        None => (0, 1),
+    };
+    if own_rows + m_all * 24 + copied + scratch * FINISH_ROWS * w * 8 > budget / 4 {
         return Ok(None);
     }
     let rows = match into {
         Some((io, bad)) => RowsAt::Into(io, bad),
-        None => RowsAt::Own(gpu.alloc::<u32>(n * k)?, gpu.alloc::<f32>(n * k)?),
+        None => RowsAt::Own(gpu.alloc::<u32>(m_all * k)?, gpu.alloc::<f32>(m_all * k)?),
+    };
+    let (merged, copies) = match parts.filter(|_| g.shared) {
+        Some((parts, own)) => {
+            let copies = peer_rows(gpu, parts, own, held.clone(), w)?;
+            gpu.sync()?;
+            (Some(gpu.alloc::<u64>(m_all)?), copies)
+        }
+        None => (None, Vec::new()),
     };
     let mut f = GraphFinished {
         k,
         mode,
+        held: held.clone(),
+        merged,
         rows,
-        kth: gpu.alloc::<f64>(n)?,
-        last: gpu.alloc::<u64>(n)?,
+        kth: gpu.alloc::<f64>(m_all)?,
+        last: gpu.alloc::<u64>(m_all)?,
         ready: Vec::new(),
         bad: gpu
             .stream
-            .alloc_zeros::<u32>(n.div_ceil(FINISH_ROWS))
+            .alloc_zeros::<u32>(m_all.div_ceil(FINISH_ROWS))
             .map_err(dev_err("allocating device memory"))?,
     };
     // Each row excludes itself.
-    let own: Vec<u32> = (0..n as u32).collect();
+    let own: Vec<u32> = held.clone().map(|i| i as u32).collect();
     let own = gpu.upload(&own)?;
-    for at in (0..n).step_by(FINISH_ROWS) {
-        let m = FINISH_ROWS.min(n - at);
-        let lists = gpu.ptr(&g.lists) + (at * w * 8) as u64;
+    for at in held.clone().step_by(FINISH_ROWS) {
+        let m = FINISH_ROWS.min(held.end - at);
+        let local = at - held.start;
+        // The rows' lists: the graph's, or the parts' merged (kept until the launches below
+        // are queued; their memory is freed in stream order).
+        let (lists, _merged) = match (&f.merged, parts) {
+            (Some(cut), Some((parts, own))) => {
+                let runs = run_addresses(gpu, parts, own, &copies, (at, held.start), w);
+                let (rows, least) = merge_parts(gpu, &runs, (at, m, n, w))?;
+                let to = gpu.ptr(cut) + (local * 8) as u64;
+                // SAFETY: `cut` holds the share's rows from `local` on, `least` these m.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(
+                        to,
+                        gpu.ptr(&least),
+                        m * 8,
+                        gpu.stream.cu_stream(),
+                    )
+                }
+                .map_err(dev_err("copying on the device"))?;
+                (gpu.ptr(&rows.buf), Some((rows, least)))
+            }
+            _ => (gpu.ptr(&g.lists) + (at * w * 8) as u64, None),
+        };
         let q = given + (at * d * 4) as u64;
         let keys = exact_keys(gpu, kind, (q, m), (given, n), lists, w, d)?;
-        let (ids, ids_i64, dists) = f.rows.row(gpu, at, k);
+        let (ids, ids_i64, dists) = f.rows.row(gpu, local, k);
         let out = (
             (ids, ids_i64),
             dists,
-            gpu.ptr(&f.kth) + (at * 8) as u64,
-            gpu.ptr(&f.last) + (at * 8) as u64,
+            gpu.ptr(&f.kth) + (local * 8) as u64,
+            gpu.ptr(&f.last) + (local * 8) as u64,
         );
-        let excl = gpu.ptr(&own) + (at * 4) as u64;
+        let excl = gpu.ptr(&own) + (local * 4) as u64;
         launch_finish(
             gpu,
             (lists, gpu.ptr(&keys), w),
@@ -201,7 +270,7 @@ pub(super) fn graph_finished<'g>(
             (n, excl),
             match f.rows {
                 RowsAt::Into(_, bad) => bad,
-                RowsAt::Own(..) => gpu.ptr(&f.bad) + (at / FINISH_ROWS * 4) as u64,
+                RowsAt::Own(..) => gpu.ptr(&f.bad) + (local / FINISH_ROWS * 4) as u64,
             },
             out,
             m,

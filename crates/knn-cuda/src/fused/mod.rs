@@ -488,12 +488,17 @@ pub(crate) fn run(
         _ => Some(req.kernel),
     };
     phases.lap(gpu, "base up");
-    // A graph's call for no rows (`Engine::begin_graph`): every row is finished now, queued on
-    // the device for the calls to come (which take them to the host).
+    // A graph's call for no rows (`Engine::begin_graph`): every row (this GPU's share of a
+    // shared graph's) is finished now, queued on the device for the calls to come (which take
+    // them to the host).
     if let (0, Some((g, _)), Some(f), Some(gb)) = (nq, graph, call_rows.finish.as_ref(), given_base)
     {
         let given = (exact_kind, gpu.ptr(gb), d);
-        graph_finished(gpu, g, (f.k, f.mode), given, rest, None)?;
+        let parts = parts.as_ref().map(|(p, own)| (&p[..], *own));
+        let made = graph_finished(gpu, g, (f.k, f.mode), given, rest, None, parts)?;
+        if let (Some(_), Some((p, own)), Some(s)) = (made, parts, base.share) {
+            s.merged(GraphShare::row_share_of(own, p.len(), g.cut.len()).len());
+        }
     }
     let src = QuerySource {
         device_queries,

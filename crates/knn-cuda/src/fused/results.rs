@@ -190,7 +190,8 @@ impl<'g, 'f> CallRows<'g, 'f> {
             }
             None => None,
         };
-        let Some(all) = graph_finished(gpu, g, (f.k, f.mode), given, rest, into)? else {
+        let all = graph_finished(gpu, g, (f.k, f.mode), given, rest, into, None)?;
+        let Some(all) = all.filter(|a| a.holds(at, qe - qs)) else {
             return Ok(false);
         };
         if let (Some((_, words)), Some(plan), Some(p)) = (into, *proof, proven.as_ref()) {

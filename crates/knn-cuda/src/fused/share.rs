@@ -150,6 +150,30 @@ impl GraphShare {
         }
     }
 
+    /// Every part's lists of graph `key`, in part order, once every part has made them; `None`
+    /// as soon as one part declined.
+    pub(crate) fn wait_lists(&self, key: GraphKey) -> Option<Vec<Arc<PartLists>>> {
+        let mut slots = self.group.lock();
+        loop {
+            let mut all = Vec::with_capacity(slots.stage.len());
+            for s in slots.stage.iter() {
+                match s {
+                    Some((k, Stage::Declined)) if *k == key => return None,
+                    Some((k, Stage::Lists(l))) if *k == key => all.push(l.clone()),
+                    _ => {}
+                }
+            }
+            if all.len() == slots.stage.len() {
+                return Some(all);
+            }
+            slots = self
+                .group
+                .changed
+                .wait(slots)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
     /// Every part's lists of graph `key`, in part order, when every part has made them.
     pub(crate) fn lists(&self, key: GraphKey) -> Option<Vec<Arc<PartLists>>> {
         self.group
@@ -168,7 +192,13 @@ impl GraphShare {
     /// Part `g`'s even share of `n` base rows (as a multi-GPU engine splits a base among its
     /// engines for a search, so that the copies it prefetched serve as shares).
     fn row_share(&self, g: usize, n: usize) -> std::ops::Range<usize> {
-        let parts = self.group.parts();
+        Self::row_share_of(g, self.group.parts(), n)
+    }
+
+    /// Part `g` of `parts`' even share of `n` rows: the base rows it uploads for the others,
+    /// the graph rows it finishes ahead (as the pipeline deals a graph's rounds to devices,
+    /// `Engine::devices`).
+    pub(crate) fn row_share_of(g: usize, parts: usize, n: usize) -> std::ops::Range<usize> {
         n * g / parts..n * (g + 1) / parts
     }
 
@@ -394,68 +424,105 @@ pub(super) fn merged_rows(
     own: usize,
     (at, rows, n, w): (usize, usize, usize, usize),
 ) -> Result<(Lists, CudaSlice<u64>)> {
+    let copies = peer_rows(gpu, parts, own, at..at + rows, w)?;
+    let runs = run_addresses(gpu, parts, own, &copies, (at, at), w);
+    merge_parts(gpu, &runs, (at, rows, n, w))
+}
+
+/// Per part of a shared graph, its lists and cuts of some rows copied to this GPU (`None` at
+/// this GPU's own part).
+pub(super) type PeerRows = Vec<Option<(CudaSlice<u64>, CudaSlice<u64>)>>;
+
+/// The other parts' lists and cuts of graph rows `rows`, `w` a row, copied to this GPU after
+/// each part's lists are made (`None` at this GPU's part, `own`). The parts must stay alive
+/// until the stream has passed the copies.
+pub(super) fn peer_rows(
+    gpu: &Gpu,
+    parts: &[Arc<PartLists>],
+    own: usize,
+    rows: std::ops::Range<usize>,
+    w: usize,
+) -> Result<PeerRows> {
+    let m = rows.len();
+    parts
+        .iter()
+        .enumerate()
+        .map(|(g, p)| {
+            if g == own {
+                return Ok(None);
+            }
+            let (lists, cut) = (gpu.alloc::<u64>(m * w)?, gpu.alloc::<u64>(m)?);
+            let src = (
+                &*p.ctx,
+                gpu.ptr(&p.lists) + (rows.start * w * 8) as u64,
+                &p.ready,
+            );
+            copy_from_peer(gpu, gpu.ptr(&lists), src, m * w * 8)?;
+            let src = (&*p.ctx, gpu.ptr(&p.cut) + (rows.start * 8) as u64, &p.ready);
+            copy_from_peer(gpu, gpu.ptr(&cut), src, m * 8)?;
+            Ok(Some((lists, cut)))
+        })
+        .collect()
+}
+
+/// Device addresses of graph row `at`'s lists and cut in every part: this GPU's part in
+/// place, the others' in `copies` (of rows from `from` on).
+pub(super) fn run_addresses(
+    gpu: &Gpu,
+    parts: &[Arc<PartLists>],
+    own: usize,
+    copies: &PeerRows,
+    (at, from): (usize, usize),
+    w: usize,
+) -> Vec<(u64, u64)> {
+    copies
+        .iter()
+        .map(|c| match c {
+            Some((lists, cut)) => (
+                gpu.ptr(lists) + ((at - from) * w * 8) as u64,
+                gpu.ptr(cut) + ((at - from) * 8) as u64,
+            ),
+            None => (
+                gpu.ptr(&parts[own].lists) + (at * w * 8) as u64,
+                gpu.ptr(&parts[own].cut) + (at * 8) as u64,
+            ),
+        })
+        .collect()
+}
+
+/// Graph rows `at..at + rows` of `n` merged from the parts' runs of them (`runs`: each part's
+/// lists, `w` a row, and cuts, on this GPU): the lists by (key, id), filled up where short of
+/// `w` (see `sym_fill`), and the least of the cuts.
+pub(super) fn merge_parts(
+    gpu: &Gpu,
+    runs: &[(u64, u64)],
+    (at, rows, n, w): (usize, usize, usize, usize),
+) -> Result<(Lists, CudaSlice<u64>)> {
     if w > 128 {
         return Err(KnnError::Device(format!(
             "shared graph lists of {w} exceed 128"
         )));
     }
     let slots = 32 * list_slots(w);
-    let mine = &parts[own];
-    let mut lists: Option<Lists> = None;
-    let mut cut: Option<Lists> = None;
-    let peer_rows = gpu.alloc::<u64>(rows * w)?;
-    let peer_cut = gpu.alloc::<u64>(rows)?;
-    for (g, p) in parts.iter().enumerate() {
-        if g == own {
-            continue;
-        }
-        let src = (&*p.ctx, gpu.ptr(&p.lists) + (at * w * 8) as u64, &p.ready);
-        copy_from_peer(gpu, gpu.ptr(&peer_rows), src, rows * w * 8)?;
-        let src = (&*p.ctx, gpu.ptr(&p.cut) + (at * 8) as u64, &p.ready);
-        copy_from_peer(gpu, gpu.ptr(&peer_cut), src, rows * 8)?;
-        // The first merge reads this part's rows where they lie; the merges are on this
-        // stream, so the next copy waits for the one before to be read.
-        let a = lists
-            .as_ref()
-            .map_or(gpu.ptr(&mine.lists) + (at * w * 8) as u64, |l| {
-                gpu.ptr(&l.buf)
-            });
-        lists = Some(merge_runs(
-            gpu,
-            rows,
-            w,
-            slots,
-            (a, 1),
-            gpu.ptr(&peer_rows),
-        )?);
-        let c = cut
-            .as_ref()
-            .map_or(gpu.ptr(&mine.cut) + (at * 8) as u64, |l| gpu.ptr(&l.buf));
-        cut = Some(merge_runs(gpu, rows, 1, 32, (c, 1), gpu.ptr(&peer_cut))?);
+    let (mut lists, mut cut): (Option<Lists>, Option<Lists>) = (None, None);
+    let (first, rest) = runs.split_first().expect("a graph has a part");
+    // One part: its rows as they are (merged with nothing).
+    let rest: Vec<u64> = if rest.is_empty() {
+        vec![0]
+    } else {
+        rest.iter().map(|r| r.0).collect()
+    };
+    let rest_cuts: Vec<u64> = runs.iter().skip(1).map(|r| r.1).collect();
+    // The merges are on this stream, each reading the one before.
+    for b in rest {
+        let a = lists.as_ref().map_or(first.0, |l| gpu.ptr(&l.buf));
+        lists = Some(merge_runs(gpu, rows, w, slots, (a, 1), b)?);
     }
-    // One part: its rows as they are.
-    let lists = match lists {
-        Some(l) => l,
-        None => merge_runs(
-            gpu,
-            rows,
-            w,
-            slots,
-            (gpu.ptr(&mine.lists) + (at * w * 8) as u64, 1),
-            0,
-        )?,
-    };
-    let cut = match cut {
-        Some(c) => c,
-        None => merge_runs(
-            gpu,
-            rows,
-            1,
-            32,
-            (gpu.ptr(&mine.cut) + (at * 8) as u64, 1),
-            0,
-        )?,
-    };
+    for b in rest_cuts.into_iter().chain((runs.len() == 1).then_some(0)) {
+        let c = cut.as_ref().map_or(first.1, |l| gpu.ptr(&l.buf));
+        cut = Some(merge_runs(gpu, rows, 1, 32, (c, 1), b)?);
+    }
+    let lists = lists.expect("merged above");
     let f = gpu.func("sym_fill")?;
     let (pl, r64, p064, n64, w32) = (
         gpu.ptr(&lists.buf),
@@ -476,7 +543,7 @@ pub(super) fn merged_rows(
         })
     }
     .map_err(dev_err("sym_fill"))?;
-    Ok((lists, cut.buf))
+    Ok((lists, cut.expect("merged above").buf))
 }
 
 /// An event recorded on `gpu`'s stream now.
