@@ -1,8 +1,10 @@
 //! A kNN graph's pairs shared among GPUs ([`GraphShare`]): in the collect form (see
 //! `graph::collected_lists`), GPU g of G takes a G-th of the point tiles, computes their
 //! thresholds and every pair those tiles meet, and sorts what it collected into its own part of
-//! every point's lists. A round's rows are then the G parts' lists of those rows merged by
-//! (key, id), with the least of their cuts ([`merged_rows`]).
+//! every point's lists. A row's lists are then the G parts' lists of it merged by (key, id),
+//! with the least of their cuts ([`merge_parts`]): each GPU merges and finishes its share of
+//! the rows ahead when the graph's rows are finished on the device (`graph::graph_finished`),
+//! and a round of another share's rows merges them itself ([`merged_rows`]).
 //!
 //! Why the merge keeps the one-GPU contract: part g's list of a point holds the W smallest
 //! composites of the pairs g computed for it that passed its threshold, and its cut bounds
