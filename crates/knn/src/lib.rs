@@ -495,13 +495,17 @@ mod gpu {
             opened
                 .into_iter()
                 .map(|t| {
-                    let e = t.join().unwrap_or_else(|_| {
-                        Err(KnnError::Device("opening a GPU panicked".into()))
-                    })?;
-                    Ok(Box::new(e) as Box<dyn Engine + Send>)
+                    t.join()
+                        .unwrap_or_else(|_| Err(KnnError::Device("opening a GPU panicked".into())))
                 })
                 .collect::<Result<Vec<_>>>()
         })?;
+        // Their parts of a shared graph copy from one another.
+        CudaEngine::link_peers(&engines.iter().collect::<Vec<_>>());
+        let engines = engines
+            .into_iter()
+            .map(|e| Box::new(e) as Box<dyn Engine + Send>)
+            .collect();
         Ok(crate::multi::MultiEngine::new(engines))
     }
 

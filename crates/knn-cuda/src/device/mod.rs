@@ -24,7 +24,7 @@ pub(crate) use discovery::driver_device_count;
 pub use discovery::{devices, DeviceInfo};
 pub(crate) use locked::{HostVec, LockedPool};
 use pins::keep_pool_memory;
-pub(crate) use pins::HostPins;
+pub(crate) use pins::{link_peers, HostPins};
 pub(crate) use readback::{Queued, Readback};
 
 /// Maps a driver error to the library's error (out-of-memory kept recognisable).
@@ -75,7 +75,7 @@ pub(crate) struct Gpu {
     join: std::cell::OnceCell<CudaEvent>,
     /// The stream-ordered allocator's pool (its handle's address: a driver object usable from
     /// any thread), when it keeps freed memory (see [`keep_pool_memory`]).
-    pool: Option<usize>,
+    pub pool: Option<usize>,
     /// Host memory of the caller's page-locked in place: copies into it skip the staging.
     pub pins: Arc<HostPins>,
 }
@@ -120,7 +120,13 @@ impl Gpu {
                 as usize;
         let name = ctx.name().map_err(dev_err("device name"))?;
         let pool = keep_pool_memory(&ctx);
-        let stream = ctx.default_stream();
+        // A stream of its own, not the context's legacy default stream: a copy from another
+        // GPU (a shared graph's base rows, thresholds and lists) synchronises with the legacy
+        // stream of the GPU it reads, so it waited for that GPU's running kernel. 2 H200s,
+        // 64 MB from a GPU running a 150 ms kernel: done after 146 ms from legacy streams,
+        // 0.3-1.9 ms from streams of their own (bench/gpu/pin_skew.py); a graph's parts then
+        // started up to one thresholds pass (~134 ms) apart (knn-cuda NOTES, stop 57).
+        let stream = ctx.new_stream().map_err(dev_err("creating a stream"))?;
         let functions = (*loaded(&ctx, ordinal, "main", || {
             let image = compiled_main(major, minor)?;
             Ok((

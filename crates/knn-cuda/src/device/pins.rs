@@ -1,4 +1,5 @@
-//! Host memory page-locked in place for the copies, and the device's memory pool.
+//! Host memory page-locked in place for the copies, the device's memory pool, and direct
+//! access between GPUs.
 
 use cudarc::driver::{sys, CudaContext};
 use std::sync::Arc;
@@ -131,5 +132,45 @@ pub(super) fn keep_pool_memory(ctx: &CudaContext) -> Option<usize> {
         )
         .ok()?;
         Some(pool as usize)
+    }
+}
+
+/// Lets every GPU of `gpus` (its context, and its stream-ordered pool's handle when known)
+/// read and write the others' memory directly, where the devices can (NVLink, PCIe peer to
+/// peer): peer access between the contexts, and to each pool's allocations, which the
+/// context's peer access does not cover (the engines allocate from the pools). Copies between
+/// GPUs are correct either way; without it the driver stages them through the host
+/// (2 H200s over NV18, 64 MB: 1.9 ms staged, 0.3 ms direct; bench/gpu/pin_skew.py).
+pub(crate) fn link_peers(gpus: &[(Arc<CudaContext>, Option<usize>)]) {
+    for (i, (ctx, _)) in gpus.iter().enumerate() {
+        for (peer, pool) in gpus
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != i)
+            .map(|(_, g)| g)
+        {
+            let mut can = 0;
+            // SAFETY: both devices come from live contexts; `can` is a live int.
+            let r =
+                unsafe { sys::cuDeviceCanAccessPeer(&mut can, ctx.cu_device(), peer.cu_device()) };
+            if r != sys::CUresult::CUDA_SUCCESS || can != 1 || ctx.bind_to_thread().is_err() {
+                continue;
+            }
+            // SAFETY: `ctx` is bound to this thread and `peer` is a live context. Enabled
+            // already (another engine of the same GPUs) is as good.
+            let _ = unsafe { sys::cuCtxEnablePeerAccess(peer.cu_ctx(), 0) };
+            if let Some(pool) = pool {
+                let access = sys::CUmemAccessDesc {
+                    location: sys::CUmemLocation {
+                        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                        id: ctx.cu_device(),
+                    },
+                    flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                };
+                // SAFETY: the pool is the peer's live default pool (`keep_pool_memory`), the
+                // descriptor a live value.
+                let _ = unsafe { sys::cuMemPoolSetAccess(*pool as sys::CUmemoryPool, &access, 1) };
+            }
+        }
     }
 }

@@ -174,6 +174,17 @@ impl CudaEngine {
         self
     }
 
+    /// Lets the GPUs of `engines` read and write one another's memory directly (peer access,
+    /// where the devices allow it): give it the engines that share graphs ([`GraphShare`]),
+    /// whose parts copy base rows, thresholds and lists from one another.
+    pub fn link_peers(engines: &[&CudaEngine]) {
+        let gpus: Vec<_> = engines
+            .iter()
+            .filter_map(|e| e.locked().ok().map(|g| (g.ctx.clone(), g.pool)))
+            .collect();
+        crate::device::link_peers(&gpus);
+    }
+
     /// The same engine with kNN graphs computed symmetrically `On`, `Off`, or where it pays
     /// (`Auto`, the default: see [`CudaEngine::pays_symmetric`]): each unordered pair's key
     /// computed once on the tensor cores (L1, L∞: FP32) and folded into both points' lists,

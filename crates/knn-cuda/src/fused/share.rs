@@ -130,38 +130,36 @@ impl GraphShare {
     /// Every part's thresholds of graph `key`, once every part has published them (or its
     /// lists); `None` as soon as one part declined.
     pub(crate) fn wait_thresholds(&self, key: GraphKey) -> Option<Vec<Arc<Thresholds>>> {
-        let mut slots = self.group.lock();
-        loop {
-            let mut all = Vec::with_capacity(slots.stage.len());
-            for s in slots.stage.iter() {
-                match s {
-                    Some((k, Stage::Declined)) if *k == key => return None,
-                    Some((k, Stage::Thresholds(t))) if *k == key => all.push(t.clone()),
-                    Some((k, Stage::Lists(l))) if *k == key => all.push(l.thresholds.clone()),
-                    _ => {}
-                }
-            }
-            if all.len() == slots.stage.len() {
-                return Some(all);
-            }
-            slots = self
-                .group
-                .changed
-                .wait(slots)
-                .unwrap_or_else(|p| p.into_inner());
-        }
+        self.wait_for_every_part(key, |stage| match stage {
+            Stage::Thresholds(t) => Some(t.clone()),
+            Stage::Lists(l) => Some(l.thresholds.clone()),
+            Stage::Declined => None,
+        })
     }
 
     /// Every part's lists of graph `key`, in part order, once every part has made them; `None`
     /// as soon as one part declined.
     pub(crate) fn wait_lists(&self, key: GraphKey) -> Option<Vec<Arc<PartLists>>> {
+        self.wait_for_every_part(key, |stage| match stage {
+            Stage::Lists(l) => Some(l.clone()),
+            _ => None,
+        })
+    }
+
+    /// What `take` finds in every part's stage of graph `key`, in part order, once it finds
+    /// something in each; `None` as soon as one part declined.
+    fn wait_for_every_part<T>(
+        &self,
+        key: GraphKey,
+        take: impl Fn(&Stage) -> Option<T>,
+    ) -> Option<Vec<T>> {
         let mut slots = self.group.lock();
         loop {
             let mut all = Vec::with_capacity(slots.stage.len());
             for s in slots.stage.iter() {
                 match s {
                     Some((k, Stage::Declined)) if *k == key => return None,
-                    Some((k, Stage::Lists(l))) if *k == key => all.push(l.clone()),
+                    Some((k, stage)) if *k == key => all.extend(take(stage)),
                     _ => {}
                 }
             }
