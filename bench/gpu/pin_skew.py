@@ -57,6 +57,30 @@ def ms(t, t0):
     return (t - t0) * 1e3
 
 
+def gpu1_work(work, start, t):
+    """On GPU 1, 10 ms after `start` lets go: `work` ('launch' a 1 ms kernel, 'alloc' or
+    'alloc async' 64 MB, 'upload' 16 MB), noting in `t` when it began, was queued and was done."""
+    bind(1)
+    start.wait()
+    time.sleep(0.010)
+    t["gpu1 in"] = time.perf_counter()
+    if work == "launch":
+        kernels[1]((1,), (1,), (np.uint64(1_000_000),))
+    elif work == "alloc":
+        b = cp.cuda.runtime.malloc(64 << 20)
+    elif work == "alloc async":
+        b = cp.cuda.runtime.mallocAsync(64 << 20, 0)
+    else:
+        b = cp.asarray(small)
+    t["gpu1 queued"] = time.perf_counter()
+    cp.cuda.runtime.deviceSynchronize()
+    if work == "alloc":
+        cp.cuda.runtime.free(b)
+    elif work == "alloc async":
+        cp.cuda.runtime.freeAsync(b, 0)
+    t["gpu1 done"] = time.perf_counter()
+
+
 def case(how, work):
     """how: None, ('portable', d) or ('plain', d); work: 'launch', 'alloc' or 'upload'."""
     t = {}
@@ -72,28 +96,10 @@ def case(how, work):
             lock(1 if how[0] == "portable" else 0)
             t["lock out"] = time.perf_counter()
 
-    def other():
-        bind(1)
-        start.wait()
-        time.sleep(0.010)
-        t["gpu1 in"] = time.perf_counter()
-        if work == "launch":
-            kernels[1]((1,), (1,), (np.uint64(1_000_000),))
-        elif work == "alloc":
-            b = cp.cuda.runtime.malloc(64 << 20)
-        elif work == "alloc async":
-            b = cp.cuda.runtime.mallocAsync(64 << 20, 0)
-        else:
-            b = cp.asarray(small)
-        t["gpu1 queued"] = time.perf_counter()
-        cp.cuda.runtime.deviceSynchronize()
-        if work == "alloc":
-            cp.cuda.runtime.free(b)
-        elif work == "alloc async":
-            cp.cuda.runtime.freeAsync(b, 0)
-        t["gpu1 done"] = time.perf_counter()
-
-    threads = [threading.Thread(target=f) for f in (locker, other)]
+    threads = [
+        threading.Thread(target=locker),
+        threading.Thread(target=gpu1_work, args=(work, start, t)),
+    ]
     for th in threads:
         th.start()
     bind(0)
@@ -148,22 +154,7 @@ def release(what, work):
     cp.cuda.runtime.deviceSynchronize()
     start = threading.Barrier(2)
 
-    def other():
-        bind(1)
-        start.wait()
-        time.sleep(0.010)
-        t["gpu1 in"] = time.perf_counter()
-        if work == "launch":
-            kernels[1]((1,), (1,), (np.uint64(1_000_000),))
-        else:
-            b = cp.cuda.runtime.malloc(64 << 20)
-        t["gpu1 queued"] = time.perf_counter()
-        cp.cuda.runtime.deviceSynchronize()
-        if work == "alloc":
-            cp.cuda.runtime.free(b)
-        t["gpu1 done"] = time.perf_counter()
-
-    th = threading.Thread(target=other)
+    th = threading.Thread(target=gpu1_work, args=(work, start, t))
     th.start()
     start.wait()
     t0 = time.perf_counter()
