@@ -139,8 +139,8 @@ pub(super) fn keep_pool_memory(ctx: &CudaContext) -> Option<usize> {
 /// read and write the others' memory directly, where the devices can (NVLink, PCIe peer to
 /// peer): peer access between the contexts, and to each pool's allocations, which the
 /// context's peer access does not cover (the engines allocate from the pools). Copies between
-/// GPUs are correct either way; without it the driver stages them through the host
-/// (2 H200s over NV18, 64 MB: 1.9 ms staged, 0.3 ms direct; bench/gpu/pin_skew.py).
+/// GPUs are correct either way; without it the driver stages them (2 H200s over NV18, 64 MB
+/// between pool allocations: 1.8 ms staged, 0.18 ms direct; bench/gpu/pin_skew.py).
 pub(crate) fn link_peers(gpus: &[(Arc<CudaContext>, Option<usize>)]) {
     for (i, (ctx, _)) in gpus.iter().enumerate() {
         for (peer, pool) in gpus
