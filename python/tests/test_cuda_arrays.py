@@ -147,6 +147,25 @@ def test_a_stream_of_the_callers_and_non_contiguous_tensors(rng):
 
 
 @need_torch
+def test_queries_still_being_written_on_the_default_stream_are_waited_for(rng):
+    """The library's device work runs on streams of its own: queries that PyTorch's default
+    (legacy) stream is still writing are read only once that stream has written them."""
+    base = rng.random((5000, 32)).astype(np.float32)
+    queries = rng.random((600, 32)).astype(np.float32)
+    index = knn.Index(base, device="cuda")
+    want = index.search(queries, 9)
+    written = torch.from_numpy(queries).cuda()
+    q = torch.zeros_like(written)
+    torch.cuda.synchronize()
+    assert torch.cuda.current_stream().cuda_stream == 0  # the legacy default stream
+    torch.cuda._sleep(20_000_000)  # the stream busy while the search is asked for
+    q.copy_(written)
+    d, i = index.search(q, 9)
+    np.testing.assert_array_equal(i.cpu().numpy(), want[1])
+    np.testing.assert_array_equal(d.cpu().numpy(), want[0])
+
+
+@need_torch
 def test_an_index_on_the_cpu_returns_gpu_tensors(rng):
     base = rng.random((500, 8)).astype(np.float32)
     queries = rng.random((50, 8)).astype(np.float32)
