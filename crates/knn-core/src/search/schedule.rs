@@ -359,7 +359,7 @@ fn rounds(
     // Rounds of even size under that cap: a short last round costs nearly a full one's
     // device time (k = 1024 on an H100: 172 rows after three of 3 276 took 2.4 ms of kernels,
     // a full one 21.8 ms).
-    let per_round = total.div_ceil(total.div_ceil(per_round).max(1)).max(1);
+    let per_round = even_rounds(total, per_round);
     if workers.len() == 1 || total <= per_round {
         for start in rows.clone().step_by(per_round) {
             let end = (start + per_round).min(rows.end);
@@ -402,6 +402,11 @@ fn rounds(
     Ok(())
 }
 
+/// Rows per round when `n` rows are cut into rounds of even size of at most `per_round` rows.
+fn even_rounds(n: usize, per_round: usize) -> usize {
+    n.div_ceil(n.div_ceil(per_round).max(1)).max(1)
+}
+
 /// A run's rounds dealt to its devices ([`Engine::devices`]): device `i` of `D` holds the rounds
 /// of rows `len·i/D..len·(i+1)/D`, each share cut into rounds of even size of at most
 /// `per_round` rows, with their output rows.
@@ -423,7 +428,7 @@ fn deal(
         .map(|i| {
             let share = rows.start + len * i / devices..rows.start + len * (i + 1) / devices;
             let n = share.len();
-            let each = n.div_ceil(n.div_ceil(per_round).max(1)).max(1);
+            let each = even_rounds(n, per_round);
             let mut q = std::collections::VecDeque::new();
             for start in share.clone().step_by(each) {
                 let m = each.min(share.end - start) * k;
